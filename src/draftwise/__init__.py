@@ -1,0 +1,35 @@
+"""draftwise: lossless speculative decoding that tells you which draft pays.
+
+Example (loads the embedded default model)::
+
+    import draftwise
+    model = draftwise.load_model("default", dtype="bfloat16")
+    print(draftwise.generate(model, "Say hi.", max_new_tokens=8).text)
+"""
+
+from .decode import GenerationResult, Stream, generate, stream
+from .errors import (
+    ConfigError,
+    ContextLengthError,
+    DraftwiseError,
+    ModelLoadError,
+    UnsupportedArchitectureError,
+)
+from .loaders import Model, load_model
+from .sampling import SamplingConfig
+
+__all__ = [
+    "ConfigError",
+    "ContextLengthError",
+    "DraftwiseError",
+    "GenerationResult",
+    "Model",
+    "ModelLoadError",
+    "SamplingConfig",
+    "Stream",
+    "UnsupportedArchitectureError",
+    "generate",
+    "load_model",
+    "stream",
+]
+__version__ = "0.1.0"

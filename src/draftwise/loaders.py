@@ -1,0 +1,258 @@
+"""Loading a model: a built-in name, a Hugging Face folder or a GGUF file -> :class:`Model`.
+
+A GGUF file is converted once (transformers de-quantises it, ~35 s for SmolLM2-135M) into a
+Hugging Face folder (config.json, safetensors, tokenizer files) under the user's cache
+directory, keyed by the file's content hash; later loads read that folder in a few seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
+from .models import BUILTIN_MODELS
+from .runtime.base import Runtime
+
+DTypeName = Literal["float32", "bfloat16"]
+RuntimeName = Literal["auto", "native", "hf"]
+_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_GGUF_MAGIC = b"GGUF"
+
+
+def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        if name in _DTYPES.values():
+            return name
+        raise ConfigError(f"dtype {name} is not supported; use float32 or bfloat16")
+    if name not in _DTYPES:
+        raise ConfigError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def cache_dir() -> Path:
+    """Where converted weights live: ``$DRAFTWISE_CACHE``, else the platform's user cache dir."""
+    env = os.environ.get("DRAFTWISE_CACHE")
+    if env:
+        return Path(env)
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("draftwise"))
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        return Path(base) / "draftwise"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_gguf(path: Path) -> None:
+    if not path.exists():
+        raise ModelLoadError(f"model file not found: {path}")
+    with path.open("rb") as f:
+        magic = f.read(4)
+    if magic != _GGUF_MAGIC:
+        raise ModelLoadError(
+            f"{path} is not a GGUF file (it does not start with b'GGUF'); "
+            "pass a .gguf file or a Hugging Face model folder"
+        )
+
+
+def gguf_to_folder(path: str | Path, *, status: Callable[[str], None] | None = None) -> Path:
+    """Convert a GGUF file to a Hugging Face folder once; return the cached folder.
+
+    The folder is written to a temporary sibling and renamed into place, so an interrupted
+    conversion never leaves a half-written cache entry behind.
+    """
+    path = Path(path).expanduser().resolve()
+    _check_gguf(path)
+    target = cache_dir() / "converted" / f"{path.stem}-{_sha256(path)[:16]}"
+    if (target / "config.json").exists():
+        return target
+    if status:
+        status(f"converting {path.name} to safetensors (once; cached in {target.parent})")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=torch.float32
+            )
+        except Exception as exc:  # transformers raises many kinds on a bad file
+            raise ModelLoadError(f"could not read GGUF file {path}: {exc}") from exc
+        # the weights are de-quantised float32 now; drop the GGUF quantizer so transformers
+        # saves them, and reads the folder back as a plain float32 checkpoint
+        model.hf_quantizer = None
+        model.config.__dict__.pop("quantization_config", None)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "draftwise_source.json").write_text(
+            json.dumps({"gguf": str(path), "size": path.stat().st_size})
+        )
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model(spec: str | Path) -> tuple[str, Path]:
+    """A model spec (built-in name, folder or .gguf path) -> (display name, HF folder or GGUF)."""
+    text = str(spec)
+    if text in BUILTIN_MODELS:
+        builtin = BUILTIN_MODELS[text]
+        return builtin.name, builtin.gguf_path()
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelLoadError(
+                f"{path} is a folder without config.json; pass a Hugging Face model folder "
+                "(config.json + *.safetensors) or a .gguf file"
+            )
+        return path.name, path
+    if path.exists():
+        return path.stem, path
+    names = ", ".join(sorted(BUILTIN_MODELS))
+    raise ModelLoadError(
+        f"model not found: {text!r} is neither a built-in model ({names}) nor an existing "
+        "file or folder"
+    )
+
+
+@dataclass
+class Model:
+    """A loaded model: its runtime, its tokenizer and the ids that end a generation."""
+
+    name: str
+    folder: Path
+    runtime: Runtime
+    tokenizer: Any
+    eos_token_ids: frozenset[int]
+    config: Any = field(repr=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.runtime.dtype
+
+    def encode_prompt(self, prompt: str, *, chat: bool | None = None) -> list[int]:
+        """Token ids of ``prompt``; wrapped in the chat template when the model has one
+        (``chat=None``) or when asked (``chat=True``)."""
+        tok = self.tokenizer
+        use_chat = bool(tok.chat_template) if chat is None else chat
+        if use_chat:
+            if not tok.chat_template:
+                raise ConfigError(f"model {self.name!r} has no chat template; pass chat=False")
+            ids = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+        return list(tok(prompt, add_special_tokens=True)["input_ids"])
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return list(ids)
+
+
+def _eos_ids(folder: Path, config: Any, tokenizer: Any) -> frozenset[int]:
+    ids: set[int] = set()
+
+    def add(value: Any) -> None:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+
+    add(getattr(config, "eos_token_id", None))
+    add(tokenizer.eos_token_id)
+    gen = folder / "generation_config.json"
+    if gen.exists():
+        add(json.loads(gen.read_text()).get("eos_token_id"))
+    # chat models end a turn with a special token the config does not always list
+    for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
+        tid = tokenizer.convert_tokens_to_ids(name) if name in tokenizer.get_vocab() else None
+        if isinstance(tid, int):
+            ids.add(tid)
+    return frozenset(ids)
+
+
+def load_model(
+    spec: str | Path = "default",
+    *,
+    dtype: DTypeName | torch.dtype = "float32",
+    runtime: RuntimeName = "auto",
+    max_context: int | None = None,
+    status: Callable[[str], None] | None = None,
+) -> Model:
+    """Load ``spec`` (``"default"``, a built-in name, a HF folder or a .gguf file).
+
+    ``runtime="auto"`` uses the native runtime when it supports the architecture and the
+    Hugging Face adapter otherwise; ``"native"`` raises for an unsupported architecture.
+
+    Example::
+
+        model = load_model("default", dtype="bfloat16")
+        model.runtime.num_layers  # 30
+    """
+    if runtime not in ("auto", "native", "hf"):
+        raise ConfigError(f"runtime {runtime!r} is not one of auto, native, hf")
+    torch_dtype = parse_dtype(dtype)
+    if max_context is not None and max_context < 2:
+        raise ConfigError(f"max_context={max_context} is too small; pass at least 2")
+    name, source = resolve_model(spec)
+    folder = gguf_to_folder(source, status=status) if source.is_file() else source
+    if status:
+        status(f"loading {name} ({folder})")
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        config = AutoConfig.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:
+        raise ModelLoadError(f"could not read model folder {folder}: {exc}") from exc
+
+    from .runtime.native import NativeRuntime, check_supported
+
+    problem = check_supported(config)
+    rt: Runtime
+    if runtime == "native" and problem:
+        raise UnsupportedArchitectureError(
+            f"{problem}; load it with runtime='hf' (CLI: --runtime hf), the Hugging Face adapter"
+        )
+    if runtime == "native" or (runtime == "auto" and not problem):
+        rt = NativeRuntime.from_folder(folder, config, dtype=torch_dtype, max_context=max_context)
+    else:
+        from .runtime.hf import HFRuntime
+
+        rt = HFRuntime.from_folder(folder, dtype=torch_dtype, max_context=max_context)
+    return Model(
+        name=name,
+        folder=folder,
+        runtime=rt,
+        tokenizer=tokenizer,
+        eos_token_ids=_eos_ids(folder, config, tokenizer),
+        config=config,
+    )

@@ -1,0 +1,5 @@
+"""Model runtimes: the native Llama-family runtime and the Hugging Face adapter."""
+
+from .base import Runtime
+
+__all__ = ["Runtime"]

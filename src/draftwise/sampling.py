@@ -1,0 +1,96 @@
+"""Logits -> probabilities, the one transform shared by target and draft.
+
+Speculative decoding is lossless only if the draft's q and the target's p are shaped by the very
+same temperature, top-k and top-p. So both go through :func:`logits_to_probs`, and greedy
+decoding (``temperature == 0``) is its own explicit path, :func:`greedy`.
+
+Order, as in Hugging Face ``generate``: temperature, then top-k, then top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How to pick the next token.
+
+    temperature: 0 means greedy (argmax); > 0 divides the logits before the softmax.
+    top_k: keep the k most likely tokens (0 = off).
+    top_p: keep the smallest set of most likely tokens whose probability reaches top_p (1 = off).
+    seed: seeds the sampler's own generator (None = nondeterministic).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:  # also catches NaN
+            raise ConfigError(
+                f"temperature={self.temperature} is negative; use 0 for greedy or a value > 0"
+            )
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0 (0 turns it off)")
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (1 turns it off)")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generator(self) -> torch.Generator:
+        gen = torch.Generator()
+        if self.seed is None:
+            gen.seed()
+        else:
+            gen.manual_seed(self.seed)
+        return gen
+
+
+def greedy(logits: torch.Tensor) -> torch.Tensor:
+    """Argmax over the last axis: ``[..., vocab] -> [...]`` (ties go to the lowest id)."""
+    return logits.argmax(dim=-1)
+
+
+def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """``[..., vocab]`` logits -> ``[..., vocab]`` float32 probabilities under ``cfg``.
+
+    >>> cfg = SamplingConfig(temperature=1.0, top_k=2)
+    >>> [round(p, 4) for p in logits_to_probs(torch.tensor([0.0, 1.0, 2.0]), cfg).tolist()]
+    [0.0, 0.2689, 0.7311]
+    """
+    if cfg.greedy:
+        raise ConfigError("temperature=0 is greedy decoding: use sampling.greedy, not probabilities")
+    scores = logits.float() / cfg.temperature
+    vocab = scores.shape[-1]
+    if 0 < cfg.top_k < vocab:
+        kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        scores = scores.masked_fill(scores < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        sorted_scores, order = torch.sort(scores, dim=-1, descending=False)
+        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
+        # drop the low tail whose total mass is <= 1 - top_p; always keep the top token
+        drop_sorted = cum <= 1 - cfg.top_p
+        drop_sorted[..., -1] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        scores = scores.masked_fill(drop, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """Draw one token id from ``probs`` (``[vocab]``)."""
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:
+    """The next token from one row of logits (``[vocab]``): argmax when greedy, else a sample."""
+    if cfg.greedy:
+        return int(greedy(logits).item())
+    return sample(logits_to_probs(logits, cfg), generator)

@@ -1,0 +1,75 @@
+"""Shared fixtures: tiny random models for fast correctness tests, real models for equality."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+DEV_QUESTIONS = SHARED / "data" / "spec_bench" / "question_dev.jsonl"
+
+
+def tiny_llama_config(**overrides):
+    from transformers import LlamaConfig
+
+    base = dict(
+        vocab_size=96,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    base.update(overrides)
+    return LlamaConfig(**base)
+
+
+def random_hf_model(config, seed: int = 0):
+    """A transformers model with random weights (large enough that outputs are not flat)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.2)  # also randomises norm weights, so a wrong norm shows up
+    return model
+
+
+@pytest.fixture(scope="session")
+def default_folder() -> Path:
+    """The converted HF folder of the embedded default model (converted once, then cached)."""
+    from draftwise.loaders import gguf_to_folder
+    from draftwise.models import BUILTIN_MODELS
+
+    builtin = BUILTIN_MODELS["default"]
+    if not builtin.installed():
+        pytest.fail("the default model is not installed: run `make test`, which installs it")
+    return gguf_to_folder(builtin.gguf_path())
+
+
+@pytest.fixture(scope="session")
+def default_model(default_folder):
+    from draftwise import load_model
+
+    return load_model("default", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_folder(tmp_path_factory, default_folder) -> Path:
+    """A tiny random Llama that uses the default model's tokenizer and chat template."""
+    folder = tmp_path_factory.mktemp("tiny-chat")
+    config = tiny_llama_config(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=512)
+    random_hf_model(config, seed=1).save_pretrained(folder)
+    for f in default_folder.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    return folder

@@ -1,0 +1,97 @@
+"""Plain decoding: greedy equals transformers, EOS, stop strings, budget, seeds, streaming."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from draftwise import ContextLengthError, SamplingConfig, generate, load_model, stream
+from draftwise.errors import ConfigError
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_chat_folder):
+    return load_model(str(tiny_chat_folder))
+
+
+def test_greedy_equals_transformers_generate(tiny, tiny_chat_folder):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_chat_folder, dtype=torch.float32).eval()
+    prompt_ids = tiny.encode_prompt("Hello there")
+    ours = generate(tiny, prompt_ids, max_new_tokens=24)
+    with torch.no_grad():
+        ref = hf.generate(
+            torch.tensor([prompt_ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )[0, len(prompt_ids):].tolist()
+    # the random model may emit an EOS id that transformers (told eos=None) keeps going past
+    assert ours.token_ids == ref[: ours.new_tokens]
+    if ours.finish_reason == "length":
+        assert ours.new_tokens == 24
+
+
+def test_max_new_tokens_is_exact(tiny):
+    eos_free = dataclasses.replace(tiny, eos_token_ids=frozenset())
+    for n in (1, 7):
+        res = generate(eos_free, "count", max_new_tokens=n)
+        assert res.new_tokens == n and res.finish_reason == "length"
+
+
+def test_eos_ends_the_generation_and_is_not_included(tiny):
+    eos_free = dataclasses.replace(tiny, eos_token_ids=frozenset())
+    first = generate(eos_free, "hi", max_new_tokens=5).token_ids
+    stopper = dataclasses.replace(tiny, eos_token_ids=frozenset({first[2]}))
+    res = generate(stopper, "hi", max_new_tokens=5)
+    assert res.finish_reason == "eos"
+    assert res.token_ids == first[: first.index(first[2])]
+
+
+def test_stop_string_cuts_the_text(tiny):
+    eos_free = dataclasses.replace(tiny, eos_token_ids=frozenset())
+    full = generate(eos_free, "hi", max_new_tokens=30).text
+    assert len(full) > 12
+    stop = full[6:10]
+    res = generate(eos_free, "hi", max_new_tokens=30, stop=[stop])
+    assert res.finish_reason == "stop"
+    assert res.text == full[: full.index(stop)]
+
+
+def test_stream_pieces_concatenate_to_the_text(tiny):
+    s = stream(tiny, "hi", max_new_tokens=20, sampling=SamplingConfig(temperature=1.0, seed=0))
+    pieces = list(s)
+    assert s.result is not None
+    assert "".join(pieces) == s.result.text
+    assert s.result.seconds >= s.result.prefill_seconds > 0
+
+
+def test_seeds_are_honoured(tiny):
+    def run(seed):
+        cfg = SamplingConfig(temperature=1.0, top_p=0.95, seed=seed)
+        return generate(tiny, "hi", max_new_tokens=12, sampling=cfg).token_ids
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_prompt_longer_than_the_context(tiny):
+    limit = tiny.runtime.max_context
+    with pytest.raises(ContextLengthError, match=str(limit)):
+        generate(tiny, list(range(5, 5 + limit)), max_new_tokens=1)
+    with pytest.raises(ContextLengthError, match="max-new-tokens"):
+        generate(tiny, [5, 6, 7], max_new_tokens=limit)
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5])
+def test_bad_max_new_tokens(tiny, bad):
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        generate(tiny, "hi", max_new_tokens=bad)
+
+
+@pytest.mark.real_model
+def test_default_model_answers_and_stops_at_eos(default_model):
+    res = generate(default_model, "What is the capital of France? Answer in one word.", max_new_tokens=32)
+    assert "Paris" in res.text
+    assert res.finish_reason == "eos"
