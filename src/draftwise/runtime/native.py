@@ -167,10 +167,11 @@ class NativeRuntime:
             self.ln_mlp.append(get(p + "post_attention_layernorm.weight"))
         cos, sin = _rope_tables(config, self._max_context)
         self.cos, self.sin = cos.to(dtype), sin.to(dtype)  # [max_context, hd]
-        # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V
+        # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V;
+        # empty, not zeros: attention only ever reads positions below `length`, all written
         shape = (self.n_kv, self._max_context, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
-        self.v_cache = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.k_cache = [torch.empty(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.v_cache = [torch.empty(shape, dtype=dtype) for _ in range(self.num_layers)]
         self._length = 0
         self._all_layers = tuple(range(self.num_layers))
 

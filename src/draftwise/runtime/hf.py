@@ -1,0 +1,401 @@
+"""The Hugging Face adapter: any ``AutoModelForCausalLM`` behind the :class:`Runtime` protocol.
+
+Cache design (transformers 5.24). Speculative decoding rolls back to any earlier length, so the
+cache must be able to forget positions exactly. transformers' own ``DynamicCache`` cannot:
+its sliding-window layers (``DynamicSlidingWindowLayer``: Gemma 2/3 and other sliding-window
+models) throw away keys older than the window, so ``crop`` raises once the window is full; with
+``activate_past_recording`` each crop trims the layer back to the window, so a second rollback
+reaching further back silently loses keys. Every layer here therefore keeps the K/V of *all*
+positions, in a buffer that grows by doubling, and a rollback just shortens the buffers: O(1),
+no recomputation, and the logits equal a fresh run. Memory is that of a full-attention cache.
+The sliding layers stay sliding for attention: :class:`_WindowLayer` reports the same
+``is_sliding`` flag and mask sizes as ``DynamicSlidingWindowLayer`` and hands attention only the
+last ``window - 1 + n`` positions, so transformers still builds the sliding mask from
+``config.sliding_window`` and a sliding layer costs O(window) per token, not O(length).
+Appending copies only the new tokens into the buffer (``DynamicLayer`` re-concatenates the
+whole history on every call).
+
+The layer kinds are taken from the cache the model builds for itself (a one-token probe at
+construction). A model whose cache holds any other kind of layer (recurrent / linear-attention
+state, a model-specific cache class) keeps its own cache, and a rollback there re-runs the kept
+prefix: exact, but it costs a prefill.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers.cache_utils import (
+    Cache,
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+)
+
+from ..errors import ConfigError, ContextLengthError, ModelLoadError
+
+_MIN_CAPACITY = 256
+
+
+class _KVBuffer:
+    """One layer's K/V for every position, in buffers of spare capacity that double when full."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit  # no need to grow past the runtime's max_context
+        self.length = 0
+        self._keys: torch.Tensor | None = None
+        self._values: torch.Tensor | None = None
+
+    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store ``[batch, heads, n, dim]`` new states; return views of all positions."""
+        end = self.length + keys.shape[-2]
+        if self._keys is None or self._values is None or end > self._keys.shape[-2]:
+            self._grow(keys, values, end)
+        assert self._keys is not None and self._values is not None
+        self._keys[..., self.length : end, :] = keys
+        self._values[..., self.length : end, :] = values
+        self.length = end
+        return self.views()
+
+    def views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self._keys is not None and self._values is not None
+        return self._keys[..., : self.length, :], self._values[..., : self.length, :]
+
+    def truncate(self, length: int) -> None:
+        self.length = min(self.length, length)
+
+    def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
+        capacity = 0 if self._keys is None else self._keys.shape[-2]
+        new = max(needed, min(max(2 * capacity, _MIN_CAPACITY), self.limit))
+        self._keys = self._enlarge(self._keys, keys, new)
+        self._values = self._enlarge(self._values, values, new)
+
+    def _enlarge(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
+        buf = like.new_empty((*like.shape[:-2], capacity, like.shape[-1]))
+        if old is not None and self.length:
+            buf[..., : self.length, :] = old[..., : self.length, :]
+        return buf
+
+
+def _crop_target(length: int, tokens_to_remove: int) -> int:
+    """transformers 5.24's ``crop(n)``: ``n <= 0`` drops ``-n`` positions; ``n > 0`` is refused."""
+    if tokens_to_remove > 0:
+        raise ValueError(f"crop({tokens_to_remove}): pass minus the number of positions to drop")
+    return length + tokens_to_remove
+
+
+class _FullLayer(DynamicLayer):
+    """A full-attention layer on a :class:`_KVBuffer`."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self._kv = _KVBuffer(limit)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = self._kv.append(key_states, value_states)
+        return self.keys, self.values
+
+    def get_seq_length(self) -> int:
+        return self._kv.length
+
+    def truncate(self, length: int) -> None:
+        if self.is_initialized:
+            self._kv.truncate(length)
+            self.keys, self.values = self._kv.views()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.truncate(_crop_target(self._kv.length, tokens_to_remove))
+
+    def reset(self) -> None:
+        self.truncate(0)  # keep the buffers for the next sequence
+
+
+class _WindowLayer(DynamicSlidingWindowLayer):
+    """A sliding-window layer that keeps every position, so that it can roll back past the window.
+
+    ``get_mask_sizes`` is inherited from ``DynamicSlidingWindowLayer`` (it reads
+    ``cumulative_length``); ``update`` returns exactly the positions those sizes describe: the
+    last ``sliding_window - 1`` cached ones plus the new ones.
+    """
+
+    def __init__(self, sliding_window: int, limit: int) -> None:
+        super().__init__(sliding_window=sliding_window)
+        self._kv = _KVBuffer(limit)
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self._sliding_window_tensor = self._sliding_window_tensor.to(self.device)
+        self.is_initialized = True
+
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        keys, values = self._kv.append(key_states, value_states)
+        self.cumulative_length = self._kv.length
+        self.keys, self.values = keys, values
+        visible = self.sliding_window - 1 + key_states.shape[-2]
+        return keys[..., -visible:, :], values[..., -visible:, :]
+
+    def get_seq_length(self) -> int:
+        return self._kv.length
+
+    def truncate(self, length: int) -> None:
+        if self.is_initialized:
+            self._kv.truncate(length)
+            self.keys, self.values = self._kv.views()
+            self.cumulative_length = self._kv.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.truncate(_crop_target(self._kv.length, tokens_to_remove))
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+
+_LayerSpec = tuple[str, int]  # ("full", 0) | ("window", sliding_window) | ("dummy", 0)
+
+
+def _layer_specs(cache: Any) -> list[_LayerSpec] | None:
+    """How to rebuild ``cache`` with rollback-exact layers, or None if it holds another kind."""
+    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
+        return None
+    specs: list[_LayerSpec] = []
+    for layer in cache.layers:
+        kind = type(layer)  # exact types: subclasses (model-specific layers) may hold more state
+        if kind is DynamicLayer:
+            specs.append(("full", 0))
+        elif kind is DynamicSlidingWindowLayer and isinstance(layer, DynamicSlidingWindowLayer):
+            specs.append(("window", int(layer.sliding_window)))
+        elif kind is DummyLayer:
+            specs.append(("dummy", 0))
+        else:
+            return None
+    return specs or None
+
+
+class HFRuntime:
+    """A Hugging Face causal LM with a single-sequence, exactly rollback-able KV cache."""
+
+    def __init__(self, model: Any, *, max_context: int | None = None) -> None:
+        if max_context is not None and max_context < 1:
+            raise ConfigError(f"max_context={max_context} is too small; pass at least 1")
+        model.eval()
+        self._model = model
+        config = model.config
+        if hasattr(config, "get_text_config"):  # multimodal configs nest the decoder's
+            config = config.get_text_config(decoder=True)
+        limits = [
+            v
+            for v in (getattr(config, "max_position_embeddings", None), max_context)
+            if isinstance(v, int) and v > 0
+        ]
+        if not limits:
+            raise ConfigError("the model's config has no max_position_embeddings; pass max_context")
+        self._max_context = min(limits)
+        self._num_layers = int(config.num_hidden_layers)
+        head = model.get_output_embeddings()
+        self._vocab_size = int(head.weight.shape[0] if head is not None else config.vocab_size)
+        self._num_ids = int(model.get_input_embeddings().weight.shape[0])
+        self._device = next(model.parameters()).device
+        self._dtype = next(model.parameters()).dtype
+        params = inspect.signature(model.forward).parameters
+        # transformers 5.x renamed `past_key_values` to `cache` (the old name is deprecated)
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
+        self._can_keep_logits = "logits_to_keep" in params
+        self._tokens: list[int] = []
+        self._cache: Cache | None = None
+        self._specs = self._probe()
+
+    @classmethod
+    def from_folder(cls, folder: Path, *, dtype: torch.dtype, max_context: int | None) -> HFRuntime:
+        """Load a Hugging Face model folder (config.json + safetensors) in eval mode."""
+        folder = Path(folder)
+        if not (folder / "config.json").exists():
+            raise ModelLoadError(f"{folder} is not a Hugging Face model folder (no config.json)")
+        from transformers import AutoModelForCausalLM
+
+        try:
+            model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+        except Exception as exc:  # transformers raises many kinds on a bad folder
+            raise ModelLoadError(f"could not load a causal LM from {folder}: {exc}") from exc
+        return cls(model, max_context=max_context)
+
+    @classmethod
+    def from_model(cls, model: Any, *, max_context: int | None = None) -> HFRuntime:
+        """Wrap a model object already built (and put it in eval mode)."""
+        return cls(model, max_context=max_context)
+
+    # -- properties --------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def num_layers(self) -> int:
+        return self._num_layers
+
+    @property
+    def max_context(self) -> int:
+        return self._max_context
+
+    @property
+    def length(self) -> int:
+        return len(self._tokens)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    @property
+    def exact_rollback(self) -> bool:
+        """True when a rollback shortens the cache; False when it re-runs the kept prefix."""
+        return self._specs is not None
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        tokens = self._check_ids(ids)
+        if not tokens:
+            raise ConfigError("prefill needs at least one token; got an empty prompt")
+        if len(tokens) > self._max_context:
+            raise ContextLengthError(
+                f"the prompt has {len(tokens)} tokens but max_context is {self._max_context}; "
+                "shorten the prompt or raise max_context"
+            )
+        self._reset()
+        return self._run(tokens, keep=1)[-1]
+
+    @torch.inference_mode()
+    def forward(self, ids: Sequence[int], *, layers: Sequence[int] | None = None) -> torch.Tensor:
+        if layers is not None:
+            raise ConfigError(
+                "running a subset of layers (layers=...) needs the native runtime; "
+                "the Hugging Face adapter always runs every layer"
+            )
+        tokens = self._check_ids(ids)
+        if not tokens:
+            return torch.empty(0, self._vocab_size, dtype=torch.float32, device=self._device)
+        end = self.length + len(tokens)
+        if end > self._max_context:
+            raise ContextLengthError(
+                f"{self.length} cached + {len(tokens)} new tokens = {end} positions exceeds "
+                f"max_context={self._max_context}"
+            )
+        return self._run(tokens, keep=len(tokens))
+
+    @torch.inference_mode()
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ConfigError(
+                f"cannot roll back to length {length}; it must be in 0..{self.length}"
+            )
+        if length == self.length:
+            return
+        if self._specs is not None:
+            self._truncate(length)
+            del self._tokens[length:]
+            return
+        # a cache kind we cannot shorten (e.g. recurrent state): rebuild it from the kept prefix
+        kept = self._tokens[:length]
+        self._reset()
+        if kept:
+            self._run(kept, keep=1)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        tokens = [int(t) for t in ids]
+        if tokens and not (0 <= min(tokens) and max(tokens) < self._num_ids):
+            bad = next(t for t in tokens if not 0 <= t < self._num_ids)
+            raise ConfigError(f"token id {bad} is out of range; the model has {self._num_ids} ids")
+        return tokens
+
+    def _new_cache(self) -> Cache | None:
+        if self._specs is None:
+            return None  # the model builds its own on the first call
+        layers: list[Any] = []
+        for kind, window in self._specs:
+            if kind == "full":
+                layers.append(_FullLayer(self._max_context))
+            elif kind == "window":
+                layers.append(_WindowLayer(window, self._max_context))
+            else:
+                layers.append(DummyLayer())
+        cache = DynamicCache()
+        cache.layers = layers
+        cache.layer_class_to_replicate = None  # every layer exists already
+        return cache
+
+    def _truncate(self, length: int) -> None:
+        assert self._cache is not None
+        for layer in self._cache.layers:
+            if isinstance(layer, (_FullLayer, _WindowLayer)):
+                layer.truncate(length)
+
+    def _reset(self) -> None:
+        self._tokens = []
+        if self._specs is not None and self._cache is not None:
+            self._cache.reset()  # keeps the grown buffers
+        else:
+            self._cache = self._new_cache()
+
+    def _run(self, tokens: list[int], *, keep: int) -> torch.Tensor:
+        """Append ``tokens``; return float32 logits of the last ``keep`` of them."""
+        start = self.length
+        input_ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
+        position_ids = torch.arange(
+            start, start + len(tokens), dtype=torch.long, device=self._device
+        ).unsqueeze(0)
+        kwargs: dict[str, Any] = {self._cache_arg: self._cache, "use_cache": True}
+        if self._can_keep_logits:
+            kwargs["logits_to_keep"] = keep
+        try:
+            out = self._model(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        except BaseException:  # e.g. Ctrl-C mid-forward: some layers may hold the new tokens
+            if self._specs is not None and self._cache is not None:
+                self._truncate(start)
+            else:  # a cache we cannot shorten: start over empty rather than inconsistent
+                self._tokens, self._cache = [], None
+            raise
+        cache = getattr(out, "cache", None)
+        if cache is None:
+            cache = getattr(out, "past_key_values", None)
+        if cache is None:
+            raise ModelLoadError(f"{type(self._model).__name__} returned no KV cache")
+        self._cache = cache
+        self._tokens.extend(tokens)
+        return out.logits[0, -keep:].float()
+
+    @torch.inference_mode()
+    def _probe(self) -> list[_LayerSpec] | None:
+        """Run one token to see which cache the model builds; return its layers' rebuild plan."""
+        self._cache = None
+        try:
+            self._run([0], keep=1)
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(
+                f"{type(self._model).__name__} failed a one-token forward: {exc}"
+            ) from exc
+        specs = _layer_specs(self._cache)
+        self._tokens = []
+        self._cache = None
+        return specs
