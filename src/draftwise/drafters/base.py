@@ -1,0 +1,81 @@
+"""The drafter protocol: one shape for every kind of draft.
+
+A generation calls ``start`` once, then each step ``propose(context, k)`` and, after the target
+has verified, ``observe(num_accepted)``. ``context`` is every token so far (prompt and committed
+output); its last token is not yet in the target's cache. A drafter may propose fewer than k
+tokens, or none: the step is then a plain decode step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from ..sampling import SamplingConfig, greedy, logits_to_probs, sample
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens and, for drafts that sample, the distributions they came from.
+
+    tokens: m <= k proposed token ids.
+    probs:  [m, vocab] q after the generation's sampling transform, or None for a point mass
+            (prompt lookup, or any draft in greedy mode).
+    """
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """Proposes tokens for the target to verify."""
+
+    name: str
+
+    def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
+        """Begin a generation: forget earlier ones; sample with ``generator`` when not greedy."""
+        ...
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        """Up to k tokens that might follow ``context``."""
+        ...
+
+    def observe(self, num_accepted: int) -> None:
+        """How many of the last proposal's tokens the target accepted."""
+        ...
+
+
+def draft_autoregressive(
+    logits: torch.Tensor,
+    step: Callable[[int], torch.Tensor],
+    k: int,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+) -> Draft:
+    """Propose k tokens one at a time from a model-like draft.
+
+    logits: [vocab], the draft's scores for the first proposed token.
+    step:   feeds one token to the draft and returns its [vocab] scores for the next.
+    Greedy proposes the argmax (no distribution needed); sampling draws each token from q and
+    keeps q, which verification needs.
+    """
+    tokens: list[int] = []
+    probs: list[torch.Tensor] = []
+    for i in range(k):
+        if sampling.greedy:
+            token = int(greedy(logits).item())
+        else:
+            q = logits_to_probs(logits, sampling)  # [vocab]
+            token = sample(q, generator)
+            probs.append(q)
+        tokens.append(token)
+        if i < k - 1:
+            logits = step(token)
+    return Draft(tokens, torch.stack(probs) if probs else None)  # probs: [k, vocab]

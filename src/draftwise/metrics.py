@@ -1,0 +1,85 @@
+"""One statistics object per generation, in the vocabulary of ``verify``.
+
+Conventions:
+
+- every target pass commits at least one token; the prefill pass commits the first token, so
+  plain decoding has ``mean_committed_per_pass == 1`` exactly;
+- ``mean_committed_per_pass`` (Spec-Bench's #MAT) includes the recovered or bonus token;
+- ``acceptance_by_position[i]`` is the *conditional* rate a_i: of the steps that proposed a
+  token at draft position i and accepted positions < i, the fraction that accepted position i.
+  The cost model's E = 1 + sum_i prod_{j<=i} a_j uses exactly these rates;
+- ``committed`` counts the tokens the generation kept (an ending EOS included; tokens past
+  max_new_tokens or a stop condition are not).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from .verify import Verdict
+
+
+@dataclass
+class SpecStats:
+    proposed: int = 0
+    accepted: int = 0
+    recovered: int = 0
+    bonus: int = 0
+    committed: int = 0
+    target_passes: int = 0
+    draft_seconds: float = 0.0
+    verify_seconds: float = 0.0
+    tested_at: list[int] = field(default_factory=list)  # [k]: proposals reaching position i
+    accepted_at: list[int] = field(default_factory=list)  # [k]: of those, accepted at i
+    accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each pass
+
+    def record(self, num_proposed: int, verdict: Verdict, kept: int) -> None:
+        """Account for one target pass over ``num_proposed`` tokens, of which ``kept`` stayed."""
+        self.target_passes += 1
+        self.proposed += num_proposed
+        self.accepted += verdict.accepted
+        if num_proposed:
+            if verdict.bonus:
+                self.bonus += 1
+            else:
+                self.recovered += 1
+        while len(self.tested_at) < num_proposed:
+            self.tested_at.append(0)
+            self.accepted_at.append(0)
+        # positions 0..accepted were tested; 0..accepted-1 accepted
+        for i in range(min(verdict.accepted + 1, num_proposed)):
+            self.tested_at[i] += 1
+        for i in range(verdict.accepted):
+            self.accepted_at[i] += 1
+        self.committed += kept
+        self.accept_lengths.append(kept)
+
+    @property
+    def mean_committed_per_pass(self) -> float:
+        return self.committed / self.target_passes if self.target_passes else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / t if t else 0.0 for a, t in zip(self.accepted_at, self.tested_at)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "proposed": self.proposed,
+            "accepted": self.accepted,
+            "recovered": self.recovered,
+            "bonus": self.bonus,
+            "committed": self.committed,
+            "target_passes": self.target_passes,
+            "mean_committed_per_pass": self.mean_committed_per_pass,
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_by_position": self.acceptance_by_position,
+            "tested_by_position": list(self.tested_at),
+            "accept_lengths": list(self.accept_lengths),
+            "draft_seconds": self.draft_seconds,
+            "verify_seconds": self.verify_seconds,
+        }
