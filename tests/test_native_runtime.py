@@ -26,6 +26,7 @@ CONFIGS = {
     "gqa-untied": dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False),
     "mha-tied": dict(num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True),
     "mqa": dict(num_attention_heads=4, num_key_value_heads=1),
+    "attention-bias": dict(attention_bias=True),
     "rope-theta": dict(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
     "llama3-rope": dict(
         rope_parameters={

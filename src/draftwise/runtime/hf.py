@@ -358,6 +358,10 @@ class HFRuntime:
 
     def _run(self, tokens: list[int], *, keep: int) -> torch.Tensor:
         """Append ``tokens``; return float32 logits of the last ``keep`` of them."""
+        if self._cache is None and getattr(self, "_specs", None) is not None:
+            # a forward before any prefill (a model draft catching up) still needs the
+            # rollback-exact cache, not the stock one the model would build
+            self._cache = self._new_cache()
         start = self.length
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
         position_ids = torch.arange(

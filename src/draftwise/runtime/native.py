@@ -147,6 +147,7 @@ class NativeRuntime:
         self.wqkv: list[torch.Tensor] = []  # [(H + 2 KV) * hd, d]
         self.bqkv: list[torch.Tensor | None] = []
         self.wo: list[torch.Tensor] = []  # [d, H * hd]
+        self.bo: list[torch.Tensor | None] = []  # Llama with attention_bias=True has one
         self.w_gate_up: list[torch.Tensor] = []  # [2 * ffn, d]
         self.w_down: list[torch.Tensor] = []  # [d, ffn]
         self.ln_attn: list[torch.Tensor] = []
@@ -159,6 +160,7 @@ class NativeRuntime:
             biases = [maybe(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
             self.bqkv.append(torch.cat(biases) if all(b is not None for b in biases) else None)  # type: ignore[misc]
             self.wo.append(get(p + "self_attn.o_proj.weight"))
+            self.bo.append(maybe(p + "self_attn.o_proj.bias"))
             self.w_gate_up.append(
                 torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous()
             )
@@ -274,7 +276,7 @@ class NativeRuntime:
                 qg[None], self.k_cache[i][None, :, :end], self.v_cache[i][None, :, :end], attn_mask=mask
             )  # [1, KV, G * n, hd]
             att = att[0].view(KV, G, n, hd).permute(2, 0, 1, 3).reshape(n, H * hd)
-            x = x + F.linear(att, self.wo[i])
+            x = x + F.linear(att, self.wo[i], self.bo[i])
             h = self._norm(x, self.ln_mlp[i])
             gate, up = F.linear(h, self.w_gate_up[i]).chunk(2, dim=-1)  # [n, ffn] each
             x = x + F.linear(F.silu(gate) * up, self.w_down[i])

@@ -1,0 +1,266 @@
+"""The pure parts of the runtime benchmark: prompt selection, bytes per token, validation.
+
+No timing assertions: the timed benchmark itself runs from ``benchmarks/runtime_vs_hf.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from draftwise.bench.runtime import (
+    DEFAULT_QUESTIONS,
+    kv_bytes_per_token,
+    load_questions,
+    measure_bandwidth,
+    render_markdown,
+    run_runtime_benchmark,
+    select_prompts,
+    weight_bytes_per_token,
+)
+from draftwise.errors import ConfigError
+
+# tiny Llama: d=64, 4 query heads and 2 KV heads of 16, FFN 96, 3 layers, vocab 100
+D, H, KV, HD, FFN, LAYERS, VOCAB = 64, 4, 2, 16, 96, 3, 100
+
+
+def _rows(categories: str) -> list[dict[str, Any]]:
+    return [{"question_id": i, "category": c, "turns": [f"q{i}", "second"]} for i, c in enumerate(categories)]
+
+
+def _write(tmp_path: Path, lines: list[str]) -> Path:
+    path = tmp_path / "questions.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+# -- prompt selection ------------------------------------------------------------------------
+
+
+def test_select_prompts_round_robin_in_file_order() -> None:
+    rows = _rows("aaabccd")
+    picked = select_prompts(rows, 7)
+    assert [(p.category, p.question_id) for p in picked] == [
+        ("a", 0), ("b", 3), ("c", 4), ("d", 6), ("a", 1), ("c", 5), ("a", 2),
+    ]  # fmt: skip
+    assert [p.text for p in picked[:2]] == ["q0", "q3"]  # the first turn only
+    # a prefix of a longer selection: asking for fewer keeps the same order
+    assert select_prompts(rows, 3) == picked[:3]
+    assert select_prompts(rows, 1)[0].question_id == 0
+
+
+def test_select_prompts_deterministic_and_distinct() -> None:
+    rows = _rows("xyzxyzxyzw")
+    a = select_prompts(rows, 10)
+    assert a == select_prompts(rows, 10)
+    assert sorted(p.question_id for p in a) == list(range(10))
+
+
+@pytest.mark.parametrize("n", [0, -1, 1.5, True])
+def test_select_prompts_rejects_bad_counts(n: Any) -> None:
+    with pytest.raises(ConfigError, match="num_prompts"):
+        select_prompts(_rows("ab"), n)
+
+
+def test_select_prompts_more_than_available() -> None:
+    with pytest.raises(ConfigError, match="only 2 questions"):
+        select_prompts(_rows("ab"), 3)
+
+
+@pytest.mark.skipif(not DEFAULT_QUESTIONS.exists(), reason="the dev questions are not next to the repo")
+def test_dev_questions_cover_every_category() -> None:
+    rows = load_questions(DEFAULT_QUESTIONS)
+    categories = list(dict.fromkeys(r["category"] for r in rows))
+    picked = select_prompts(rows, 20)
+    assert [p.category for p in picked[: len(categories)]] == categories
+    assert len({p.question_id for p in picked}) == 20
+
+
+# -- the questions file ----------------------------------------------------------------------
+
+
+def test_load_questions_ok(tmp_path: Path) -> None:
+    path = _write(tmp_path, [json.dumps(r) for r in _rows("ab")] + [""])
+    assert [r["question_id"] for r in load_questions(path)] == [0, 1]
+
+
+def test_load_questions_errors(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_questions(tmp_path / "missing.jsonl")
+    with pytest.raises(ConfigError, match="empty"):
+        load_questions(_write(tmp_path, []))
+    with pytest.raises(ConfigError, match=r":2 is not valid JSON"):
+        load_questions(_write(tmp_path, [json.dumps(_rows("a")[0]), "{oops"]))
+    with pytest.raises(ConfigError, match="first turn"):
+        load_questions(_write(tmp_path, [json.dumps({"category": "a", "turns": []})]))
+    with pytest.raises(ConfigError, match="first turn"):
+        load_questions(_write(tmp_path, [json.dumps({"category": "a", "turns": ["  "]})]))
+
+
+# -- validation before any model is loaded ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"num_prompts": 0}, "num_prompts"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"dtypes": ("float16",)}, "not supported"),
+        ({"dtypes": ()}, "empty"),
+        ({"dtypes": ("float32", "float32")}, "repeats"),
+        ({"bandwidth_mib": 0}, "bandwidth_mib"),
+        ({"threads": 0}, "threads"),
+        ({"repeats": 0}, "repeats"),
+        ({"num_prompts": 5}, "only 2 questions"),
+    ],
+)
+def test_run_validates_inputs(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    questions = _write(tmp_path, [json.dumps(r) for r in _rows("ab")])
+    # a model that does not exist: validation must fail before anything is loaded
+    args = {"model": str(tmp_path / "no-model"), "questions": questions, "progress": False} | kwargs
+    with pytest.raises(ConfigError, match=match):
+        run_runtime_benchmark(**args)
+
+
+def test_run_missing_questions(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="questions file not found"):
+        run_runtime_benchmark(questions=tmp_path / "nope.jsonl", progress=False)
+
+
+# -- bytes per token -------------------------------------------------------------------------
+
+
+def _tiny_runtime(*, tied: bool, bias: bool, dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, Qwen2Config
+
+    from draftwise.runtime.native import NativeRuntime
+
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=D,
+        intermediate_size=FFN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=H,
+        num_key_value_heads=KV,
+        head_dim=HD,
+        max_position_embeddings=64,
+        tie_word_embeddings=tied,
+    )
+    # Qwen2 is the family with q/k/v biases (and none on o)
+    config = Qwen2Config(**common) if bias else LlamaConfig(**common)
+    g = torch.Generator().manual_seed(0)
+
+    def rand(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    state = {"model.embed_tokens.weight": rand(VOCAB, D), "model.norm.weight": rand(D)}
+    if not tied:
+        state["lm_head.weight"] = rand(VOCAB, D)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        state[p + "self_attn.q_proj.weight"] = rand(H * HD, D)
+        state[p + "self_attn.k_proj.weight"] = rand(KV * HD, D)
+        state[p + "self_attn.v_proj.weight"] = rand(KV * HD, D)
+        state[p + "self_attn.o_proj.weight"] = rand(D, H * HD)
+        if bias:
+            state[p + "self_attn.q_proj.bias"] = rand(H * HD)
+            state[p + "self_attn.k_proj.bias"] = rand(KV * HD)
+            state[p + "self_attn.v_proj.bias"] = rand(KV * HD)
+        state[p + "mlp.gate_proj.weight"] = rand(FFN, D)
+        state[p + "mlp.up_proj.weight"] = rand(FFN, D)
+        state[p + "mlp.down_proj.weight"] = rand(D, FFN)
+        state[p + "input_layernorm.weight"] = rand(D)
+        state[p + "post_attention_layernorm.weight"] = rand(D)
+    return NativeRuntime(config, state, dtype=dtype, max_context=32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("tied", "bias"), [(True, False), (False, False), (True, True)])
+def test_weight_bytes_per_token_hand_count(dtype: torch.dtype, tied: bool, bias: bool) -> None:
+    rt = _tiny_runtime(tied=tied, bias=bias, dtype=dtype)
+    size = 4 if dtype == torch.float32 else 2
+    per_layer = (
+        H * HD * D  # q
+        + 2 * KV * HD * D  # k, v
+        + D * H * HD  # o
+        + 2 * FFN * D  # gate, up
+        + D * FFN  # down
+        + 2 * D  # the two norms
+        + ((H + 2 * KV) * HD if bias else 0)  # q/k/v biases
+    )
+    expected = {
+        "layers": LAYERS * per_layer * size,
+        "final_norm": D * size,
+        "head": VOCAB * D * size,  # tied or not, the head is read once
+        "embedding_row": D * size,  # the lookup reads one row
+        "tied_head": int(tied),
+    }
+    expected["total"] = expected["layers"] + expected["final_norm"] + expected["head"] + D * size
+    assert weight_bytes_per_token(rt) == expected
+    # sanity: an untied model holds one more [vocab, d] matrix, but reads the same bytes per token
+    params = sum(t.numel() for t in {id(t): t for t in _all_tensors(rt)}.values())
+    assert expected["total"] == (params - (VOCAB * D if tied else 2 * VOCAB * D)) * size + (
+        VOCAB * D + D
+    ) * size
+
+
+def _all_tensors(rt: Any) -> list[torch.Tensor]:
+    tensors = [rt.embed, rt.head, rt.final_norm]
+    for attr in ("wqkv", "bqkv", "wo", "w_gate_up", "w_down", "ln_attn", "ln_mlp"):
+        tensors += [t for t in getattr(rt, attr) if t is not None]
+    return tensors
+
+
+def test_kv_bytes_per_token() -> None:
+    rt = _tiny_runtime(tied=True, bias=False, dtype=torch.bfloat16)
+    assert kv_bytes_per_token(rt, 10) == LAYERS * 2 * KV * HD * 2 * 10
+    assert kv_bytes_per_token(rt, 0) == 0
+
+
+# -- bandwidth and the report (no timing assertions) -----------------------------------------
+
+
+def test_measure_bandwidth_small_buffer() -> None:
+    bw = measure_bandwidth(1 << 20, repeats=2, warmup=1)
+    assert bw["buffer_bytes"] == 1 << 20
+    assert bw["copy_gbps"] > 0 and bw["read_gbps"] > 0
+
+
+def test_render_markdown_has_table_and_command() -> None:
+    stats = {"median": 20.0, "mean": 21.0, "min": 19.0, "max": 22.0}
+    ratio = {"median": 1.5, "mean": 1.5, "min": 1.2, "max": 1.8}
+    report = {
+        "command": "python benchmarks/runtime_vs_hf.py --num-prompts 2",
+        "config": {"model": "default", "questions": "/x/q.jsonl", "num_prompts": 2, "max_new_tokens": 8},
+        "machine": {"cpu_model": "CPU", "cpu_count": 2, "torch": "2", "torch_threads": 2, "transformers": "5"},
+        "bandwidth": {"buffer_bytes": 512.0 * (1 << 20), "copy_gbps": 10.0, "read_gbps": 8.0},
+        "results": {
+            "float32": {
+                "hf_tokens_per_second": stats,
+                "draftwise_tokens_per_second": stats,
+                "ratio": ratio,
+                "equal_outputs": 2,
+                "num_prompts": 2,
+                "roofline": {
+                    "weight_bytes_per_token": {"total": 500_000_000},
+                    "roofline_tokens_per_second_copy_bw": 20.0,
+                    "roofline_tokens_per_second_read_bw": 16.0,
+                    "draftwise_percent_of_roofline_copy_bw": 100.0,
+                    "draftwise_percent_of_roofline_read_bw": 125.0,
+                    "read_gbps_at_weight_size": 9.0,
+                    "roofline_tokens_per_second_read_bw_at_weight_size": 18.0,
+                    "kv_bytes_per_token_at_mean_context": 1_000_000,
+                    "mean_context": 100.0,
+                },
+            }
+        },
+        "wall_seconds": 60.0,
+    }
+    md = render_markdown(report)
+    assert "| float32 | 20.0 | 20.0 | 1.50x | 1.20-1.80x |" in md
+    assert "| 2/2 | 500.0 | 20.0 | 100% |" in md
+    assert "python benchmarks/runtime_vs_hf.py --num-prompts 2" in md
