@@ -23,13 +23,15 @@ $(STAMP): pyproject.toml Makefile
 demo: setup
 	$(BIN)/draftwise models
 	$(BIN)/draftwise generate "Explain in two sentences why the sky is blue." --max-new-tokens 96 --stream
-	$(BIN)/draftwise bench-runtime --num-prompts 4 --max-new-tokens 64 --dtypes bfloat16 --out out/demo
+	$(BIN)/draftwise generate "Repeat this list exactly, then say done: apples, pears, plums, cherries, figs, dates." --draft lookup --k 8 --stats
+	$(BIN)/draftwise bench-runtime --num-prompts 4 --max-new-tokens 64 --dtypes float32 --out out/demo
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python benchmarks/runtime_vs_hf.py --num-prompts 20 --max-new-tokens 128
+	$(BIN)/python benchmarks/spec_vs_plain.py --per-category 1 --max-new-tokens 128 --drafts lookup,self --ks 4,8
 
 clean:
 	rm -rf $(VENV) out

@@ -44,6 +44,16 @@ def random_hf_model(config, seed: int = 0):
     return model
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny matmuls gain nothing from a second intra-op thread, and on a shared 2-core machine
+    the OpenMP hand-off makes them up to ~50x slower; restore the count afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def default_folder() -> Path:
     """The converted HF folder of the embedded default model (converted once, then cached)."""

@@ -117,12 +117,8 @@ def world() -> World:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: threads only add overhead on a shared 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Tiny models: run them on one intra-op thread (see conftest.one_thread)."""
 
 
 @dataclass

@@ -83,12 +83,8 @@ def fresh_logits(hf_model, ids: Sequence[int], keep: int) -> torch.Tensor:
 
 
 @pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: on a shared 2-core machine, a second intra-op thread makes them ~50x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_thread):
+    """Tiny models: run them on one intra-op thread (see conftest.one_thread)."""
 
 
 @pytest.fixture(scope="module")

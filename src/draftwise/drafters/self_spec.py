@@ -38,6 +38,21 @@ def parse_layers(text: str, num_layers: int) -> list[int]:
     return sorted(out)
 
 
+def format_layers(layers: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``"0-3,7"`` (the inverse of :func:`parse_layers`).
+
+    >>> format_layers([0, 1, 2, 3, 7, 9, 10])
+    '0-3,7,9-10'
+    """
+    parts: list[str] = []
+    for i in sorted(layers):
+        if parts and i == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
+        else:
+            parts.append(str(i))
+    return ",".join(parts)
+
+
 class SelfSpecDrafter:
     """Drafts with a subset of the target's layers (native runtime only)."""
 
@@ -78,7 +93,7 @@ class SelfSpecDrafter:
         if self.layers == list(range(len(self.layers))):
             return f"early exit after layer {len(self.layers)} of {n}"
         skipped = sorted(set(range(n)) - set(self.layers))
-        return f"{len(self.layers)} of {n} layers (skips {skipped})"
+        return f"{len(self.layers)} of {n} layers, skips {format_layers(skipped)}"
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
         self._sampling, self._generator = sampling, generator
