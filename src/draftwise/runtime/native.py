@@ -234,10 +234,8 @@ class NativeRuntime:
 
     # -- the model ------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        # RMSNorm in float32, as transformers does, then back to the working dtype
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return weight * xf.to(x.dtype)
+        # one fused kernel (it accumulates in float32, as transformers' RMSNorm does)
+        return F.rms_norm(x, weight.shape, weight, self.eps)
 
     @torch.inference_mode()
     def _run(self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool) -> torch.Tensor:
