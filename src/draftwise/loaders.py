@@ -170,12 +170,6 @@ class Model:
             return list(ids)
         return list(tok(prompt, add_special_tokens=True)["input_ids"])
 
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
-
 
 def _eos_ids(folder: Path, config: Any, tokenizer: Any) -> frozenset[int]:
     ids: set[int] = set()
@@ -192,10 +186,8 @@ def _eos_ids(folder: Path, config: Any, tokenizer: Any) -> frozenset[int]:
     if gen.exists():
         add(json.loads(gen.read_text()).get("eos_token_id"))
     # chat models end a turn with a special token the config does not always list
-    for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>"):
-        tid = tokenizer.convert_tokens_to_ids(name) if name in tokenizer.get_vocab() else None
-        if isinstance(tid, int):
-            ids.add(tid)
+    vocab = tokenizer.get_vocab()
+    ids.update(vocab[name] for name in ("<|im_end|>", "<end_of_turn>", "<|eot_id|>") if name in vocab)
     return frozenset(ids)
 
 

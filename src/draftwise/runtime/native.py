@@ -19,7 +19,6 @@ target's verification pass later rewrites every layer at those positions.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -284,7 +283,3 @@ class NativeRuntime:
         x = self._norm(x, self.final_norm)
         return F.linear(x, self.head).float()  # [n or 1, vocab]
 
-
-def describe(folder: Path) -> dict[str, Any]:
-    """The config.json of a folder, for error messages and ``draftwise models``."""
-    return json.loads((Path(folder) / "config.json").read_text())
