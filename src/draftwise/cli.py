@@ -283,6 +283,10 @@ def bench_runtime(
     out.print(render_markdown(report), highlight=False, markup=False)
 
 
+# Commands that live in their own modules register themselves on ``app`` when imported.
+from . import cli_bench, cli_breakeven, cli_distill, cli_plan  # noqa: E402,F401
+
+
 def main() -> None:  # pragma: no cover - console entry point
     app()
 
