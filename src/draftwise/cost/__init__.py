@@ -1,5 +1,17 @@
 """The cost model: expected tokens per target pass, predicted speedup, break-even acceptance."""
 
-from .model import expected_committed, expected_committed_by_position, predicted_speedup
+from .model import (
+    breakeven_acceptance,
+    effective_acceptance,
+    expected_committed,
+    expected_committed_by_position,
+    predicted_speedup,
+)
 
-__all__ = ["expected_committed", "expected_committed_by_position", "predicted_speedup"]
+__all__ = [
+    "breakeven_acceptance",
+    "effective_acceptance",
+    "expected_committed",
+    "expected_committed_by_position",
+    "predicted_speedup",
+]

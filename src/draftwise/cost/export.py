@@ -1,0 +1,355 @@
+"""Turn a draftwise choice (a draft spec and k) into a serving engine's options.
+
+draftwise measures which draft pays on this machine; production serving then runs in vLLM,
+SGLang or Hugging Face ``generate``. The mapping, engine by engine:
+
+- ``lookup[:max=N,min=M]``: vLLM ``{"method": "ngram", "prompt_lookup_max": N,
+  "prompt_lookup_min": M, "num_speculative_tokens": k}``; SGLang ``--speculative-algorithm NGRAM``
+  with the n-gram match-window flags; HF ``prompt_lookup_num_tokens=k``,
+  ``max_matching_ngram_size=N``.
+- ``model:PATH``: vLLM ``{"method": "draft_model", "model": PATH, ...}``; SGLang
+  ``--speculative-algorithm STANDALONE --speculative-draft-model-path PATH``; HF
+  ``assistant_model=<the loaded draft>``.
+- ``self:exit=L`` (or a layer set that is a prefix 0..L-1): HF ``assistant_early_exit=L``; no
+  equivalent in vLLM or SGLang (see below).
+- ``none``: no speculative options at all.
+
+Neither vLLM nor SGLang has layer-skip self-speculation. Their closest options are a trained
+draft head on the same model (EAGLE / EAGLE-3), or the model's own multi-token-prediction
+layers when the checkpoint has them (vLLM ``method: mtp``, SGLang ``NEXTN``), or n-gram
+lookup, which needs no weights.
+
+Option names were checked against the engines' documentation and source: vLLM's
+``SpeculativeConfig`` (``method`` values ``ngram`` and ``draft_model``), SGLang's ``ServerArgs``
+(``speculative_*`` fields) and transformers' ``GenerationConfig`` (whose tests here construct
+and validate the exported keyword arguments). Counting conventions differ: SGLang's
+``--speculative-num-draft-tokens`` counts the verified tree's root, so k proposals are k + 1
+draft tokens (with ``--speculative-num-steps`` k); transformers reads the draft length of an
+assistant from the assistant's own ``generation_config``, not from ``generate``'s arguments.
+
+>>> print(export_config("lookup:max=4,min=2", 4, "vllm", model="Qwen/Qwen3-8B"))
+vllm serve Qwen/Qwen3-8B --speculative-config '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+from ..errors import ConfigError
+
+ENGINES = ("vllm", "sglang", "hf")
+SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH"
+
+# draftwise's lookup defaults (drafters/spec.py): n-grams of 3 down to 1 tokens
+_LOOKUP_MAX, _LOOKUP_MIN = 3, 1
+
+_NO_PAY = "draftwise predicts that speculation does not pay here: serve without speculative options"
+
+
+# -- draft specs --------------------------------------------------------------------------
+def _parse_layers(text: str) -> list[int]:
+    """``"0-9,12"`` -> [0, 1, ..., 9, 12] (no model needed, unlike drafters.self_spec)."""
+    layers: set[int] = set()
+    for part in text.split(","):
+        lo_s, sep, hi_s = part.strip().partition("-")
+        try:
+            lo = int(lo_s)
+            hi = int(hi_s) if sep else lo
+        except ValueError:
+            raise ConfigError(f"layer list {text!r} must be numbers and ranges like 0-9,12") from None
+        if lo < 0 or hi < lo:
+            raise ConfigError(f"layer list {text!r}: layers are >= 0 and ranges are low-high")
+        layers.update(range(lo, hi + 1))
+    return sorted(layers)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """Split a draft spec into its kind and options, checking them as ``make_drafter`` does.
+
+    >>> parse_spec("lookup:max=4,min=2"), parse_spec("self:skip=10-19,22"), parse_spec("model:/m/tiny")
+    (('lookup', {'max': '4', 'min': '2'}), ('self', {'skip': '10-19,22'}), ('model', {'path': '/m/tiny'}))
+    """
+    if not isinstance(spec, str):
+        raise ConfigError(f"draft={spec!r} must be a spec string ({SPEC_HELP})")
+    kind, _, rest = spec.strip().partition(":")
+    if kind == "none" and not rest:
+        return "none", {}
+    if kind == "model":
+        if not rest.strip():
+            raise ConfigError("model: needs a path or name, e.g. model:Qwen/Qwen3-0.6B")
+        return "model", {"path": rest.strip()}
+    allowed = {"lookup": ("max", "min"), "self": ("exit", "layers", "skip")}.get(kind)
+    if allowed is None:
+        raise ConfigError(f"unknown draft spec {spec!r}; use one of: {SPEC_HELP}")
+    parts: list[str] = []
+    for chunk in rest.split(","):  # a comma without '=' continues a layer list
+        if "=" in chunk or not parts:
+            parts.append(chunk)
+        else:
+            parts[-1] += "," + chunk
+    opts: dict[str, str] = {}
+    for part in parts:
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in allowed:
+            raise ConfigError(f"unknown {kind} draft option {part!r}; allowed: {', '.join(allowed)}")
+        opts[key.strip()] = value.strip()
+    if kind == "lookup":
+        try:
+            lo, hi = int(opts.get("min", _LOOKUP_MIN)), int(opts.get("max", _LOOKUP_MAX))
+        except ValueError:
+            raise ConfigError(f"lookup options must be integers, got {rest!r}") from None
+        if not 1 <= lo <= hi:
+            raise ConfigError(f"lookup needs 1 <= min <= max, got min={lo}, max={hi}")
+    if kind == "self":
+        if len(opts) > 1:
+            raise ConfigError("give one of self:exit=, self:layers= or self:skip=, not several")
+        if "exit" in opts:
+            try:
+                if int(opts["exit"]) < 1:
+                    raise ValueError
+            except ValueError:
+                raise ConfigError(f"self:exit= takes a layer number >= 1, got {opts['exit']!r}") from None
+        for key in ("layers", "skip"):
+            if key in opts:
+                _parse_layers(opts[key])
+    return kind, opts
+
+
+def _early_exit_layer(opts: dict[str, str], num_layers: int | None) -> int | None:
+    """The L of an early exit after layers 0..L-1 equal to this self spec, or None."""
+    if "exit" in opts:
+        return int(opts["exit"])
+    if "layers" in opts:
+        kept = _parse_layers(opts["layers"])
+        return len(kept) if kept == list(range(len(kept))) else None
+    if "skip" in opts:
+        if num_layers is None:
+            return None
+        skipped = set(_parse_layers(opts["skip"]))
+        kept = [i for i in range(num_layers) if i not in skipped]
+        return len(kept) if kept and kept == list(range(len(kept))) else None
+    return num_layers // 2 if num_layers else None  # draftwise's uncalibrated default
+
+
+# -- the engines --------------------------------------------------------------------------
+def _no_layer_skip(engine: str, k: int) -> dict[str, Any]:
+    if engine == "vllm":
+        closest = (
+            'vLLM has no layer-skip self-speculation. Closest: a trained EAGLE-3 head for this model, '
+            '--speculative-config \'{"method": "eagle3", "model": "<EAGLE-3 head>", '
+            f'"num_speculative_tokens": {k}}}\'; or, when the checkpoint has multi-token-prediction '
+            f'layers, {{"method": "mtp", "num_speculative_tokens": {k}}}; or n-gram lookup '
+            '(draftwise --draft lookup), which needs no weights.'
+        )
+    else:
+        closest = (
+            "SGLang has no layer-skip self-speculation. Closest: a trained EAGLE-3 head, "
+            "--speculative-algorithm EAGLE3 --speculative-draft-model-path <EAGLE-3 head> "
+            f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}; "
+            "NEXTN for checkpoints with multi-token-prediction layers; or NGRAM lookup "
+            "(draftwise --draft lookup), which needs no weights."
+        )
+    return {"supported": False, "options": {}, "note": closest}
+
+
+def _vllm(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
+    if kind == "lookup":
+        cfg = {
+            "method": "ngram",
+            "num_speculative_tokens": k,
+            "prompt_lookup_max": int(opts.get("max", _LOOKUP_MAX)),
+            "prompt_lookup_min": int(opts.get("min", _LOOKUP_MIN)),
+        }
+        return {"supported": True, "options": cfg, "note": ""}
+    if kind == "model":
+        cfg = {"method": "draft_model", "model": opts["path"], "num_speculative_tokens": k}
+        return {
+            "supported": True,
+            "options": cfg,
+            "note": "the draft must share the target's tokenizer; vLLM loads it by name or local folder "
+            "(a .gguf or a draftwise built-in name may need converting first)",
+        }
+    return _no_layer_skip("vllm", k)
+
+
+def _sglang(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
+    if kind == "lookup":
+        flags: dict[str, Any] = {
+            "--speculative-algorithm": "NGRAM",
+            "--speculative-num-draft-tokens": k + 1,
+            "--speculative-ngram-min-match-window-size": int(opts.get("min", _LOOKUP_MIN)),
+            "--speculative-ngram-max-match-window-size": int(opts.get("max", _LOOKUP_MAX)),
+            "--speculative-ngram-max-bfs-breadth": 1,
+        }
+        note = (
+            "--speculative-num-draft-tokens counts the tree's root, so k proposals are k+1; "
+            "a BFS breadth of 1 keeps one chain, as draftwise verifies (NGRAM is CUDA-only)"
+        )
+        return {"supported": True, "options": flags, "note": note}
+    if kind == "model":
+        flags = {
+            "--speculative-algorithm": "STANDALONE",
+            "--speculative-draft-model-path": opts["path"],
+            "--speculative-num-steps": k,
+            "--speculative-eagle-topk": 1,
+            "--speculative-num-draft-tokens": k + 1,
+        }
+        note = "a chain of k proposals: k draft steps, top-1, k+1 draft tokens counting the root"
+        return {"supported": True, "options": flags, "note": note}
+    return _no_layer_skip("sglang", k)
+
+
+def _hf(kind: str, opts: dict[str, str], k: int, num_layers: int | None) -> dict[str, Any]:
+    # transformers reads an assistant's draft length from the assistant's own generation_config
+    # (AssistedCandidateGenerator), so k goes there; a confidence threshold of 0 makes it propose
+    # all k, as draftwise does, instead of stopping early (its default is 0.4).
+    assistant_config = {
+        "num_assistant_tokens": k,
+        "num_assistant_tokens_schedule": "constant",
+        "assistant_confidence_threshold": 0.0,
+    }
+    if kind == "lookup":
+        kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": int(opts.get("max", _LOOKUP_MAX))}
+        note = ""
+        if int(opts.get("min", _LOOKUP_MIN)) != 1:
+            note = "transformers' prompt lookup always tries n-grams down to 1 token; min is not exported"
+        return {"supported": True, "options": kwargs, "note": note}
+    if kind == "model":
+        return {
+            "supported": True,
+            "options": {"assistant_model": opts["path"]},
+            "assistant_generation_config": assistant_config,
+            "note": "assistant_model is the loaded draft model (same tokenizer as the target)",
+        }
+    layer = _early_exit_layer(opts, num_layers)
+    if layer is None:
+        if not opts:
+            note = (
+                "draftwise's plain `self` is the calibrated layer set (else the first half of the "
+                "layers), which is not known here: export self:exit=L, or pass num_layers"
+            )
+        else:
+            what = f"self:{next(iter(opts))}={next(iter(opts.values()))}"
+            note = (
+                f"transformers' early exit runs layers 0..L-1 only, which {what} is not (and "
+                "self:skip= needs num_layers to tell); closest: assistant_early_exit=L for a prefix "
+                "of the layers your draft keeps"
+            )
+        return {"supported": False, "options": {}, "note": note}
+    note = (
+        "early exit reads the LM head after layer L; it pays only on models trained for it "
+        "(e.g. LayerSkip checkpoints)"
+    )
+    if not opts:
+        note += "; plain `self` exported as the uncalibrated default, the first half of the layers"
+    return {
+        "supported": True,
+        "options": {"assistant_early_exit": layer},
+        "assistant_generation_config": assistant_config,
+        "note": note,
+    }
+
+
+def export_dict(
+    draft: str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
+) -> dict[str, Any]:
+    """The engine options for draft spec ``draft`` proposing ``k`` tokens, as data.
+
+    Keys: ``engine``, ``draft``, ``k``, ``model``; ``supported`` (False when the engine has no
+    equivalent, with the closest option in ``note``); ``options`` (vllm: the
+    ``--speculative-config`` object; sglang: flag -> value; hf: ``generate`` keyword
+    arguments, ``assistant_model`` given as the draft's path); for an hf assistant,
+    ``assistant_generation_config`` (attributes to set on the assistant's generation config);
+    and ``note``. ``num_layers`` (the target's layer count) resolves ``self`` and
+    ``self:skip=`` for transformers' early exit.
+
+    >>> export_dict("lookup", 4, "hf")["options"]
+    {'prompt_lookup_num_tokens': 4, 'max_matching_ngram_size': 3}
+    >>> export_dict("self", 4, "vllm")["supported"]
+    False
+    """
+    eng = str(engine).strip().lower()
+    if eng not in ENGINES:
+        raise ConfigError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
+    kind, opts = parse_spec(draft)
+    if kind != "none" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ConfigError(f"k={k!r} must be an integer >= 1 (tokens proposed per step)")
+    if num_layers is not None and (isinstance(num_layers, bool) or num_layers < 1):
+        raise ConfigError(f"num_layers={num_layers!r} must be an integer >= 1")
+    if kind == "none":
+        body: dict[str, Any] = {"supported": True, "options": {}, "note": _NO_PAY}
+    elif eng == "vllm":
+        body = _vllm(kind, opts, k)
+    elif eng == "sglang":
+        body = _sglang(kind, opts, k)
+    else:
+        body = _hf(kind, opts, k, num_layers)
+    return {"engine": eng, "draft": draft, "k": k, "model": model, **body}
+
+
+def _comment(note: str) -> list[str]:
+    return [f"# {note}"] if note else []
+
+
+def export_config(
+    draft: str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
+) -> str:
+    """Text to paste: a command line for vllm and sglang, Python for hf (``# `` lines are notes).
+
+    ``model`` (the target) completes the command (``vllm serve MODEL``, ``--model-path MODEL``,
+    ``AutoModelForCausalLM.from_pretrained(MODEL)``); without it only the speculative options
+    are printed.
+
+    >>> print(export_config("model:Qwen/Qwen3-0.6B", 4, "sglang"))
+    # a chain of k proposals: k draft steps, top-1, k+1 draft tokens counting the root
+    --speculative-algorithm STANDALONE --speculative-draft-model-path Qwen/Qwen3-0.6B --speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5
+    >>> print(export_config("lookup", 4, "hf"))
+    {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 3}
+    """
+    d = export_dict(draft, k, engine, model=model, num_layers=num_layers)
+    lines = _comment(d["note"])
+    if not d["supported"]:
+        return "\n".join(lines)
+    opts = d["options"]
+    if d["engine"] == "vllm":
+        cmd = [f"vllm serve {shlex.quote(model)}"] if model else []
+        if opts:
+            cmd.append("--speculative-config " + shlex.quote(json.dumps(opts)))
+        if cmd:
+            lines.append(" ".join(cmd))
+    elif d["engine"] == "sglang":
+        cmd = [f"python -m sglang.launch_server --model-path {shlex.quote(model)}"] if model else []
+        cmd += [f"{flag} {shlex.quote(str(value))}" for flag, value in opts.items()]
+        if cmd:
+            lines.append(" ".join(cmd))
+    else:
+        lines += _hf_python(d, model)
+    return "\n".join(lines)
+
+
+def _hf_python(d: dict[str, Any], model: str | None) -> list[str]:
+    opts = dict(d["options"])
+    lines: list[str] = []
+    if model is not None or "assistant_model" in opts:
+        lines.append("from transformers import AutoModelForCausalLM")
+    if model is not None:
+        lines.append(f"model = AutoModelForCausalLM.from_pretrained({json.dumps(model)})")
+    if "assistant_model" in opts:
+        lines.append(f"assistant = AutoModelForCausalLM.from_pretrained({json.dumps(opts['assistant_model'])})")
+        target = "assistant"
+    else:
+        target = "model"  # early exit: the target drafts for itself
+        if model is None and "assistant_generation_config" in d:
+            lines.append("# model: your loaded target model")
+    for key, value in d.get("assistant_generation_config", {}).items():
+        lines.append(f"{target}.generation_config.{key} = {json.dumps(value)}")
+    body = ", ".join(
+        f"{json.dumps(key)}: assistant" if key == "assistant_model" else f"{json.dumps(key)}: {json.dumps(value)}"
+        for key, value in opts.items()
+    )
+    lines.append("generate_kwargs = {" + body + "}" if lines else "{" + body + "}")
+    return lines
