@@ -47,6 +47,18 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
+def parse_k(text: str) -> int | str:
+    """``--k``: a positive integer or ``auto``."""
+    from .errors import ConfigError
+
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"--k takes a positive integer or 'auto', got {text!r}") from None
+
+
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn a DraftwiseError into a one-line message and exit status 2."""
@@ -98,7 +110,9 @@ def generate(
     draft: Annotated[
         str, typer.Option("--draft", "-d", help="none, lookup, self[:exit=L|layers=..|skip=..], model:PATH")
     ] = "none",
-    k: Annotated[int, typer.Option("--k", help="Tokens the draft proposes per step.")] = 4,
+    k: Annotated[
+        str, typer.Option("--k", help="Tokens the draft proposes per step, or 'auto' (chosen each step).")
+    ] = "4",
     show_stats: Annotated[bool, typer.Option("--stats", help="Print speculation statistics.")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="Print text as it is generated.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
@@ -121,7 +135,7 @@ def generate(
             stop=stop or (),
             chat=chat and has_template,
             draft=draft,
-            k=k,
+            k=parse_k(k),
         )
         if stream and not as_json:
             for piece in s:

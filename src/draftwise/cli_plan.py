@@ -2,4 +2,270 @@
 
 from __future__ import annotations
 
-from .cli import app  # noqa: F401
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .cli import DType, ModelOpt, app, err, load_with_status, out, user_errors
+from .errors import ConfigError
+
+
+class Engine(str, Enum):
+    vllm = "vllm"
+    sglang = "sglang"
+    hf = "hf"
+
+
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[str, float], None]]:
+    """A rich progress bar on stderr, driven by ``(description, fraction done)`` callbacks."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+        TimeElapsedColumn(), console=err, transient=True,
+    ) as bar:
+        task = bar.add_task(label, total=1.0)
+        yield lambda desc, frac: bar.update(task, completed=frac, description=f"{label}: {desc}")
+
+
+def parse_ks(text: str) -> list[int]:
+    """``"4"``, ``"1-8"``, ``"2,4,8"`` -> sorted k values (each >= 1)."""
+    ks: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if "-" in part:
+                lo, hi = (int(x) for x in part.split("-", 1))
+                ks.update(range(lo, hi + 1))
+            else:
+                ks.add(int(part))
+    except ValueError:
+        raise ConfigError(f"cannot read k values {text!r}; write them like 4, 1-8 or 2,4,8") from None
+    if not ks:
+        raise ConfigError("give at least one k")
+    if min(ks) < 1:
+        raise ConfigError(f"k must be >= 1, got {min(ks)}")
+    return sorted(ks)
+
+
+def _drafts(text: str) -> list[str]:
+    # specs are comma-separated, but a draft's own options use commas too (lookup:max=4,min=2):
+    # a piece with '=' and no ':' continues the previous spec
+    specs: list[str] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        if specs and "=" in piece and ":" not in piece:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    if not specs:
+        raise ConfigError("give at least one draft, e.g. --drafts lookup,self")
+    return specs
+
+
+def profile_table(profile: Any) -> Table:
+    contexts = sorted(profile.step)
+    table = Table(title=f"{profile.model} ({profile.dtype}): one target step feeding n tokens, ms")
+    table.add_column("n", justify="right")
+    for c in contexts:
+        table.add_column(f"T(n) @{c}", justify="right")
+        table.add_column(f"step @{c}", justify="right")
+    table.add_column(f"v(n-1) @{contexts[0]}", justify="right")
+    for n in range(1, profile.max_n + 1):
+        cells = [str(n)]
+        for c in contexts:
+            cells += [f"{1000 * profile.forward[c][n - 1]:.1f}", f"{1000 * profile.step[c][n - 1]:.1f}"]
+        cells.append("-" if n == 1 else f"{profile.verify_ratio(n - 1, contexts[0]):.2f}")
+        table.add_row(*cells)
+    return table
+
+
+def drafts_table(profile: Any) -> Table:
+    table = Table(title="draft cost D(k), ms (c = D(k) / (k T(1)))")
+    table.add_column("draft")
+    ks = [1, 2, 4, 8, 15]
+    ks = [k for k in ks if k < profile.max_n]
+    for k in ks:
+        table.add_column(f"k={k}", justify="right")
+    for spec in profile.drafts:
+        table.add_row(spec, *[
+            f"{1000 * profile.draft_time(spec, k):.2f} (c={profile.draft_ratio(spec, k):.3f})" for k in ks
+        ])
+    return table
+
+
+@app.command("profile")
+def profile_cmd(
+    model: ModelOpt = "default",
+    dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
+    drafts: Annotated[
+        str, typer.Option("--draft", "-d", help="Comma-separated draft specs to cost, e.g. lookup,self.")
+    ] = "lookup,self",
+    max_n: Annotated[int, typer.Option("--max-n", min=2, help="Measure passes of 1..N tokens.")] = 16,
+    contexts: Annotated[str, typer.Option(help="Context lengths to measure at (interpolated between).")] = "128,1024",
+    repeats: Annotated[int, typer.Option(min=1, help="Timings per point (the median is kept).")] = 5,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Profile JSON (default: the user cache).")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Draw T(n) to this PNG.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
+) -> None:
+    """Measure this machine: the target's T(n), each draft's D(k) and the per-step overhead."""
+    from .cost.profile import default_profile_path, measure_profile
+    from .cost.report import plot_profile
+
+    with user_errors():
+        try:
+            ctx = [int(c) for c in contexts.split(",") if c.strip()]
+        except ValueError:
+            raise ConfigError(f"--contexts takes integers like 128,1024, got {contexts!r}") from None
+        target = load_with_status(model, dtype.value)
+        with progress_bar("profile") as report:
+            profile = measure_profile(
+                target, drafts=_drafts(drafts), max_n=max_n, contexts=ctx, repeats=repeats, progress=report
+            )
+        path = profile.save(out_file or default_profile_path(target))
+        if plot:
+            plot_profile(profile, plot)
+    if as_json:
+        print(json.dumps(profile.to_dict(), indent=2))
+        return
+    out.print(profile_table(profile))
+    out.print(drafts_table(profile))
+    out.print(f"per-token overhead outside steps: {1000 * profile.token_overhead:.2f} ms")
+    out.print(f"saved {path}" + (f"; plot {plot}" if plot else ""), highlight=False)
+
+
+def plan_table(plan: Any) -> Table:
+    from .cost.report import plan_rows
+
+    table = Table(title=f"plan for {plan.model}: predicted speedup over plain decoding")
+    table.add_column("category")
+    table.add_column("recommended")
+    table.add_column("predicted", justify="right")
+    for d in plan.drafts:
+        table.add_column(f"{d}: best k, speedup, a_eff / a*", justify="right")
+    for row in plan_rows(plan):
+        cells = []
+        for d in plan.drafts:
+            c = row["drafts"].get(d)
+            if c is None:
+                cells.append("-")
+                continue
+            be = "never" if c.breakeven is None else f"{c.breakeven:.2f}"
+            ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
+            colour = "green" if ok else "red"
+            ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
+            cells.append(f"k={c.k} {c.speedup:.2f}x [{colour}]{ae}[/] / {be}")
+        table.add_row(row["category"], row["recommended"], f"{row['predicted']:.2f}x", *cells)
+    return table
+
+
+def validation_table(validation: dict[str, Any]) -> Table:
+    table = Table(title="validation: predicted against measured speedup (interleaved with plain)")
+    for col in ("category", "draft", "k", "predicted", "measured", "error"):
+        table.add_column(col, justify="left" if col in ("category", "draft") else "right")
+    for c in validation["checks"]:
+        table.add_row(c["category"], c["draft"], "-" if c["k"] is None else str(c["k"]),
+                      f"{c['predicted']:.2f}x", f"{c['measured']:.2f}x", f"{100 * c['error']:.1f}%")
+    return table
+
+
+@app.command("plan")
+def plan_cmd(
+    prompts: Annotated[Path, typer.Option("--prompts", help="Spec-Bench JSONL, or text with one prompt a line.")],
+    model: ModelOpt = "default",
+    dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
+    drafts: Annotated[str, typer.Option("--drafts", help="Comma-separated draft specs.")] = "lookup,self",
+    ks: Annotated[str, typer.Option("--ks", help="k values to consider, e.g. 1-8.")] = "1-8",
+    per_category: Annotated[int, typer.Option("--per-category", min=1, help="Prompts sampled per category.")] = 2,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    profile_file: Annotated[Path | None, typer.Option("--profile", help="Profile JSON (default: cached, or measured now).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
+    validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
+    export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
+    from .cost.plan import load_prompts, make_plan, sample_prompts
+    from .cost.profile import Profile, default_profile_path, measure_profile
+    from .cost.report import plot_plan, render_plan_markdown
+    from .cost.validate import validate_plan
+    from .sampling import SamplingConfig
+
+    with user_errors():
+        rows = sample_prompts(load_prompts(prompts), per_category)
+        draft_list = _drafts(drafts)
+        k_list = parse_ks(ks)
+        if temperature < 0:
+            raise ConfigError(f"--temperature {temperature} must be >= 0")
+        target = load_with_status(model, dtype.value)
+        from .drafters import make_drafter
+
+        for d in draft_list:  # unknown specs fail here, before any measuring
+            if not d.startswith("model:"):
+                make_drafter(d, target)
+        path = profile_file or default_profile_path(target)
+        profile = Profile.load(path) if (profile_file or path.exists()) else None
+        if profile is not None:
+            profile.check_model(target, dtype.value)
+            missing = [d for d in draft_list if d not in profile.drafts]
+            if missing and profile_file:
+                raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
+        if profile is None or [d for d in draft_list if d not in profile.drafts] or profile.max_n <= max(k_list):
+            err.print(f"measuring a profile for {target.name} (saved to {path})", highlight=False)
+            with progress_bar("profile") as report:
+                profile = measure_profile(target, drafts=draft_list, max_n=max(16, max(k_list) + 1), progress=report)
+            profile.save(path)
+        with progress_bar("plan") as report:
+            plan = make_plan(
+                target, rows, profile, drafts=draft_list, ks=k_list, max_new_tokens=max_new_tokens,
+                sampling=SamplingConfig(temperature=temperature), progress=report,
+            )
+        plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
+        plan.config["prompts_file"] = str(prompts)
+        if validate:
+            best = plan.recommended["overall"]
+            extra = [best] if best[0] != "none" else []
+            with progress_bar("validate") as report:
+                plan.validation = validate_plan(target, plan, rows, extra=extra, progress=report)
+        if out_dir is not None:
+            plan.save(out_dir / "plan.json")
+            (out_dir / "plan.md").write_text(render_plan_markdown(plan))
+            plot_plan(plan, out_dir / "plan.png")
+        exported = None
+        if export is not None:
+            from .cost.export import export_config
+
+            d, k = plan.recommended["overall"]
+            exported = export_config(d, k, export.value, model=str(target.folder))
+    if as_json:
+        print(json.dumps(plan.to_dict(), indent=2))
+        return
+    out.print(plan_table(plan))
+    d, k = plan.recommended["overall"]
+    out.print(
+        f"overall: [bold]{'no speculation' if d == 'none' else f'{d} with k={k}'}[/] "
+        f"(predicted {plan.predicted['overall']:.2f}x); routing each category to its own pick: "
+        f"{plan.routed_overall:.2f}x. a_eff: acceptance achieved; a*: needed to break even "
+        "(green: above it)."
+    )
+    if plan.validation:
+        v = plan.validation
+        out.print(validation_table(v))
+        out.print(f"median error {100 * v['median_abs_error']:.1f}% (goal 10%), max {100 * v['max_abs_error']:.1f}% (goal 20%)")
+    if out_dir is not None:
+        out.print(f"wrote {out_dir / 'plan.json'}, plan.md, plan.png", highlight=False)
+    if exported is not None:
+        out.print(exported, highlight=False, markup=False)

@@ -21,6 +21,7 @@ import torch
 from .drafters.base import Draft, Drafter
 from .errors import ConfigError, ContextLengthError
 from .loaders import Model, load_model
+from .cost.adaptive import AdaptiveK, FixedK
 from .metrics import SpecStats
 from .runtime.base import Runtime
 from .sampling import SamplingConfig, logits_to_probs, next_token
@@ -28,6 +29,7 @@ from .text import TextAssembler
 from .verify import Verdict, verify_greedy, verify_sampled
 
 FinishReason = Literal["eos", "stop", "length"]
+KPolicy = FixedK | AdaptiveK
 
 
 @dataclass
@@ -46,7 +48,7 @@ class GenerationResult:
     prefill_seconds: float
     stats: SpecStats = field(default_factory=SpecStats)
     draft: str = "none"
-    k: int = 0
+    k: int | str = 0
 
     @property
     def new_tokens(self) -> int:
@@ -79,7 +81,7 @@ def decode_steps(
     generator: torch.Generator,
     *,
     drafter: Drafter | None = None,
-    k: int = 4,
+    k: int | KPolicy = 4,
     max_new_tokens: int | None = None,
     stats: SpecStats | None = None,
 ) -> Iterator[Step]:
@@ -88,7 +90,8 @@ def decode_steps(
     The last committed token is never in the target's cache: each pass feeds it together with
     the proposal, ``[last, x_1..x_m]``, and gets m + 1 rows of logits back. Without a drafter
     (or when it proposes nothing) a pass is a plain decode step. ``max_new_tokens`` only caps
-    how many tokens are proposed, so no pass does work the budget will throw away.
+    how many tokens are proposed, so no pass does work the budget will throw away. ``k`` is a
+    number or a policy that picks it each step (:class:`draftwise.cost.adaptive.AdaptiveK`).
     """
     stats = stats if stats is not None else SpecStats()
     clock = time.perf_counter
@@ -101,10 +104,18 @@ def decode_steps(
         drafter.start(prompt_ids, cfg, generator)
     yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
     produced = 1
+    policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     while True:
-        budget = k if max_new_tokens is None else min(k, max_new_tokens - produced - 1)
+        left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
+        budget = min(policy.choose(len(context)), left) if drafter is not None else 0
+        shadow: list[int] | None = None
         t0 = clock()
-        draft = drafter.propose(context, budget) if (drafter is not None and budget > 0) else Draft([])
+        if drafter is not None and budget > 0:
+            draft = drafter.propose(context, budget)
+        else:
+            draft = Draft([])
+            if drafter is not None and policy.shadow and left > 0:
+                shadow = drafter.propose(context, 1).tokens  # costs ~nothing; see cost.adaptive
         t1 = clock()
         base = runtime.length
         rows = runtime.forward([context[-1], *draft.tokens])  # [m + 1, vocab]
@@ -115,6 +126,9 @@ def decode_steps(
         runtime.rollback(base + 1 + verdict.accepted)  # keep `last` and the accepted tokens
         if drafter is not None and draft.tokens:
             drafter.observe(verdict.accepted)
+            policy.observe(len(draft.tokens), verdict.accepted)
+        elif shadow is not None:
+            policy.observe_shadow(shadow, verdict.tokens)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += clock() - t1
         context.extend(verdict.tokens)
@@ -145,7 +159,7 @@ class Stream:
         sampling: SamplingConfig,
         stop: Sequence[str],
         drafter: Drafter | None = None,
-        k: int = 4,
+        k: int | KPolicy = 4,
     ) -> None:
         self.model = model
         self.prompt_ids = prompt_ids
@@ -217,7 +231,7 @@ class Stream:
             prefill_seconds=prefill_s,
             stats=stats,
             draft=getattr(self.drafter, "name", "none"),
-            k=self.k if self.drafter is not None else 0,
+            k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
         )
 
 
@@ -230,14 +244,16 @@ def stream(
     stop: Sequence[str] = (),
     chat: bool | None = None,
     draft: Drafter | str | None = None,
-    k: int = 4,
+    k: int | Literal["auto"] | AdaptiveK = 4,
 ) -> Stream:
     """Start a generation and return a :class:`Stream` of text pieces.
 
     ``prompt`` is text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
     spec string: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
-    :func:`draftwise.drafters.make_drafter`); ``k`` is how many tokens it proposes per step.
+    :func:`draftwise.drafters.make_drafter`); ``k`` is how many tokens it proposes per step, or
+    ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
+    acceptance seen so far (:mod:`draftwise.cost.adaptive`).
     """
     from .drafters import make_drafter
 
@@ -245,13 +261,20 @@ def stream(
         model = load_model(model)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ConfigError(f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes)")
+    if k != "auto" and not isinstance(k, AdaptiveK) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ConfigError(
+            f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes) or 'auto'"
+        )
     if isinstance(stop, str):
         stop = (stop,)
     if any(not s for s in stop):
         raise ConfigError("stop strings must be non-empty")
     drafter = make_drafter(draft, model)
+    if k == "auto":
+        from .cost.adaptive import resolve_profile
+
+        key = draft.strip() if isinstance(draft, str) else getattr(drafter, "name", "draft")
+        k = AdaptiveK(resolve_profile(model, key), key) if drafter is not None else 1
     prompt_ids = model.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
     if not prompt_ids:
         raise ConfigError("the prompt is empty; pass some text or at least one token id")
@@ -282,7 +305,7 @@ def generate(
     stop: Sequence[str] = (),
     chat: bool | None = None,
     draft: Drafter | str | None = None,
-    k: int = 4,
+    k: int | Literal["auto"] | AdaptiveK = 4,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
 

@@ -1,0 +1,146 @@
+"""Plans and profiles as markdown, rich tables and PNG plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .plan import NONE, Candidate, Plan
+from .profile import Profile
+
+
+def _pct(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def best_per_draft(plan: Plan, category: str) -> dict[str, Candidate]:
+    """Each draft's best k in a category."""
+    out: dict[str, Candidate] = {}
+    for c in plan.categories[category]:  # sorted best first
+        out.setdefault(c.draft, c)
+    return out
+
+
+def plan_rows(plan: Plan) -> list[dict[str, Any]]:
+    """One row per category: the recommendation and each draft's best k, a_eff vs a*."""
+    rows = []
+    for cat in plan.categories:
+        d, k = plan.recommended[cat]
+        row: dict[str, Any] = {
+            "category": cat,
+            "recommended": "none" if d == NONE else f"{d} k={k}",
+            "predicted": plan.predicted[cat],
+            "drafts": {},
+        }
+        for name, c in best_per_draft(plan, cat).items():
+            row["drafts"][name] = c
+        rows.append(row)
+    return rows
+
+
+def render_plan_markdown(plan: Plan) -> str:
+    lines = [
+        f"Plan for {plan.model} ({plan.dtype}, {'greedy' if plan.greedy else 'sampled'}, "
+        f"{plan.config.get('max_new_tokens')} new tokens), {len(plan.prompts)} prompts, "
+        f"{plan.config.get('date', '')}.",
+        "",
+        "Each draft cell: predicted speedup at its best k / the acceptance it achieved "
+        "(a_eff, the i.i.d. rate with E(a, k) = tokens per speculative step) / the acceptance "
+        "it needs to break even at that k (a*).",
+        "",
+        "| category | recommended | predicted | " + " | ".join(plan.drafts) + " |",
+        "|---|---|---:|" + "---|" * len(plan.drafts),
+    ]
+    for row in plan_rows(plan):
+        cells = []
+        for d in plan.drafts:
+            c = row["drafts"].get(d)
+            if c is None:
+                cells.append("-")
+                continue
+            be = "never" if c.breakeven is None else f"{c.breakeven:.2f}"
+            cells.append(f"{c.speedup:.2f}x @k={c.k} / a_eff {_pct(c.effective_acceptance)} / a* {be}")
+        lines.append(f"| {row['category']} | {row['recommended']} | {row['predicted']:.2f}x | " + " | ".join(cells) + " |")
+    lines += ["", f"Predicted overall speedup with each category's recommendation: {plan.routed_overall:.2f}x.", ""]
+    if plan.validation:
+        lines += render_validation_markdown(plan.validation).splitlines() + [""]
+    cmd = plan.config.get("command")
+    if cmd:
+        lines += [f"Command: `{cmd}`", ""]
+    return "\n".join(lines)
+
+
+def render_validation_markdown(validation: dict[str, Any]) -> str:
+    lines = [
+        "| category | draft | k | predicted | measured | error |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for c in validation["checks"]:
+        k = "-" if c["k"] is None else c["k"]
+        lines.append(
+            f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x | {c['measured']:.2f}x | "
+            f"{100 * c['error']:.1f}% |"
+        )
+    lines += [
+        "",
+        f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= 10%), "
+        f"max {100 * validation['max_abs_error']:.1f}% (goal <= 20%).",
+    ]
+    return "\n".join(lines)
+
+
+def plot_plan(plan: Plan, path: str | Path) -> Path:
+    """Predicted speedup against k for each draft, one panel per category."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cats = list(plan.categories)
+    cols = min(4, len(cats))
+    rows = (len(cats) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
+    for ax, cat in zip(axes.flat, cats):
+        for d in plan.drafts:
+            pts = sorted((c.k, c.speedup) for c in plan.categories[cat] if c.draft == d)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        ax.set_title(cat, fontsize=9)
+        ax.set_xlabel("k", fontsize=8)
+    for ax in axes.flat[len(cats):]:
+        ax.axis("off")
+    axes[0][0].set_ylabel("predicted speedup")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"{plan.model}: predicted speedup over plain decoding", fontsize=10)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def plot_profile(profile: Profile, path: str | Path) -> Path:
+    """T(n) and the whole step against n, at each profiled context."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c in sorted(profile.step):
+        n = range(1, len(profile.step[c]) + 1)
+        line = ax.plot(n, [1000 * t for t in profile.step[c]], marker="o", ms=3, label=f"step, context {c}")
+        ax.plot(n, [1000 * t for t in profile.forward[c]], ls="--", color=line[0].get_color(),
+                label=f"T(n) pass only, context {c}")
+    ax.set_xlabel("tokens per pass n (= k + 1)")
+    ax.set_ylabel("ms")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"{profile.model} ({profile.dtype}): cost of one target pass")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,271 @@
+"""Profile, planner, validation and adaptive k, on tiny random models (fast) with fake costs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from draftwise import generate, load_model
+from draftwise.cli import app
+from draftwise.cost.adaptive import AdaptiveK
+from draftwise.cost.plan import (
+    Plan,
+    load_plan,
+    load_prompts,
+    make_plan,
+    replay_hits,
+    replay_lookup,
+    sample_prompts,
+    trace_generation,
+)
+from draftwise.cost.profile import Profile, measure_profile, model_fingerprint
+from draftwise.drafters import make_drafter
+from draftwise.errors import ConfigError
+
+from .conftest import random_hf_model, tiny_llama_config
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_chat_folder, one_thread):
+    return load_model(str(tiny_chat_folder))
+
+
+@pytest.fixture(scope="module")
+def tiny_draft_folder(tmp_path_factory, tiny_chat_folder):
+    """A second tiny model with the same tokenizer: a model draft for the tiny target."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tiny-draft")
+    config = tiny_llama_config(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=512,
+                               num_hidden_layers=1)
+    random_hf_model(config, seed=7).save_pretrained(folder)
+    for f in tiny_chat_folder.iterdir():
+        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def fake_profile(model, *, step=None, drafts=None, max_n=9, token_overhead=0.0) -> Profile:
+    """A profile with chosen costs: ``step(n)`` seconds for a step feeding n tokens."""
+    step = step or (lambda n: 0.010 * (1 + 0.05 * (n - 1)))
+    times = [step(n) for n in range(1, max_n + 1)]
+    return Profile(
+        model=model.name,
+        fingerprint=model_fingerprint(model),
+        dtype="float32",
+        runtime="NativeRuntime",
+        forward={64: [t * 0.9 for t in times]},
+        step={64: times},
+        drafts=drafts if drafts is not None else {"lookup": [1e-5] * (max_n - 1)},
+        token_overhead=token_overhead,
+    )
+
+
+PROMPTS = [
+    "Repeat exactly: alpha beta gamma delta alpha beta gamma delta alpha beta gamma delta",
+    "Count: one two three one two three one two three one two three",
+    "Tell me about the sea.",
+]
+
+
+# -- replay is exact in greedy mode --------------------------------------------------------
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_lookup_replay_matches_a_real_run_at_that_k(tiny, k):
+    for text in PROMPTS:
+        ids = tiny.encode_prompt(text)
+        ref = trace_generation(tiny, ids, make_drafter("lookup", tiny), 8, 40)
+        real = trace_generation(tiny, ids, make_drafter("lookup", tiny), k, 40)
+        assert real.tokens == ref.tokens  # greedy: the output does not depend on k
+        assert replay_lookup(lambda: make_drafter("lookup", tiny), ids, ref.tokens, k, 40) == real.steps
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_model_draft_hit_replay_matches_a_real_run(tiny, tiny_draft_folder, k):
+    spec = f"model:{tiny_draft_folder}"
+    for text in PROMPTS:
+        ids = tiny.encode_prompt(text)
+        ref = trace_generation(tiny, ids, make_drafter(spec, tiny), 8, 32)
+        real = trace_generation(tiny, ids, make_drafter(spec, tiny), k, 32)
+        assert real.tokens == ref.tokens
+        assert replay_hits(ref.hits(), k, 32) == real.steps
+
+
+def test_replay_hits_by_hand():
+    # position 0 comes from the prefill; hits at 1, 2, miss at 3, hit 4, unknown (bonus) 5
+    hits = [None, 1, 1, 0, 1, None, 0]
+    assert replay_hits(hits, 1, 100) == [(1, 1), (1, 0), (1, 1), (1, 0)]
+    assert replay_hits(hits, 2, 100) == [(2, 2), (2, 2)]
+    assert replay_hits(hits, 8, 100) == [(8, 2), (8, 2)]
+    # the budget caps the last proposals like decode_steps does
+    assert replay_hits([None, 1, 1, 1], 8, 4) == [(2, 2)]
+
+
+# -- the profile ---------------------------------------------------------------------------
+def test_profile_measures_saves_loads_and_interpolates(tiny, tmp_path):
+    p = measure_profile(tiny, drafts=["lookup", "self:exit=1"], max_n=4, contexts=(16, 64), repeats=2,
+                        progress=False)
+    assert set(p.step) == {16, 64} and all(len(v) == 4 for v in p.step.values())
+    assert all(t > 0 for v in p.forward.values() for t in v)
+    assert set(p.drafts) == {"lookup", "self:exit=1"} and len(p.drafts["lookup"]) == 3
+    back = Profile.load(p.save(tmp_path / "p.json"))
+    assert back.to_dict() == p.to_dict()
+    mid = back.step_time(2, 40)
+    lo, hi = sorted((back.step[16][1], back.step[64][1]))
+    assert lo <= mid <= hi
+    back.check_model(tiny)
+
+
+def test_a_profile_of_another_model_is_refused(tiny, tiny_draft_folder, tmp_path):
+    other = load_model(str(tiny_draft_folder))
+    prof = fake_profile(other)
+    with pytest.raises(ConfigError, match="made on model"):
+        prof.check_model(tiny)
+    with pytest.raises(ConfigError, match="no costs for draft"):
+        fake_profile(tiny).draft_time("self", 2)
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "something else"}))
+    with pytest.raises(ConfigError, match="not a draftwise profile"):
+        Profile.load(bad)
+
+
+# -- the plan ------------------------------------------------------------------------------
+def rows_for(texts):
+    return [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(texts)]
+
+
+def test_plan_recommends_lookup_on_repetition_and_none_when_nothing_pays(tiny):
+    rows = rows_for([("copy", PROMPTS[0]), ("copy", PROMPTS[1]), ("free", PROMPTS[2])])
+    cheap = fake_profile(tiny, step=lambda n: 0.01)  # a GPU-like curve: verification is free
+    plan = make_plan(tiny, rows, cheap, drafts=["lookup"], ks=[1, 2, 4], max_new_tokens=24)
+    assert set(plan.categories) == {"copy", "free", "overall"}
+    assert len(plan.categories["overall"]) == 3
+    for cands in plan.categories.values():
+        assert [c.speedup for c in cands] == sorted((c.speedup for c in cands), reverse=True)
+    # on a free-verification machine any hit pays, so the best is the largest k
+    best = plan.categories["copy"][0]
+    if best.acceptance:
+        assert plan.recommended["copy"] == ("lookup", 4) and plan.predicted["copy"] > 1
+    # a machine where a step of n tokens costs n plain steps: no k can pay
+    linear = fake_profile(tiny, step=lambda n: 0.01 * n * 1.2)
+    plan = make_plan(tiny, rows, linear, drafts=["lookup"], ks=[1, 2, 4], max_new_tokens=24)
+    assert all(rec == ("none", 0) for rec in plan.recommended.values())
+    assert all(c.breakeven is None for cands in plan.categories.values() for c in cands)
+
+
+def test_plan_roundtrips_and_chooses(tiny, tmp_path):
+    rows = rows_for([("copy", PROMPTS[0]), ("free", PROMPTS[2])])
+    plan = make_plan(tiny, rows, fake_profile(tiny), drafts=["lookup"], ks=[2, 4], max_new_tokens=16)
+    back = load_plan(plan.save(tmp_path / "plan.json"))
+    assert back.to_dict() == plan.to_dict()
+    assert back.choose("copy") == plan.recommended["copy"]
+    assert back.choose("never-seen") == plan.recommended["overall"]
+    assert isinstance(load_plan(tmp_path), Plan)  # a folder holding plan.json
+
+
+def test_prompt_files(tmp_path):
+    text = tmp_path / "p.txt"
+    text.write_text("first prompt\n\nsecond prompt\n")
+    assert [r["turns"] for r in load_prompts(text)] == [["first prompt"], ["second prompt"]]
+    empty = tmp_path / "e.jsonl"
+    empty.write_text("\n  \n")
+    with pytest.raises(ConfigError, match="empty"):
+        load_prompts(empty)
+    bad = tmp_path / "b.jsonl"
+    bad.write_text('{"turns": ["ok"]}\n{"turns": [oops\n')
+    with pytest.raises(ConfigError, match=r"b\.jsonl:2"):
+        load_prompts(bad)
+    rows = [{"category": c, "turns": ["x"], "question_id": i} for i, c in enumerate("aabab")]
+    assert [r["question_id"] for r in sample_prompts(rows, 1)] == [0, 2]
+
+
+# -- adaptive k ----------------------------------------------------------------------------
+def test_adaptive_k_follows_acceptance_and_costs(tiny):
+    flat = fake_profile(tiny, step=lambda n: 0.01)
+    policy = AdaptiveK(flat, "lookup", k_max=8)
+    for _ in range(40):
+        policy.observe(8, 8)
+    assert policy.choose(100) == 8
+    steep = fake_profile(tiny, step=lambda n: 0.01 * (1 + 0.5 * (n - 1)))
+    policy = AdaptiveK(steep, "lookup", k_max=8)
+    for _ in range(40):
+        policy.observe(4, 0)
+    assert policy.choose(100) == 0
+    # a cheap draft keeps learning in the shadow and speculates again when text repeats
+    assert policy.shadow
+    for _ in range(60):
+        policy.observe_shadow([5], [5])
+    assert policy.choose(100) >= 1
+
+
+def test_adaptive_k_probes_a_costly_draft(tiny):
+    prof = fake_profile(tiny, step=lambda n: 0.01 * (1 + 0.5 * (n - 1)), drafts={"self": [0.008 * k for k in range(1, 9)]})
+    policy = AdaptiveK(prof, "self", k_max=4, probe_every=5)
+    for _ in range(40):
+        policy.observe(4, 0)
+    chosen = [policy.choose(64) for _ in range(10)]
+    assert not policy.shadow
+    assert chosen.count(1) == 2 and chosen.count(0) == 8
+
+
+@pytest.mark.parametrize("spec", ["lookup", "self:exit=2"])
+def test_k_auto_is_lossless(tiny, spec, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    for text in PROMPTS:
+        plain = generate(tiny, text, max_new_tokens=24)
+        auto = generate(tiny, text, max_new_tokens=24, draft=spec, k="auto")
+        assert auto.token_ids == plain.token_ids
+        assert auto.k == "auto"
+    assert list((tmp_path / "profiles").glob("*.json"))  # measured once and cached
+
+
+# -- the command line ----------------------------------------------------------------------
+def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
+    runner = CliRunner()
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    prof = tmp_path / "prof.json"
+    r = runner.invoke(app, ["profile", "--model", str(tiny_chat_folder), "--draft", "lookup", "--max-n", "5",
+                            "--contexts", "16,64", "--repeats", "1", "--out", str(prof), "--plot", str(tmp_path / "t.png")])
+    assert r.exit_code == 0, r.output
+    assert prof.exists() and (tmp_path / "t.png").stat().st_size > 0
+    r = runner.invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder), "--drafts", "lookup",
+                            "--ks", "1-4", "--profile", str(prof), "-n", "12", "--out", str(tmp_path / "plan"),
+                            "--validate"])
+    assert r.exit_code == 0, r.output
+    data = json.loads((tmp_path / "plan" / "plan.json").read_text())
+    assert data["validation"]["checks"] and "median_abs_error" in data["validation"]
+    assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
+    assert "predicted" in (tmp_path / "plan" / "plan.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ks", "0-3"], "k must be >= 1"),
+        (["--drafts", "nonsense"], "unknown draft spec"),
+        (["--temperature", "-1"], "must be >= 0"),
+    ],
+)
+def test_cli_plan_bad_input(tiny_chat_folder, tmp_path, args, message):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    prof = fake_profile(load_model(str(tiny_chat_folder))).save(tmp_path / "prof.json")
+    r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder),
+                                 "--profile", str(prof), *args])
+    assert r.exit_code == 2, r.output
+    assert message in r.output
+
+
+def test_cli_plan_refuses_empty_files_and_foreign_profiles(tiny_chat_folder, tiny_draft_folder, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    r = CliRunner().invoke(app, ["plan", "--prompts", str(empty), "--model", str(tiny_chat_folder)])
+    assert r.exit_code == 2 and "empty" in r.output
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    foreign = fake_profile(load_model(str(tiny_draft_folder))).save(tmp_path / "foreign.json")
+    r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder),
+                                 "--profile", str(foreign)])
+    assert r.exit_code == 2 and "made on model" in r.output
