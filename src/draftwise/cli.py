@@ -298,7 +298,7 @@ def bench_runtime(
 
 
 # Commands that live in their own modules register themselves on ``app`` when imported.
-from . import cli_bench, cli_breakeven, cli_distill, cli_plan  # noqa: E402,F401
+from . import cli_bench, cli_breakeven, cli_demo, cli_distill, cli_plan  # noqa: E402,F401
 
 
 def main() -> None:  # pragma: no cover - console entry point

@@ -2,4 +2,150 @@
 
 from __future__ import annotations
 
-from .cli import app  # noqa: F401
+import json
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .cli import app, err, out, user_errors
+from .errors import ConfigError
+
+
+def _parse_layer_list(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"--init-layers {text!r} must be comma-separated layer numbers, like 0,10,20,29") from None
+
+
+def eval_table(report: Any) -> Table:
+    """The held-out evaluation of a distilled draft, as one table."""
+    be = report.breakeven_acceptance
+    table = Table(title=f"{report.draft}: greedy, k={report.k}, {report.prompts} held-out prompts", show_header=False)
+    table.add_column("stat")
+    table.add_column("value", justify="right")
+    rows = [
+        ("acceptance a (accepted / proposed)", f"{report.acceptance:.3f}"),
+        ("#MAT (committed per target pass)", f"{report.mean_committed:.2f}"),
+        ("draft cost ratio c = T_draft(1) / T_target(1)", f"{report.cost_ratio:.3f}"),
+        ("break-even acceptance at this c and k", "never pays (c >= 1)" if be is None else f"{be:.3f}"),
+        ("predicted speedup E(a, k) / (k c + 1)", f"{report.predicted_speedup:.2f}x"),
+        ("measured speedup (plain s / speculative s)", f"{report.speedup:.2f}x"),
+        ("outputs identical to plain", f"{report.identical}/{report.prompts}"),
+        ("tokens", str(report.tokens)),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    return table
+
+
+@app.command("distill")
+def distill_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder (a HF model folder).")],
+    target: Annotated[
+        str, typer.Option("--target", "-t", help="'default', a built-in name, a HF folder or a .gguf file.")
+    ] = "default",
+    layers: Annotated[int | None, typer.Option(help="Draft layers (default 4).")] = None,
+    init_layers: Annotated[
+        str | None, typer.Option("--init-layers", help="Target layers to start from, e.g. 0,10,20,29 (default evenly spaced).")
+    ] = None,
+    hidden_size: Annotated[
+        int | None, typer.Option("--hidden-size", help="Draft hidden size; other than the target's starts random.")
+    ] = None,
+    vocab_size_draft: Annotated[
+        int | None, typer.Option("--vocab-size-draft", help="Keep only the N most frequent tokens in the draft's head.")
+    ] = None,
+    steps: Annotated[int | None, typer.Option(help="Training steps (default 300).")] = None,
+    batch: Annotated[int | None, typer.Option(help="Sequences per step (default 4).")] = None,
+    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Tokens per sequence (default 256).")] = None,
+    lr: Annotated[float | None, typer.Option(help="Peak AdamW learning rate (default 3e-4).")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Distillation temperature T (default 1).")] = None,
+    time_budget: Annotated[
+        float | None, typer.Option("--time-budget", help="Seconds of training; stops cleanly when spent.")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed (default 0).")] = None,
+    prompts: Annotated[
+        Path | None, typer.Option(help="Spec-Bench-format JSONL of prompts (default the dev questions).")
+    ] = None,
+    gen_tokens: Annotated[
+        int | None, typer.Option("--gen-tokens", help="Target tokens generated per prompt (default 128).")
+    ] = None,
+    gen_temperature: Annotated[
+        float | None, typer.Option("--gen-temperature", help="0 = greedy continuations (default 0).")
+    ] = None,
+    checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=1)] = 50,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in --out.")] = False,
+    eval_prompts: Annotated[
+        int, typer.Option("--eval-prompts", min=0, help="Held-out prompts to evaluate on (0 = skip).")
+    ] = 8,
+    k: Annotated[int, typer.Option("--k", min=1, help="Draft tokens per step in the evaluation.")] = 4,
+    eval_max_new_tokens: Annotated[int, typer.Option("--eval-max-new-tokens", min=1)] = 128,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
+) -> None:
+    """Train a small draft for TARGET by distillation, save it as a HF folder, and evaluate it.
+
+    Options left unset take their defaults, or with --resume the checkpoint's values.
+    """
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from .distill import distill
+
+    command = shlex.join(["draftwise", *sys.argv[1:]])
+    with user_errors():
+        init_list = _parse_layer_list(init_layers)
+        columns = (
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+        )
+        with Progress(*columns, console=err, transient=False) as progress:
+            tasks: dict[str, Any] = {}
+
+            def bar(name: str, done: int, total: int, info: str = "") -> None:
+                if name not in tasks:
+                    tasks[name] = progress.add_task(name, total=total, info=info)
+                progress.update(tasks[name], completed=done, total=total, info=info)
+
+            def on_step(log: Any) -> None:
+                bar("training", log.step, log.steps, f"loss {log.loss:.4f}  {log.tokens_per_second:,.0f} tok/s")
+
+            result = distill(
+                target, out_dir, layers=layers, init_layers=init_list, hidden_size=hidden_size,
+                vocab_size_draft=vocab_size_draft, steps=steps, batch=batch, seq_len=seq_len, lr=lr,
+                temperature=temperature, time_budget=time_budget, seed=seed, prompts=prompts,
+                gen_tokens=gen_tokens, gen_temperature=gen_temperature, checkpoint_every=checkpoint_every,
+                resume=resume, overwrite=overwrite, eval_prompts=eval_prompts, eval_k=k,
+                eval_max_new_tokens=eval_max_new_tokens, command=command,
+                on_status=lambda msg: progress.console.print(f"[dim]{msg}[/]", highlight=False),
+                on_generate=lambda done, total: bar("generating data", done, total),
+                on_step=on_step,
+                on_evaluate=lambda done, total: bar("evaluating", done, total),
+            )
+    if as_json:
+        payload = {
+            "out_dir": str(result.out_dir), "steps": result.steps, "planned_steps": result.planned_steps,
+            "first_loss": result.first_loss, "loss": result.loss, "tokens": result.tokens,
+            "train_seconds": result.train_seconds, "data_seconds": result.data_seconds, "stopped": result.stopped,
+            "layers": result.layers, "init_layers": result.init_layers, "hidden_size": result.hidden_size,
+            "vocab_subset_size": result.vocab_subset_size, "train_sequences": result.train_sequences,
+            "eval": result.eval.to_dict() if result.eval else None,
+        }
+        print(json.dumps(payload))
+        return
+    loss = f"{result.first_loss:.4f} -> {result.loss:.4f}" if result.loss is not None else "no step run"
+    out.print(
+        f"draft saved to {result.out_dir}: {result.layers} layers, hidden {result.hidden_size}, "
+        f"init layers {result.init_layers or 'random'}, head "
+        f"{result.vocab_subset_size or 'full vocabulary'}; {result.steps}/{result.planned_steps} steps "
+        f"({result.stopped}), KL {loss}, {result.train_seconds:.0f} s training",
+        highlight=False,
+    )
+    if result.eval is not None:
+        out.print(eval_table(result.eval))
+    out.print(f"use it: draftwise generate \"...\" --draft model:{result.out_dir}", highlight=False, markup=False)

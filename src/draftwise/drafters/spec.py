@@ -51,6 +51,18 @@ def calibration_path(model: Any) -> Path:
     return cache_dir() / "self_spec" / f"{Path(model.folder).name}.json"
 
 
+def _apply_vocab_subset(draft_model: Any) -> None:
+    """A draft trained with ``draftwise distill --vocab-size-draft N`` scores only its N kept
+    tokens (listed in its folder's draftwise_draft.json); verification is unaffected."""
+    meta = Path(draft_model.folder) / "draftwise_draft.json"
+    restrict = getattr(draft_model.runtime, "restrict_head", None)
+    if restrict is None or not meta.is_file():
+        return
+    rows = json.loads(meta.read_text()).get("vocab_subset")
+    if rows:
+        restrict(rows)
+
+
 def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
     """Build the drafter a spec names, for target ``model`` (a :class:`draftwise.Model`)."""
     if spec is None:
@@ -95,6 +107,7 @@ def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
 
         draft_model = load_model(rest, dtype=model.dtype)
         check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
+        _apply_vocab_subset(draft_model)
         return ModelDrafter(
             draft_model.runtime, vocab_size=model.runtime.vocab_size, label=f"model:{draft_model.name}"
         )

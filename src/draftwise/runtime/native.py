@@ -175,6 +175,8 @@ class NativeRuntime:
         self.v_cache = [torch.empty(shape, dtype=dtype) for _ in range(self.num_layers)]
         self._length = 0
         self._all_layers = tuple(range(self.num_layers))
+        self.head_rows: torch.Tensor | None = None  # see restrict_head
+        self._head_sub: torch.Tensor | None = None
 
     @classmethod
     def from_folder(
@@ -231,6 +233,24 @@ class NativeRuntime:
             )
         return self._run(ids, chosen, last_only=False)
 
+    def restrict_head(self, rows: Sequence[int] | torch.Tensor | None) -> None:
+        """Score only the token ids ``rows`` (a reduced-vocabulary draft head, as in FR-Spec);
+        every other id gets logit -inf, so q = 0 there. ``None`` restores the full head.
+
+        The head's cost shrinks to ``len(rows) / vocab`` of itself; the logits keep their
+        ``[n, vocab]`` shape, so a drafter and the verifier need not know.
+        """
+        if rows is None:
+            self.head_rows, self._head_sub = None, None
+            return
+        index = torch.as_tensor(rows, dtype=torch.long).flatten()
+        if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= self.vocab_size:
+            raise ConfigError(f"head rows must be a non-empty list of token ids in [0, {self.vocab_size})")
+        if index.unique().numel() != index.numel():
+            raise ConfigError("head rows must not repeat a token id")
+        self.head_rows = index
+        self._head_sub = self.head[index].contiguous()  # [rows, d]
+
     # -- the model ------------------------------------------------------------------------
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         # one fused kernel (it accumulates in float32, as transformers' RMSNorm does)
@@ -281,5 +301,9 @@ class NativeRuntime:
         if last_only:
             x = x[-1:]
         x = self._norm(x, self.final_norm)
-        return F.linear(x, self.head).float()  # [n or 1, vocab]
+        if self.head_rows is None:
+            return F.linear(x, self.head).float()  # [n or 1, vocab]
+        assert self._head_sub is not None
+        out = torch.full((x.shape[0], self.vocab_size), float("-inf"))  # [n or 1, vocab]
+        return out.index_copy_(1, self.head_rows, F.linear(x, self._head_sub).float())
 

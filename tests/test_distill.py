@@ -1,0 +1,270 @@
+"""``draftwise distill`` on a tiny random Llama with the real SmolLM2 tokenizer.
+
+A few steps of distillation, the output folder as a draftwise draft (with and without a reduced
+head) and as a transformers assistant, resume, and every bad input.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftwise import ConfigError, generate, load_model
+from draftwise.cli import app
+from draftwise.distill import (
+    breakeven_for_cost,
+    build_draft,
+    distill,
+    evenly_spaced_layers,
+    kl_loss,
+    split_questions,
+)
+from draftwise.distill.data import batch_indices, frequent_tokens, make_batch
+from draftwise.distill.student import draft_logits, teacher_logits
+from draftwise.drafters import make_drafter
+
+from .conftest import DEV_QUESTIONS
+
+PROMPTS = [
+    ("writing", "Write a short poem about the sea."),
+    ("writing", "Describe a sunrise over the mountains."),
+    ("qa", "What is the capital of France?"),
+    ("qa", "Why is the sky blue?"),
+    ("math", "What is 12 times 7?"),
+    ("math", "Solve x + 3 = 10."),
+    ("writing", "Write a haiku about autumn."),
+    ("qa", "Who wrote Hamlet?"),
+    ("math", "Is 17 a prime number?"),
+    ("writing", "Write a limerick about a cat."),  # each category's 4th question is held out
+    ("qa", "How far away is the Moon?"),
+    ("math", "What is the square root of 81?"),
+]
+FAST = dict(steps=3, batch=2, seq_len=32, gen_tokens=8, eval_prompts=0)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("prompts") / "prompts.jsonl"
+    rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(PROMPTS)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_chat_folder, one_thread):
+    return load_model(str(tiny_chat_folder))
+
+
+@pytest.fixture(scope="module")
+def drafts(tiny, prompts_file, tmp_path_factory):
+    """Two distilled drafts: full head, and a 300-token head."""
+    root = tmp_path_factory.mktemp("drafts")
+    full = distill(tiny, root / "full", layers=2, prompts=prompts_file, **{**FAST, "eval_prompts": 2}, eval_max_new_tokens=6)
+    reduced = distill(tiny, root / "reduced", layers=2, vocab_size_draft=300, prompts=prompts_file, **FAST)
+    return full, reduced
+
+
+def test_split_is_deterministic_and_disjoint():
+    rows = [json.loads(line) for line in DEV_QUESTIONS.read_text().splitlines() if line.strip()]
+    train, held = split_questions(rows)
+    assert split_questions(rows) == (train, held)
+    ids = lambda rs: {(r["category"], r["question_id"]) for r in rs}  # noqa: E731
+    assert not ids(train) & ids(held) and len(train) + len(held) == len(rows)
+    assert {r["category"] for r in held} == {r["category"] for r in rows}  # every category is tested
+
+
+def test_helpers():
+    assert evenly_spaced_layers(4, 30) == [0, 10, 19, 29]
+    assert frequent_tokens([[3, 3, 4]], 2, 10, always=[9]) == [3, 9]
+    seen = sorted(i for s in range(3) for i in batch_indices(s, 2, 6, seed=1))
+    assert seen == list(range(6))  # an epoch visits every sequence once
+    ids, mask = make_batch([[1, 2, 3, 4, 5], [6, 7]], 3)
+    assert ids.tolist() == [[3, 4, 5], [6, 7, 0]] and mask.sum() == 5
+    a = breakeven_for_cost(0.2, 4)
+    assert a is not None and abs(sum(a**i for i in range(5)) - (4 * 0.2 + 1)) < 1e-6
+
+
+def test_a_few_steps_lower_the_kl_on_a_fixed_batch(tiny):
+    model = build_draft(tiny, 1, init_layers=None, hidden_size=32, seed=0)  # random start
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    ids = torch.randint(3, 1000, (2, 16))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[1, 12:] = False
+    target = teacher_logits(tiny.runtime, ids, mask, None)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        loss = kl_loss(draft_logits(model, ids, mask, None), target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.9 * losses[0], losses
+
+
+def test_output_folder(drafts):
+    full, reduced = drafts
+    for result in drafts:
+        folder = result.out_dir
+        for name in ("config.json", "model.safetensors", "tokenizer.json", "draftwise_draft.json", "train_log.jsonl"):
+            assert (folder / name).exists(), name
+        meta = json.loads((folder / "draftwise_draft.json").read_text())
+        assert meta["layers"] == 2 and meta["init_layers"] == [0, 2] and meta["steps"] == 3
+        log = [json.loads(line) for line in (folder / "train_log.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in log] == [1, 2, 3]
+        assert {"step", "loss", "lr", "tokens", "seconds"} <= set(log[0])
+    assert json.loads((reduced.out_dir / "draftwise_draft.json").read_text())["vocab_subset"].__len__() == 300
+    assert full.eval is not None and full.eval.identical == full.eval.prompts == 2
+    saved = json.loads((full.out_dir / "eval.json").read_text())
+    assert saved["cost_ratio"] > 0 and "breakeven_acceptance" in saved  # None when c >= 1 (timing noise)
+    assert 0 <= saved["acceptance"] <= 1 and 1 <= saved["mean_committed"] <= 5
+
+
+@pytest.mark.parametrize("which", ["full", "reduced"])
+def test_draftwise_speculation_with_the_draft_is_lossless(tiny, drafts, which):
+    result = drafts[0] if which == "full" else drafts[1]
+    drafter = make_drafter(f"model:{result.out_dir}", tiny)
+    rows = drafter.rt.head_rows
+    if which == "reduced":
+        kept = json.loads((result.out_dir / "draftwise_draft.json").read_text())["vocab_subset"]
+        assert rows is not None and rows.tolist() == kept
+        drafter.rt.rollback(0)
+        logits = drafter.rt.forward([1, 2, 3])  # [3, vocab]
+        outside = torch.ones(logits.shape[-1], dtype=torch.bool)
+        outside[rows] = False
+        assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, rows]).all()
+    else:
+        assert rows is None
+    for prompt in ("Tell me about the sea.", "What is 3 + 4?"):
+        plain = generate(tiny, prompt, max_new_tokens=16)
+        spec = generate(tiny, prompt, max_new_tokens=16, draft=drafter, k=3)
+        assert spec.token_ids == plain.token_ids
+        assert spec.stats.proposed > 0
+
+
+def test_reduced_head_matches_the_full_head_on_kept_rows(drafts):
+    from draftwise.runtime.native import NativeRuntime
+
+    folder = drafts[1].out_dir
+    full_rt = NativeRuntime.from_folder(folder)
+    cut_rt = NativeRuntime.from_folder(folder)
+    kept = json.loads((folder / "draftwise_draft.json").read_text())["vocab_subset"]
+    cut_rt.restrict_head(kept)
+    ids = [5, 9, 200, 31]
+    torch.testing.assert_close(cut_rt.forward(ids)[:, kept], full_rt.forward(ids)[:, kept])
+
+
+def test_transformers_loads_the_draft_as_assistant(tiny_chat_folder, drafts, one_thread):
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_chat_folder, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 520, 33, 870, 12]])
+    plain = target.generate(ids, do_sample=False, max_new_tokens=12)
+    for result in drafts:  # the reduced draft's folder still holds the full head
+        assistant = AutoModelForCausalLM.from_pretrained(result.out_dir, dtype=torch.float32).eval()
+        assert assistant.config.vocab_size == target.config.vocab_size
+        spec = target.generate(ids, do_sample=False, max_new_tokens=12, assistant_model=assistant)
+        assert spec.tolist() == plain.tolist()
+
+
+def test_resume_continues_from_the_checkpoint(tiny, prompts_file, tmp_path):
+    common = dict(layers=2, prompts=prompts_file, steps=4, batch=2, seq_len=32, gen_tokens=8, eval_prompts=0)
+    whole = distill(tiny, tmp_path / "whole", **common)
+    # stop after step 2 (as Ctrl-C or a time budget would), then resume
+    first = distill(tiny, tmp_path / "split", checkpoint_every=10, on_step=lambda log: log.step == 2, **common)
+    assert first.steps == 2 and first.stopped == "callback"
+    assert json.loads((tmp_path / "split" / "checkpoints" / "last.json").read_text())["step"] == 2
+    with pytest.raises(ConfigError, match="--lr"):
+        distill(tiny, tmp_path / "split", resume=True, lr=1.0, **{k: v for k, v in common.items() if k != "layers"})
+    resumed = distill(tiny, tmp_path / "split", resume=True)
+    assert resumed.steps == 4 and resumed.stopped == "completed"
+    log = [json.loads(line)["step"] for line in (tmp_path / "split" / "train_log.jsonl").read_text().splitlines()]
+    assert log == [1, 2, 3, 4]
+    # the interrupted-and-resumed run trained exactly as the uninterrupted one
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(whole.out_dir / "model.safetensors")), load_file(str(resumed.out_dir / "model.safetensors"))
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [
+        (dict(layers=4), "more than the target's 3 layers"),
+        (dict(layers=2, init_layers=[0, 7]), r"out of range"),
+        (dict(layers=2, init_layers=[0, 1, 2]), "one per draft layer"),
+        (dict(vocab_size_draft=50000), "larger than the target's vocabulary"),
+        (dict(hidden_size=40), "multiple of the target's head dim 16"),
+        (dict(hidden_size=32, init_layers=[0]), "needs the target's hidden size"),
+        (dict(steps=0), "steps=0"),
+        (dict(time_budget=0), "time_budget=0"),
+        (dict(resume=True), "nothing to resume"),
+        (dict(resume=True, overwrite=True), "not both"),
+    ],
+)
+def test_bad_inputs_raise_config_errors(tiny, prompts_file, tmp_path, options, match):
+    with pytest.raises(ConfigError, match=match):
+        distill(tiny, tmp_path / "out", prompts=prompts_file, **{**FAST, **options})
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+def test_existing_folder_needs_overwrite(tiny, prompts_file, tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="--overwrite"):
+        distill(tiny, tmp_path / "out", prompts=prompts_file, **FAST)
+    with pytest.raises(ConfigError, match="does not look like a distill output"):
+        distill(tiny, tmp_path / "out", prompts=prompts_file, overwrite=True, **FAST)
+    assert (tmp_path / "out" / "notes.txt").exists()
+
+
+def test_time_budget_below_one_step_is_refused(tiny, prompts_file, tmp_path):
+    with pytest.raises(ConfigError, match="too small: one training step took"):
+        distill(tiny, tmp_path / "out", prompts=prompts_file, layers=1, time_budget=1e-6, **FAST)
+
+
+def test_unknown_target_is_refused(tmp_path):
+    with pytest.raises(Exception, match="model not found"):
+        distill("/nonexistent/model", tmp_path / "out", **FAST)
+
+
+def test_cli_bad_input_exits_2(tiny_chat_folder, prompts_file, tmp_path):
+    args = ["distill", "--target", str(tiny_chat_folder), "--out", str(tmp_path / "o"), "--prompts", str(prompts_file)]
+    result = CliRunner().invoke(app, [*args, "--layers", "9"])
+    assert result.exit_code == 2 and "more than the target" in result.output
+    result = CliRunner().invoke(app, [*args, "--init-layers", "0,x"])
+    assert result.exit_code == 2 and "comma-separated" in result.output
+
+
+def test_cli_trains_and_reports(tiny_chat_folder, prompts_file, tmp_path, one_thread):
+    out = tmp_path / "o"
+    args = ["distill", "--target", str(tiny_chat_folder), "--out", str(out), "--prompts", str(prompts_file),
+            "--layers", "1", "--steps", "2", "--batch", "1", "--seq-len", "16", "--gen-tokens", "4",
+            "--eval-prompts", "1", "--eval-max-new-tokens", "4", "--json"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout.strip().splitlines()[-1])
+    assert payload["steps"] == 2 and payload["eval"]["identical"] == 1
+
+
+def test_time_budget_stops_cleanly_with_a_checkpoint(tiny, prompts_file, tmp_path, monkeypatch):
+    import draftwise.distill.train as train
+
+    class Clock:  # every reading advances one "second": steps take 1 s, deterministically
+        now = 0.0
+
+        def perf_counter(self) -> float:
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(train, "time", Clock())
+    result = distill(tiny, tmp_path / "out", prompts=prompts_file, layers=1, time_budget=10, **{**FAST, "steps": 50})
+    assert result.stopped == "time budget" and 1 <= result.steps < 50
+    state = json.loads((tmp_path / "out" / "checkpoints" / "last.json").read_text())
+    assert state["step"] == result.steps and (tmp_path / "out" / "model.safetensors").exists()
