@@ -22,16 +22,16 @@ $(STAMP): pyproject.toml Makefile
 
 demo: setup
 	$(BIN)/draftwise models
-	$(BIN)/draftwise generate "Explain in two sentences why the sky is blue." --max-new-tokens 96 --stream
-	$(BIN)/draftwise generate "Repeat this list exactly, then say done: apples, pears, plums, cherries, figs, dates." --draft lookup --k 8 --stats
-	$(BIN)/draftwise bench-runtime --num-prompts 4 --max-new-tokens 64 --dtypes float32 --out out/demo
+	$(BIN)/draftwise demo --out out/demo
 
 test: setup
 	$(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python benchmarks/runtime_vs_hf.py --num-prompts 20 --max-new-tokens 128
-	$(BIN)/python benchmarks/spec_vs_plain.py --per-category 1 --max-new-tokens 128 --drafts lookup,self --ks 4,8
+	$(BIN)/draftwise profile --draft lookup,self --max-n 16 --plot benchmarks/results/plan/profile.png
+	$(BIN)/draftwise plan --prompts ../shared/data/spec_bench/question_dev.jsonl --drafts lookup,self --ks 1-12 --per-category 2 --out benchmarks/results/plan --validate --export vllm
+	$(BIN)/draftwise bench --questions ../shared/data/spec_bench/question_dev.jsonl --drafts none,lookup,self,auto --plan benchmarks/results/plan --limit-per-category 3 --peers hf --out benchmarks/results/bench
 
 clean:
 	rm -rf $(VENV) out

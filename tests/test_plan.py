@@ -92,6 +92,15 @@ def test_model_draft_hit_replay_matches_a_real_run(tiny, tiny_draft_folder, k):
         assert replay_hits(ref.hits(), k, 32) == real.steps
 
 
+def test_hits_of_a_trace_cut_by_eos_inside_a_step():
+    from draftwise.cost.plan import Trace
+
+    # the last step accepted 3 tokens, but the second was EOS: only 4 tokens were committed
+    t = Trace(None, "c", 5, tokens=[9, 8, 7, 2], new_tokens=3, steps=[(1, 1), (4, 3)],
+              prefill_seconds=0.0, seconds=0.0, k=4)
+    assert t.hits() == [None, 1, None, 1]
+
+
 def test_replay_hits_by_hand():
     # position 0 comes from the prefill; hits at 1, 2, miss at 3, hit 4, unknown (bonus) 5
     hits = [None, 1, 1, 0, 1, None, 0]
@@ -269,3 +278,18 @@ def test_cli_plan_refuses_empty_files_and_foreign_profiles(tiny_chat_folder, tin
     r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder),
                                  "--profile", str(foreign)])
     assert r.exit_code == 2 and "made on model" in r.output
+
+
+def test_cli_demo_runs_end_to_end_on_a_tiny_model(tiny_chat_folder, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
+    questions = tmp_path / "q.jsonl"
+    questions.write_text("\n".join(json.dumps({"question_id": i, "category": c, "turns": [t]}) for i, (c, t) in
+                                   enumerate([("writing", PROMPTS[2]), ("summarization", PROMPTS[0]),
+                                              ("qa", PROMPTS[1])])) + "\n")
+    r = CliRunner().invoke(app, ["demo", "--model", str(tiny_chat_folder), "--questions", str(questions),
+                                 "-n", "10", "--out", str(tmp_path / "demo")])
+    assert r.exit_code == 0, r.output
+    assert "break-even" in r.output and "recommendation" in r.output
+    data = json.loads((tmp_path / "demo" / "demo.json").read_text())
+    assert set(data["bench"]["groups"]["overall"]) >= {"none", "auto"}
+    assert data["bench"]["equality"]["methods"]["auto"]["equal"] == 3

@@ -47,18 +47,6 @@ def _fail(message: str) -> None:
     raise typer.Exit(code=2)
 
 
-def parse_k(text: str) -> int | str:
-    """``--k``: a positive integer or ``auto``."""
-    from .errors import ConfigError
-
-    if text.strip().lower() == "auto":
-        return "auto"
-    try:
-        return int(text)
-    except ValueError:
-        raise ConfigError(f"--k takes a positive integer or 'auto', got {text!r}") from None
-
-
 @contextmanager
 def user_errors() -> Iterator[None]:
     """Turn a DraftwiseError into a one-line message and exit status 2."""
@@ -118,6 +106,7 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate a completion of PROMPT, plainly or with a speculative draft (same output)."""
+    from .bench.harness import parse_k
     from .decode import stream as start_stream
     from .sampling import SamplingConfig
 

@@ -36,28 +36,6 @@ def progress_bar(label: str) -> Iterator[Callable[[str, float], None]]:
         yield lambda desc, frac: bar.update(task, completed=frac, description=f"{label}: {desc}")
 
 
-def parse_ks(text: str) -> list[int]:
-    """``"4"``, ``"1-8"``, ``"2,4,8"`` -> sorted k values (each >= 1)."""
-    ks: set[int] = set()
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if not part:
-                continue
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                ks.update(range(lo, hi + 1))
-            else:
-                ks.add(int(part))
-    except ValueError:
-        raise ConfigError(f"cannot read k values {text!r}; write them like 4, 1-8 or 2,4,8") from None
-    if not ks:
-        raise ConfigError("give at least one k")
-    if min(ks) < 1:
-        raise ConfigError(f"k must be >= 1, got {min(ks)}")
-    return sorted(ks)
-
-
 def _drafts(text: str) -> list[str]:
     # specs are comma-separated, but a draft's own options use commas too (lookup:max=4,min=2):
     # a piece with '=' and no ':' continues the previous spec
@@ -115,7 +93,7 @@ def profile_cmd(
     ] = "lookup,self",
     max_n: Annotated[int, typer.Option("--max-n", min=2, help="Measure passes of 1..N tokens.")] = 16,
     contexts: Annotated[str, typer.Option(help="Context lengths to measure at (interpolated between).")] = "128,1024",
-    repeats: Annotated[int, typer.Option(min=1, help="Timings per point (the median is kept).")] = 5,
+    repeats: Annotated[int, typer.Option(min=1, help="Timings per point (the median is kept).")] = 9,
     out_file: Annotated[Path | None, typer.Option("--out", help="Profile JSON (default: the user cache).")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw T(n) to this PNG.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
@@ -194,10 +172,12 @@ def plan_cmd(
     profile_file: Annotated[Path | None, typer.Option("--profile", help="Profile JSON (default: cached, or measured now).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
+    validate_repeats: Annotated[int, typer.Option("--validate-repeats", min=1, help="Runs per generation when validating (best kept).")] = 2,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
+    from .cost.breakeven import parse_ks
     from .cost.plan import load_prompts, make_plan, sample_prompts
     from .cost.profile import Profile, default_profile_path, measure_profile
     from .cost.report import plot_plan, render_plan_markdown
@@ -239,7 +219,9 @@ def plan_cmd(
             best = plan.recommended["overall"]
             extra = [best] if best[0] != "none" else []
             with progress_bar("validate") as report:
-                plan.validation = validate_plan(target, plan, rows, extra=extra, progress=report)
+                plan.validation = validate_plan(
+                    target, plan, rows, extra=extra, repeats=validate_repeats, progress=report
+                )
         if out_dir is not None:
             plan.save(out_dir / "plan.json")
             (out_dir / "plan.md").write_text(render_plan_markdown(plan))

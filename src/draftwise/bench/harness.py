@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Union
 
 from ..errors import ConfigError, ContextLengthError
+from ..plots import pyplot, save_figure
 
 #: Spec-Bench's 13 categories, grouped the way its tables report them.
 GROUPS: dict[str, tuple[str, ...]] = {
@@ -250,6 +251,8 @@ def parse_drafts(drafts: str | Sequence[DraftItem], k: KValue) -> list[tuple[str
     [('lookup', 'lookup', 4), ('self', 'self', 4)]
     >>> parse_drafts([("lookup", 4), ("lookup", 8)], 4)
     [('lookup@k=4', 'lookup', 4), ('lookup@k=8', 'lookup', 8)]
+    >>> parse_drafts("lookup@k=8,self@2", 4)
+    [('lookup@k=8', 'lookup', 8), ('self@k=2', 'self', 2)]
     """
     items: list[DraftItem]
     if isinstance(drafts, str):
@@ -261,6 +264,10 @@ def parse_drafts(drafts: str | Sequence[DraftItem], k: KValue) -> list[tuple[str
         if isinstance(item, tuple):
             spec, item_k = str(item[0]).strip(), parse_k(item[1])
             name = f"{spec}@k={item_k}"
+        elif isinstance(item, str) and "@" in item:  # "lookup@k=4" or "lookup@4"
+            spec, _, k_text = item.strip().partition("@")
+            item_k = parse_k(k_text.removeprefix("k="))
+            spec, name = spec.strip(), f"{spec.strip()}@k={item_k}"
         elif isinstance(item, str):
             spec, item_k, name = item.strip(), k, item.strip()
         else:
@@ -751,10 +758,7 @@ def write_plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
     """``speedup.png`` (grouped bars per group) and ``acceptance_by_position.png``; returns
     the file names written (none when matplotlib is missing)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return []
     written = []
@@ -770,9 +774,7 @@ def write_plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         ax.set_xticks(range(len(groups)), groups, rotation=20)
         ax.set_ylabel("speedup over draftwise plain decoding")
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out_dir / "speedup.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, out_dir / "speedup.png", dpi=120)
         written.append("speedup.png")
     positions = summary["acceptance_by_position"]
     if positions:
@@ -788,9 +790,7 @@ def write_plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
         ax.set_ylabel("acceptance (given earlier positions accepted)")
         ax.set_ylim(0, 1.05)
         ax.legend(fontsize="small")
-        fig.tight_layout()
-        fig.savefig(out_dir / "acceptance_by_position.png", dpi=120)
-        plt.close(fig)
+        save_figure(fig, out_dir / "acceptance_by_position.png", dpi=120)
         written.append("acceptance_by_position.png")
     return written
 

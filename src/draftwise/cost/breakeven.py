@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from ..errors import ConfigError
+from ..plots import pyplot, save_figure
 from .model import breakeven_acceptance, expected_committed
 
 #: Typical draft cost per proposed token c = D(k) / (k T(1)), as a fraction of a target step.
@@ -411,10 +412,7 @@ def plot_speedup(
     (imported here, with the Agg backend, so the core never imports it).
     """
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:  # pragma: no cover - matplotlib is a dependency of the plot only
         raise ConfigError("--plot needs matplotlib: pip install 'draftwise[plot]'") from None
 
@@ -461,9 +459,4 @@ def plot_speedup(
     axes[0][-1].legend(fontsize=8, loc="upper left")
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

@@ -37,10 +37,10 @@ import json
 import shlex
 from typing import Any
 
+from ..drafters.spec import SPEC_HELP
 from ..errors import ConfigError
 
 ENGINES = ("vllm", "sglang", "hf")
-SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH"
 
 # draftwise's lookup defaults (drafters/spec.py): n-grams of 3 down to 1 tokens
 _LOOKUP_MAX, _LOOKUP_MIN = 3, 1
@@ -50,19 +50,10 @@ _NO_PAY = "draftwise predicts that speculation does not pay here: serve without 
 
 # -- draft specs --------------------------------------------------------------------------
 def _parse_layers(text: str) -> list[int]:
-    """``"0-9,12"`` -> [0, 1, ..., 9, 12] (no model needed, unlike drafters.self_spec)."""
-    layers: set[int] = set()
-    for part in text.split(","):
-        lo_s, sep, hi_s = part.strip().partition("-")
-        try:
-            lo = int(lo_s)
-            hi = int(hi_s) if sep else lo
-        except ValueError:
-            raise ConfigError(f"layer list {text!r} must be numbers and ranges like 0-9,12") from None
-        if lo < 0 or hi < lo:
-            raise ConfigError(f"layer list {text!r}: layers are >= 0 and ranges are low-high")
-        layers.update(range(lo, hi + 1))
-    return sorted(layers)
+    """``"0-9,12"`` -> [0, 1, ..., 9, 12]; no model is at hand, so no upper bound is checked."""
+    from ..drafters.self_spec import parse_layers
+
+    return parse_layers(text, 1 << 30)
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:

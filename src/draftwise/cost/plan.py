@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
+from ..plots import write_json
 from ..sampling import SamplingConfig
 from .model import breakeven_acceptance, effective_acceptance, expected_committed_by_position
 from .profile import Profile
@@ -67,7 +68,7 @@ class Trace:
         out: list[int | None] = [None] * len(self.tokens)
         pos = 1  # position 0 came from the prefill
         for m, acc in self.steps:
-            for i in range(acc):
+            for i in range(min(acc, len(out) - pos)):  # an EOS may end the output mid-step
                 out[pos + i] = 1
             if acc < m and pos + acc < len(out):
                 out[pos + acc] = 0
@@ -242,10 +243,7 @@ class Plan:
         }
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Plan:

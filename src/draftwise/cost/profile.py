@@ -9,6 +9,10 @@
 - ``token_overhead``: per committed token, what a generation spends outside the steps
   (detokenising, stop strings, statistics).
 
+Each value is the mean of the faster half of ``repeats`` timings taken in rounds over n (so
+that drift hits every n alike), made non-decreasing in n (a dip is noise: a longer pass never
+costs less), and a step is never cheaper than its pass.
+
 Times grow with the context (attention reads every cached key), so T and the step are measured
 at two context lengths and interpolated linearly between them (and extrapolated beyond).
 The planner and ``--k auto`` read the profile; a profile made on another model, or in another
@@ -40,6 +44,7 @@ import torch
 
 from ..drafters.base import Draft
 from ..errors import ConfigError
+from ..plots import write_json
 from ..sampling import SamplingConfig
 from ..verify import verify_greedy
 
@@ -151,10 +156,7 @@ class Profile:
         return out
 
     def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
-        return path
+        return write_json(path, self.to_dict())
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Profile:
@@ -197,6 +199,36 @@ def default_profile_path(model: Any) -> Path:
 
 
 # -- measuring ---------------------------------------------------------------------------
+def monotone(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): a pass over more tokens
+    never costs less, so a dip in the medians is noise, averaged away with its neighbours.
+
+    >>> monotone([3.0, 1.0, 2.0, 5.0])
+    [2.0, 2.0, 2.0, 5.0]
+    """
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+
+
+def fast_half_mean(times: Sequence[float]) -> float:
+    """The mean of the faster half of ``times``. A shared machine only ever adds time (another
+    process, a page fault), so the slow half is mostly noise; this is steadier than the median
+    and keeps ratios like T(k+1)/T(1), which every prediction divides by, from drifting.
+
+    >>> fast_half_mean([1.0, 9.0, 2.0, 3.0])
+    1.5
+    """
+    ordered = sorted(times)
+    half = ordered[: max(1, (len(ordered) + 1) // 2)]
+    return sum(half) / len(half)
+
+
 def _synthetic(n: int, seed: int) -> list[int]:
     return [(i * 7919 + seed * 104729) % 2000 + 10 for i in range(n)]
 
@@ -255,7 +287,7 @@ def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: 
         t0 = time.perf_counter()
         drafter.propose(context, k)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return fast_half_mean(times)
 
 
 def _token_overhead(model: Any, context: int, profile: Profile) -> float:
@@ -329,8 +361,9 @@ def measure_profile(
                     s_times[n - 1].append(_time_step(rt, context, n))
                 done += 1
                 report(f"target passes, context {c}", done / total)
-            forward[c] = [statistics.median(t) for t in f_times]
-            step[c] = [statistics.median(t) for t in s_times]
+            forward[c] = monotone([fast_half_mean(t) for t in f_times])
+            # a step contains the pass, so it never costs less than the pass alone
+            step[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward[c])])
         profile = Profile(
             model=model.name,
             fingerprint=model_fingerprint(model),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..plots import pyplot, save_figure
 from .plan import NONE, Candidate, Plan
 from .profile import Profile
 
@@ -91,11 +92,7 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
 
 def plot_plan(plan: Plan, path: str | Path) -> Path:
     """Predicted speedup against k for each draft, one panel per category."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     cats = list(plan.categories)
     cols = min(4, len(cats))
     rows = (len(cats) + cols - 1) // cols
@@ -112,22 +109,12 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
     axes[0][0].set_ylabel("predicted speedup")
     axes[0][0].legend(fontsize=7)
     fig.suptitle(f"{plan.model}: predicted speedup over plain decoding", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def plot_profile(profile: Profile, path: str | Path) -> Path:
     """T(n) and the whole step against n, at each profiled context."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = pyplot().subplots(figsize=(6, 4))
     for c in sorted(profile.step):
         n = range(1, len(profile.step[c]) + 1)
         line = ax.plot(n, [1000 * t for t in profile.step[c]], marker="o", ms=3, label=f"step, context {c}")
@@ -138,9 +125,4 @@ def plot_profile(profile: Profile, path: str | Path) -> Path:
     ax.set_ylim(bottom=0)
     ax.set_title(f"{profile.model} ({profile.dtype}): cost of one target pass")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
