@@ -4,7 +4,8 @@
 ``none``               no draft: plain decoding
 ``lookup``             prompt lookup; options ``lookup:max=4,min=2`` (n-gram sizes)
 ``self``               self-speculation with the calibrated layer set (``draftwise
-                       calibrate-self``), else an early exit after half the layers
+                       calibrate-self``, or the set shipped for a built-in model), else an
+                       early exit after half the layers
 ``self:exit=L``        early exit after layer L (runs layers 0..L-1)
 ``self:layers=0-9,12`` exactly these layers;  ``self:skip=10-19``: all but these
 ``model:PATH``         a smaller model with the same tokenizer (folder, .gguf, built-in name)
@@ -22,6 +23,14 @@ from .base import Drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter, check_same_tokenizer
 from .self_spec import SelfSpecDrafter, parse_layers
+
+# Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
+# user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
+# GGUF. SmolLM2-135M-Instruct Q4_1: `draftwise calibrate-self --num-prompts 3 -n 32`
+# (2026-11-29) kept 22 of 30 layers, skipping 11-18.
+SHIPPED_SELF_SKIPS: dict[str, frozenset[int]] = {
+    "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f": frozenset(range(11, 19)),
+}
 
 SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH"
 
@@ -101,6 +110,9 @@ def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
         saved = calibration_path(model)
         if saved.exists():
             return SelfSpecDrafter(rt, json.loads(saved.read_text())["layers"])
+        shipped = SHIPPED_SELF_SKIPS.get(Path(model.folder).name)
+        if shipped is not None and rt.num_layers > max(shipped):
+            return SelfSpecDrafter(rt, [i for i in range(rt.num_layers) if i not in shipped])
         return SelfSpecDrafter(rt, range(rt.num_layers // 2))
     if kind == "model" and rest:
         from ..loaders import load_model
