@@ -25,13 +25,13 @@ from .cli_plan import plan_table, progress_bar
 
 def breakeven_table(plan) -> Table:  # type: ignore[no-untyped-def]
     """Per draft, overall: its best k, the acceptance it needs there and what it achieved."""
-    from .cost.report import best_per_draft
+    from .cost.report import best_per_draft, breakeven_text
 
     table = Table(title="break-even: the acceptance each draft needs on this machine vs what it achieved")
     for col in ("draft", "best k", "needs a* >=", "achieved a_eff", "raw acceptance", "predicted", "pays?"):
         table.add_column(col, justify="left" if col == "draft" else "right")
     for name, c in best_per_draft(plan, "overall").items():
-        be = "never" if c.breakeven is None else f"{c.breakeven:.2f}"
+        be = breakeven_text(c)
         ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
         raw = "-" if c.acceptance is None else f"{c.acceptance:.2f}"
         pays = c.speedup > 1.0

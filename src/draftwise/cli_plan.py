@@ -125,7 +125,7 @@ def profile_cmd(
 
 
 def plan_table(plan: Any) -> Table:
-    from .cost.report import plan_rows
+    from .cost.report import breakeven_text, draft_cells, plan_rows
 
     table = Table(title=f"plan for {plan.model}: predicted speedup over plain decoding")
     table.add_column("category")
@@ -133,18 +133,14 @@ def plan_table(plan: Any) -> Table:
     table.add_column("predicted", justify="right")
     for d in plan.drafts:
         table.add_column(f"{d}: best k, speedup, a_eff / a*", justify="right")
+
+    def cell(c: Any) -> str:
+        ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
+        ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
+        return f"k={c.k} {c.speedup:.2f}x [{'green' if ok else 'red'}]{ae}[/] / {breakeven_text(c)}"
+
     for row in plan_rows(plan):
-        cells = []
-        for d in plan.drafts:
-            c = row["drafts"].get(d)
-            if c is None:
-                cells.append("-")
-                continue
-            be = "never" if c.breakeven is None else f"{c.breakeven:.2f}"
-            ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
-            colour = "green" if ok else "red"
-            ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
-            cells.append(f"k={c.k} {c.speedup:.2f}x [{colour}]{ae}[/] / {be}")
+        cells = draft_cells(row, plan.drafts, cell)
         table.add_row(row["category"], row["recommended"], f"{row['predicted']:.2f}x", *cells)
     return table
 

@@ -37,7 +37,7 @@ import json
 import shlex
 from typing import Any
 
-from ..drafters.spec import SPEC_HELP
+from ..drafters.spec import SPEC_HELP, _options
 from ..errors import ConfigError
 
 ENGINES = ("vllm", "sglang", "hf")
@@ -74,20 +74,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     allowed = {"lookup": ("max", "min"), "self": ("exit", "layers", "skip")}.get(kind)
     if allowed is None:
         raise ConfigError(f"unknown draft spec {spec!r}; use one of: {SPEC_HELP}")
-    parts: list[str] = []
-    for chunk in rest.split(","):  # a comma without '=' continues a layer list
-        if "=" in chunk or not parts:
-            parts.append(chunk)
-        else:
-            parts[-1] += "," + chunk
-    opts: dict[str, str] = {}
-    for part in parts:
-        if not part.strip():
-            continue
-        key, sep, value = part.partition("=")
-        if not sep or key.strip() not in allowed:
-            raise ConfigError(f"unknown {kind} draft option {part!r}; allowed: {', '.join(allowed)}")
-        opts[key.strip()] = value.strip()
+    opts = _options(rest, allowed, kind)
     if kind == "lookup":
         try:
             lo, hi = int(opts.get("min", _LOOKUP_MIN)), int(opts.get("max", _LOOKUP_MAX))

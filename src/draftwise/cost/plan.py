@@ -292,24 +292,19 @@ def load_prompts(path: str | Path) -> list[dict[str, Any]]:
     lines = path.read_text(encoding="utf-8").splitlines()
     if not any(line.strip() for line in lines):
         raise ConfigError(f"prompt file {path} is empty; give one prompt a line or Spec-Bench JSONL")
-    rows: list[dict[str, Any]] = []
-    jsonl = path.suffix == ".jsonl" or lines[0].lstrip().startswith("{")
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        if not jsonl:
-            rows.append({"question_id": i, "category": "prompts", "turns": [line.strip()]})
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{i}: not valid JSON ({exc.msg})") from None
-        turns = row.get("turns") if isinstance(row, dict) else None
-        if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t for t in turns):
-            raise ConfigError(f"{path}:{i}: needs \"turns\": a list of non-empty strings")
-        rows.append({"question_id": row.get("question_id", i), "category": str(row.get("category", "prompts")),
-                     "turns": turns})
-    return rows
+    if path.suffix == ".jsonl" or lines[0].lstrip().startswith("{"):
+        from ..bench.runtime import load_questions
+
+        return [
+            {"question_id": r.get("question_id", i), "category": str(r.get("category", "prompts")),
+             "turns": r["turns"]}
+            for i, r in enumerate(load_questions(path), 1)
+        ]
+    return [
+        {"question_id": i, "category": "prompts", "turns": [line.strip()]}
+        for i, line in enumerate(lines, 1)
+        if line.strip()
+    ]
 
 
 def sample_prompts(rows: Sequence[dict[str, Any]], per_category: int) -> list[dict[str, Any]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,16 @@ def best_per_draft(plan: Plan, category: str) -> dict[str, Candidate]:
     for c in plan.categories[category]:  # sorted best first
         out.setdefault(c.draft, c)
     return out
+
+
+def breakeven_text(c: Candidate) -> str:
+    """a* as text: ``never`` when no acceptance makes this (draft, k) pay."""
+    return "never" if c.breakeven is None else f"{c.breakeven:.2f}"
+
+
+def draft_cells(row: dict[str, Any], drafts: Sequence[str], fmt: Callable[[Candidate], str]) -> list[str]:
+    """One formatted cell per draft of a :func:`plan_rows` row (``-`` where it has none)."""
+    return [fmt(row["drafts"][d]) if d in row["drafts"] else "-" for d in drafts]
 
 
 def plan_rows(plan: Plan) -> list[dict[str, Any]]:
@@ -53,14 +64,10 @@ def render_plan_markdown(plan: Plan) -> str:
         "|---|---|---:|" + "---|" * len(plan.drafts),
     ]
     for row in plan_rows(plan):
-        cells = []
-        for d in plan.drafts:
-            c = row["drafts"].get(d)
-            if c is None:
-                cells.append("-")
-                continue
-            be = "never" if c.breakeven is None else f"{c.breakeven:.2f}"
-            cells.append(f"{c.speedup:.2f}x @k={c.k} / a_eff {_pct(c.effective_acceptance)} / a* {be}")
+        cells = draft_cells(
+            row, plan.drafts,
+            lambda c: f"{c.speedup:.2f}x @k={c.k} / a_eff {_pct(c.effective_acceptance)} / a* {breakeven_text(c)}",
+        )
         lines.append(f"| {row['category']} | {row['recommended']} | {row['predicted']:.2f}x | " + " | ".join(cells) + " |")
     lines += ["", f"Predicted overall speedup with each category's recommendation: {plan.routed_overall:.2f}x.", ""]
     if plan.validation:
