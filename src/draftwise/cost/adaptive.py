@@ -8,7 +8,7 @@ Each step, for k = 0..k_max::
 
 where ``a_j`` is the conditional acceptance at draft position j, estimated from the steps
 seen so far with exponentially decaying counts (recent text matters more: a generation moves
-between copying and free writing), and ``D`` and ``step`` come from the profile. k = 0 is a
+between copying and free writing), each position shrunk towards the one before it, and ``D`` and ``step`` come from the profile. k = 0 is a
 plain step. The chosen k caps the proposal: prompt lookup may still propose fewer tokens.
 
 When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
@@ -76,8 +76,21 @@ class AdaptiveK:
         self.chosen: list[int] = []
 
     def rates(self) -> list[float]:
-        """The current conditional acceptance estimate a_j for each draft position j."""
-        return [(h + self.prior_hits) / (t + self.prior_tests) for h, t in zip(self.hits, self.tested)]
+        """The current conditional acceptance estimate a_j for each draft position j.
+
+        Position 0 starts from the prior; each deeper position starts from the estimate of the
+        one before it (as ``prior_tests`` pseudo-observations), because deep positions are
+        tested only after every earlier one was accepted, so they are seen rarely, and a run of
+        copied text that got that far tends to go on. A flat prior there kept ``auto`` at too
+        small a k on long copies (translation, rag).
+        """
+        out: list[float] = []
+        prior_hits, prior_tests = self.prior_hits, self.prior_tests
+        for h, t in zip(self.hits, self.tested):
+            rate = (h + prior_hits) / (t + prior_tests)
+            out.append(rate)
+            prior_hits = rate * self.prior_tests
+        return out
 
     def expected_rate(self, k: int, context_len: int, rates: Sequence[float] | None = None) -> float:
         """Expected committed tokens per second at this k."""
