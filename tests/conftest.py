@@ -83,3 +83,11 @@ def tiny_chat_folder(tmp_path_factory, default_folder) -> Path:
         if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
             shutil.copy(f, folder / f.name)
     return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_chat_folder, one_thread):
+    """The tiny random chat model, loaded once per test module (one intra-op thread)."""
+    from draftwise import load_model
+
+    return load_model(str(tiny_chat_folder))

@@ -13,7 +13,7 @@ import types
 import pytest
 from typer.testing import CliRunner
 
-from draftwise import ConfigError, load_model
+from draftwise import ConfigError
 from draftwise.bench import harness
 from draftwise.bench.harness import (
     GROUP_ORDER,
@@ -37,11 +37,6 @@ ROW_KEYS = {"tokens_per_s", "speedup", "mat", "acceptance", "draft_time_share", 
 def write_jsonl(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_folder, one_thread):
-    return load_model(str(tiny_chat_folder))
 
 
 @pytest.fixture(scope="module")

@@ -7,15 +7,10 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from draftwise import ConfigError, load_model
+from draftwise import ConfigError
 from draftwise.cli import app
 from draftwise.drafters import PromptLookupDrafter, SelfSpecDrafter, make_drafter
 from draftwise.drafters.calibrate import calibrate_self, candidate_layer_sets, save_calibration
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_folder):
-    return load_model(str(tiny_chat_folder))
 
 
 def test_specs_build_the_named_drafters(tiny):

@@ -7,13 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from draftwise import ContextLengthError, SamplingConfig, generate, load_model, stream
+from draftwise import ContextLengthError, SamplingConfig, generate, stream
 from draftwise.errors import ConfigError
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_folder):
-    return load_model(str(tiny_chat_folder))
 
 
 def test_greedy_equals_transformers_generate(tiny, tiny_chat_folder):

@@ -13,7 +13,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from draftwise import ConfigError, generate, load_model
+from draftwise import ConfigError, generate
 from draftwise.cli import app
 from draftwise.distill import (
     breakeven_for_cost,
@@ -52,11 +52,6 @@ def prompts_file(tmp_path_factory) -> Path:
     rows = [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(PROMPTS)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_folder, one_thread):
-    return load_model(str(tiny_chat_folder))
 
 
 @pytest.fixture(scope="module")

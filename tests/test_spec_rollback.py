@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from draftwise import SamplingConfig, generate, load_model
+from draftwise import SamplingConfig, generate
 from draftwise.decode import decode_steps
 from draftwise.drafters import Draft, ModelDrafter, SelfSpecDrafter, make_drafter
 from draftwise.runtime.hf import HFRuntime
@@ -215,11 +215,6 @@ class CountingDrafter:
 
     def observe(self, num_accepted: int) -> None:
         self.inner.observe(num_accepted)
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_chat_folder):
-    return load_model(str(tiny_chat_folder))
 
 
 # (prompt, chat): the random model's greedy output varies for these (many prompts make it repeat

@@ -73,7 +73,6 @@ class AdaptiveK:
         self.shadow = self.draft_cost[0] < 0.02 * profile.step_time(1)
         self.probe_every = probe_every
         self._plain_run = 0
-        self.chosen: list[int] = []
 
     def rates(self) -> list[float]:
         """The current conditional acceptance estimate a_j for each draft position j.
@@ -116,7 +115,6 @@ class AdaptiveK:
                 best_k = 1  # a probe keeps a costly draft's estimate alive
         else:
             self._plain_run = 0
-        self.chosen.append(best_k)
         return best_k
 
     def _update(self, proposed: int, accepted: int) -> None:

@@ -47,6 +47,7 @@ from ..errors import ConfigError
 from ..plots import write_json
 from ..sampling import SamplingConfig
 from ..verify import verify_greedy
+from .timing import time_pass
 
 SCHEMA = "draftwise.profile/1"
 
@@ -258,15 +259,6 @@ def _time_step(runtime: Any, context: list[int], n: int) -> float:
     return elapsed
 
 
-def _time_forward(runtime: Any, context: list[int], n: int) -> float:
-    base = runtime.length
-    t0 = time.perf_counter()
-    runtime.forward(context[-1:] + _synthetic(n - 1, 3))
-    elapsed = time.perf_counter() - t0
-    runtime.rollback(base)
-    return elapsed
-
-
 def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: int) -> float:
     """Median D(k). A draft with its own cache sees the context grow one token a call (it
     catches that token up, as after a rejected step); self-speculation, which shares the
@@ -357,7 +349,7 @@ def measure_profile(
             s_times: list[list[float]] = [[] for _ in range(max_n)]
             for _ in range(repeats):  # rounds over n, so drift hits every n alike
                 for n in range(1, max_n + 1):
-                    f_times[n - 1].append(_time_forward(rt, context, n))
+                    f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
                     s_times[n - 1].append(_time_step(rt, context, n))
                 done += 1
                 report(f"target passes, context {c}", done / total)

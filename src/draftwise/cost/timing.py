@@ -9,6 +9,17 @@ from collections.abc import Sequence
 from ..runtime.base import Runtime
 
 
+def time_pass(runtime: Runtime, ids: Sequence[int], *, layers: Sequence[int] | None = None) -> float:
+    """Seconds of one pass over ``ids`` on the current cache, which is then rolled back."""
+    base = runtime.length
+    kwargs = {} if layers is None else {"layers": layers}
+    t0 = time.perf_counter()
+    runtime.forward(ids, **kwargs)
+    elapsed = time.perf_counter() - t0
+    runtime.rollback(base)
+    return elapsed
+
+
 def time_forward(
     runtime: Runtime,
     n: int,
@@ -24,13 +35,5 @@ def time_forward(
     prompt = [(i * 7919) % 1000 + 10 for i in range(context)]
     runtime.prefill(prompt)
     ids = [(i * 104729) % 1000 + 10 for i in range(n)]
-    kwargs = {} if layers is None else {"layers": layers}
-    times = []
-    for r in range(repeats + 1):
-        t0 = time.perf_counter()
-        runtime.forward(ids, **kwargs)
-        elapsed = time.perf_counter() - t0
-        runtime.rollback(context)
-        if r:  # the first repeat warms up
-            times.append(elapsed)
-    return statistics.median(times)
+    times = [time_pass(runtime, ids, layers=layers) for _ in range(repeats + 1)]
+    return statistics.median(times[1:])  # the first repeat warms up
