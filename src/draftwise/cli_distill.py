@@ -15,13 +15,14 @@ from .cli import app, err, out, user_errors
 from .errors import ConfigError
 
 
-def _parse_layer_list(text: str | None) -> list[int] | None:
+def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list | None:
+    """A comma-separated option as a list of ``kind`` (None when the option is not given)."""
     if text is None:
         return None
     try:
-        return [int(part) for part in text.split(",") if part.strip()]
+        return [kind(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise ConfigError(f"--init-layers {text!r} must be comma-separated layer numbers, like 0,10,20,29") from None
+        raise ConfigError(f"{flag} {text!r} must be comma-separated numbers, like {example}") from None
 
 
 def eval_table(report: Any) -> Table:
@@ -76,10 +77,25 @@ def distill_cmd(
     gen_tokens: Annotated[
         int | None, typer.Option("--gen-tokens", help="Target tokens generated per prompt (default 128).")
     ] = None,
-    gen_temperature: Annotated[
-        float | None, typer.Option("--gen-temperature", help="0 = greedy continuations (default 0).")
+    gen_temperatures: Annotated[
+        str | None,
+        typer.Option(
+            "--gen-temperatures",
+            help="One target continuation per prompt per listed temperature, 0 = greedy, e.g. 0,0.7,0.7 (default 0).",
+        ),
+    ] = None,
+    train_embeddings: Annotated[
+        bool | None,
+        typer.Option(
+            "--train-embeddings/--freeze-embeddings",
+            help="Train the embeddings and head too (default: frozen at the target's when started from its layers).",
+        ),
     ] = None,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", min=1)] = 50,
+    snapshot_every: Annotated[
+        int | None,
+        typer.Option("--snapshot-every", min=1, help="Also keep the weights every N steps (checkpoints/step-N.pt), for a training curve."),
+    ] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in --out.")] = False,
     eval_prompts: Annotated[
@@ -99,7 +115,8 @@ def distill_cmd(
 
     command = shlex.join(["draftwise", *sys.argv[1:]])
     with user_errors():
-        init_list = _parse_layer_list(init_layers)
+        init_list = _parse_list(init_layers, int, "--init-layers", "0,10,20,29")
+        temps = _parse_list(gen_temperatures, float, "--gen-temperatures", "0,0.7")
         columns = (
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -119,7 +136,8 @@ def distill_cmd(
                 target, out_dir, layers=layers, init_layers=init_list, hidden_size=hidden_size,
                 vocab_size_draft=vocab_size_draft, steps=steps, batch=batch, seq_len=seq_len, lr=lr,
                 temperature=temperature, time_budget=time_budget, seed=seed, prompts=prompts,
-                gen_tokens=gen_tokens, gen_temperature=gen_temperature, checkpoint_every=checkpoint_every,
+                gen_tokens=gen_tokens, gen_temperatures=temps, train_embeddings=train_embeddings,
+                checkpoint_every=checkpoint_every, snapshot_every=snapshot_every,
                 resume=resume, overwrite=overwrite, eval_prompts=eval_prompts, eval_k=k,
                 eval_max_new_tokens=eval_max_new_tokens, command=command,
                 on_status=lambda msg: progress.console.print(f"[dim]{msg}[/]", highlight=False),
@@ -149,3 +167,21 @@ def distill_cmd(
     if result.eval is not None:
         out.print(eval_table(result.eval))
     out.print(f"use it: draftwise generate \"...\" --draft model:{result.out_dir}", highlight=False, markup=False)
+
+
+@app.command("pack-draft")
+def pack_draft_cmd(
+    draft: Annotated[Path, typer.Argument(help="A `draftwise distill` output folder.")],
+    out_dir: Annotated[Path, typer.Option("--out", "-o", help="New folder for the pack.")],
+) -> None:
+    """Keep a distilled draft's trained layers only (bfloat16), the form in which drafts ship.
+
+    The embeddings and head are the target's and come back from it on use; see
+    ``draftwise.distill.pack``.
+    """
+    from .distill.pack import PACK_WEIGHTS, pack_draft
+
+    with user_errors():
+        folder = pack_draft(draft, out_dir)
+    size = (folder / PACK_WEIGHTS).stat().st_size / 2**20
+    out.print(f"pack written to {folder}: {PACK_WEIGHTS} {size:.1f} MiB", highlight=False)

@@ -67,11 +67,16 @@ def draft_config(target_config: Any, layers: int, *, hidden_size: int | None = N
     return cfg
 
 
-def build_draft(target: Any, layers: int, *, init_layers: Sequence[int] | None, hidden_size: int | None, seed: int) -> Any:
+def build_draft(
+    target: Any, layers: int, *, init_layers: Sequence[int] | None, hidden_size: int | None, seed: int,
+    freeze_embeddings: bool = False,
+) -> Any:
     """A float32 ``transformers`` draft for ``target`` (a :class:`draftwise.Model`).
 
     ``init_layers`` (same hidden size only) are the target layers the draft's layers start
-    from; None means a random initialisation.
+    from; None means a random initialisation. ``freeze_embeddings`` keeps the embeddings and
+    head equal to the target's (no gradient): fewer weights to fit on little data, and a
+    trained draft is then described by its layers alone, which is what ships.
     """
     from transformers import AutoModelForCausalLM
 
@@ -94,6 +99,11 @@ def build_draft(target: Any, layers: int, *, init_layers: Sequence[int] | None, 
                 if source not in state:
                     raise ConfigError(f"the target's weights lack {source!r}; pass --hidden-size to start from random")
                 param.copy_(state[source].to(torch.float32))
+    if freeze_embeddings:
+        if init_layers is None:
+            raise ConfigError("frozen embeddings need a draft started from the target's weights")
+        model.get_input_embeddings().weight.requires_grad_(False)
+        model.get_output_embeddings().weight.requires_grad_(False)
     model.train()
     return model
 

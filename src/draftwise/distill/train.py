@@ -10,6 +10,8 @@ tokenizer files,
 ``draftwise_draft.json``   how it was made: target, shape, init layers, ``vocab_subset``
                            (the reduced head's token ids, or null), steps, command
 ``data/sequences.jsonl``   the target's continuations of the training prompts (a cache)
+``data/heldout.jsonl``     the questions held out of training, to evaluate on
+``checkpoints/step-N.pt``  with ``snapshot_every``: the trained weights every N steps
 ``checkpoints/last.pt``    model + optimizer + step + RNG, rewritten every M steps and at the
                            end (``last.json`` holds its settings and step, for ``--resume``)
 ``train_log.jsonl``        one line per step: step, loss, lr, tokens, seconds, grad_norm
@@ -62,7 +64,8 @@ _DEFAULTS: dict[str, Any] = {
     "temperature": 1.0,
     "seed": 0,
     "gen_tokens": 128,
-    "gen_temperature": 0.0,
+    "gen_temperatures": [0.0],
+    "train_embeddings": False,
 }
 DEFAULT_STEPS = 300
 GRAD_CLIP = 1.0
@@ -178,6 +181,17 @@ def _save_checkpoint(folder: Path, model: Any, opt: Any, state: dict[str, Any]) 
     (folder / "last.json").write_text(json.dumps({k: v for k, v in state.items() if k != "vocab_subset"}, indent=1))
 
 
+def _save_snapshot(folder: Path, model: Any, *, step: int, seconds: float, tokens: int, loss: float | None) -> None:
+    """The trained weights at this step (embeddings and head only when they are trained), for
+    the acceptance-against-training-time curve: ``checkpoints/step-000100.pt``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    weights = {name: p.detach().clone() for name, p in model.named_parameters() if p.requires_grad}
+    payload = {"weights": weights, "step": step, "seconds": seconds, "tokens": tokens, "loss": loss}
+    tmp = folder / f"step-{step:06d}.pt.tmp"
+    torch.save(payload, tmp)
+    os.replace(tmp, folder / f"step-{step:06d}.pt")
+
+
 def distill(
     target: Model | str | Path,
     out_dir: str | Path,
@@ -195,8 +209,10 @@ def distill(
     seed: int | None = None,
     prompts: str | Path | None = None,
     gen_tokens: int | None = None,
-    gen_temperature: float | None = None,
+    gen_temperatures: Sequence[float] | None = None,
+    train_embeddings: bool | None = None,
     checkpoint_every: int = 50,
+    snapshot_every: int | None = None,
     resume: bool = False,
     overwrite: bool = False,
     eval_prompts: int = 8,
@@ -214,10 +230,16 @@ def distill(
     ``init_layers`` (default: evenly spaced, first and last included) and its embeddings,
     final norm and head; with ``hidden_size`` other than the target's it starts random.
     ``vocab_size_draft=N`` keeps only the N most frequent tokens in the draft's head (the
-    folder still holds the full head; draftwise computes the N rows only). Options left at
+    folder still holds the full head; draftwise computes the N rows only). Started from the
+    target's layers, the embeddings and head stay frozen at the target's unless
+    ``train_embeddings=True``; such a draft can be packed (:func:`~draftwise.distill.pack_draft`).
+    ``gen_temperatures`` makes one continuation per prompt per entry (0 = greedy), e.g.
+    ``[0, 0.7, 0.7]`` triples the data. ``snapshot_every=N`` keeps the trained weights every
+    N steps (``checkpoints/step-N.pt``) for a curve against training time. Options left at
     None take their defaults (batch 4, seq_len 256, lr 3e-4, temperature 1, seed 0,
-    gen_tokens 128, greedy continuations) or, with ``resume=True``, the checkpoint's values.
-    ``on_step`` is called after every step; returning True stops the run cleanly.
+    gen_tokens 128, one greedy continuation, frozen embeddings) or, with ``resume=True``, the
+    checkpoint's values. ``on_step`` is called after every step; returning True stops the run
+    cleanly.
 
     Example::
 
@@ -244,13 +266,19 @@ def distill(
         ("time_budget", time_budget, 0, False, True),
         ("seed", seed, 0, True, False),
         ("gen_tokens", gen_tokens, 1, True, False),
-        ("gen_temperature", gen_temperature, 0, False, False),
         ("checkpoint_every", checkpoint_every, 1, True, False),
+        ("snapshot_every", snapshot_every, 1, True, False),
         ("eval_prompts", eval_prompts, 0, True, False),
         ("eval_k", eval_k, 1, True, False),
         ("eval_max_new_tokens", eval_max_new_tokens, 1, True, False),
     ):
         _check_number(name, value, minimum=minimum, integer=integer, strict=strict)
+    if gen_temperatures is not None:
+        gen_temperatures = [float(t) for t in gen_temperatures]
+        if not gen_temperatures:
+            raise ConfigError("gen_temperatures is empty; give at least one (0 = greedy)")
+        for t in gen_temperatures:
+            _check_number("gen_temperatures", t, minimum=0, integer=False)
     if resume and overwrite:
         raise ConfigError("pass --resume (continue the run in the folder) or --overwrite (start over), not both")
 
@@ -337,7 +365,8 @@ def distill(
     settings = _resolve_settings(
         {
             "batch": batch, "seq_len": seq_len, "lr": lr, "temperature": temperature, "seed": seed,
-            "prompts": prompts_path, "gen_tokens": gen_tokens, "gen_temperature": gen_temperature,
+            "prompts": prompts_path, "gen_tokens": gen_tokens, "gen_temperatures": gen_temperatures,
+            "train_embeddings": train_embeddings,
         },
         saved,
     )
@@ -357,15 +386,23 @@ def distill(
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / "train_log.jsonl"
 
-    n_seq = saved_state["num_sequences"] if saved else min(len(train_rows), steps * settings["batch"])
-    train_prompts = ordered_prompts(train_rows)[:n_seq]
-    status(f"making training data: {n_seq} target continuations of {settings['gen_tokens']} tokens (cached in {out / 'data'})")
+    temps = settings["gen_temperatures"]
+    n_prompts = saved_state["num_prompts"] if saved else min(len(train_rows), steps * settings["batch"])
+    train_prompts = ordered_prompts(train_rows)[:n_prompts]
+    status(
+        f"making training data: {n_prompts} prompts x {len(temps)} target continuations "
+        f"(temperatures {', '.join(f'{t:g}' for t in temps)}) of up to {settings['gen_tokens']} tokens "
+        f"(cached in {out / 'data'})"
+    )
     t_data = time.perf_counter()
     sequences = make_sequences(
         target, train_prompts, out / "data", gen_tokens=settings["gen_tokens"],
-        gen_temperature=settings["gen_temperature"], seed=settings["seed"], on_progress=on_generate,
+        gen_temperatures=temps, seed=settings["seed"], on_progress=on_generate,
     )
+    n_seq = len(sequences)
     data_seconds = time.perf_counter() - t_data
+    # the questions training never sees, for `draftwise bench --questions DIR/data/heldout.jsonl`
+    (out / "data" / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_rows))
 
     vocab_subset: list[int] | None = None
     ckpt: dict[str, Any] | None = None
@@ -377,8 +414,12 @@ def distill(
         vocab_subset = frequent_tokens(sequences, vocab_size_draft, t_vocab, sorted(target.eos_token_ids))
     head_rows = torch.tensor(vocab_subset, dtype=torch.long) if vocab_subset else None
 
-    model = build_draft(target, n_layers, init_layers=init_list, hidden_size=d_hidden, seed=settings["seed"])
-    opt = torch.optim.AdamW(model.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
+    model = build_draft(
+        target, n_layers, init_layers=init_list, hidden_size=d_hidden, seed=settings["seed"],
+        freeze_embeddings=init_list is not None and not settings["train_embeddings"],
+    )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     step, tokens, train_seconds, first_loss = 0, 0, 0.0, None
     if ckpt is not None:
         model.load_state_dict(ckpt["model"])
@@ -410,7 +451,7 @@ def distill(
             ckpt_dir, model, opt,
             {
                 "step": step, "planned_steps": steps, "tokens": tokens, "seconds": train_seconds,
-                "first_loss": first_loss, "num_sequences": n_seq, "settings": full_settings,
+                "first_loss": first_loss, "num_prompts": n_prompts, "settings": full_settings,
                 "vocab_subset": vocab_subset,
             },
         )
@@ -433,7 +474,7 @@ def distill(
             loss = kl_loss(draft_logits(model, ids, mask, head_rows), t_logits, settings["temperature"])
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), GRAD_CLIP))
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(trainable, GRAD_CLIP))
             opt.step()
             dt = time.perf_counter() - t0
             if time_budget is not None and not run_times and dt > time_budget:
@@ -462,6 +503,8 @@ def distill(
                     stopped = "time budget"
             if stopped != "completed" or step % checkpoint_every == 0 or step == steps:
                 checkpoint()
+            if snapshot_every and (step % snapshot_every == 0 or stopped != "completed" or step == steps):
+                _save_snapshot(ckpt_dir, model, step=step, seconds=train_seconds, tokens=tokens, loss=loss_value)
             if stopped != "completed":
                 break
 
@@ -495,7 +538,9 @@ def distill(
         "first_loss": first_loss,
         "final_loss": loss_value,
         "stopped": stopped,
+        "train_prompts": n_prompts,
         "train_sequences": n_seq,
+        "train_embeddings": not (init_list is not None and not settings["train_embeddings"]),
         "split": "per category, file order: positions 3, 7, 11, ... held out, the rest train",
         "settings": full_settings,
         "command": command,
