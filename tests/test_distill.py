@@ -21,7 +21,9 @@ from draftwise.distill import (
     distill,
     evenly_spaced_layers,
     kl_loss,
+    pack_draft,
     split_questions,
+    unpack_draft,
 )
 from draftwise.distill.data import batch_indices, frequent_tokens, make_batch
 from draftwise.distill.student import draft_logits, teacher_logits
@@ -263,3 +265,106 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(tiny, prompts_file, tmp_pat
     assert result.stopped == "time budget" and 1 <= result.steps < 50
     state = json.loads((tmp_path / "out" / "checkpoints" / "last.json").read_text())
     assert state["step"] == result.steps and (tmp_path / "out" / "model.safetensors").exists()
+
+
+# -- more data per prompt, frozen embeddings, snapshots, packs and model:default -----------------
+
+
+def test_several_continuations_per_prompt_and_snapshots(tiny, prompts_file, tmp_path):
+    result = distill(
+        tiny, tmp_path / "o", layers=1, prompts=prompts_file, gen_temperatures=[0, 0.9],
+        snapshot_every=2, **{**FAST, "steps": 5},  # 5 steps x batch 2 cover all 9 training prompts
+    )
+    lines = [json.loads(x) for x in (tmp_path / "o" / "data" / "sequences.jsonl").read_text().splitlines()]
+    train, held = split_questions([{"category": c, "question_id": i} for i, (c, _) in enumerate(PROMPTS)])
+    assert result.train_sequences == len(lines) == 2 * len(train)
+    heldout = [json.loads(x) for x in (tmp_path / "o" / "data" / "heldout.jsonl").read_text().splitlines()]
+    assert [r["question_id"] for r in heldout] == [r["question_id"] for r in held]
+    assert not {r["question_id"] for r in heldout} & {line["question_id"] for line in lines}
+    by_prompt: dict[int, list[list[int]]] = {}
+    for line in lines:
+        by_prompt.setdefault(line["question_id"], []).append(line["ids"])
+    # the greedy and the sampled continuation of a prompt share the prompt and (here) differ after it
+    assert all(len(v) == 2 for v in by_prompt.values())
+    assert any(a != b for a, b in by_prompt.values())
+    snaps = sorted(p.name for p in (tmp_path / "o" / "checkpoints").glob("step-*.pt"))
+    assert snaps == ["step-000002.pt", "step-000004.pt", "step-000005.pt"]  # every 2 steps, and the last
+    weights = torch.load(tmp_path / "o" / "checkpoints" / "step-000005.pt", weights_only=False)["weights"]
+    assert weights and not any("embed" in k or "lm_head" in k for k in weights)  # frozen: not kept
+
+
+@pytest.mark.parametrize("temps, match", [([], "empty"), ([-0.5], "gen_temperatures=-0.5")])
+def test_bad_generation_temperatures(tiny, prompts_file, tmp_path, temps, match):
+    with pytest.raises(ConfigError, match=match):
+        distill(tiny, tmp_path / "o", prompts=prompts_file, gen_temperatures=temps, **FAST)
+
+
+def test_embeddings_stay_the_targets_unless_trained(tiny, tiny_chat_folder, drafts, prompts_file, tmp_path):
+    from safetensors.torch import load_file
+
+    from draftwise.runtime.native import load_state_dict
+
+    source = load_state_dict(tiny_chat_folder)
+    frozen = load_file(str(drafts[0].out_dir / "model.safetensors"))
+    for name in ("model.embed_tokens.weight", "lm_head.weight"):
+        torch.testing.assert_close(frozen[name], source[name].float(), rtol=0, atol=0)
+    trained = distill(tiny, tmp_path / "t", layers=1, prompts=prompts_file, train_embeddings=True, **{**FAST, "lr": 1e-2})
+    moved = load_file(str(trained.out_dir / "model.safetensors"))["model.embed_tokens.weight"]
+    assert not torch.equal(moved, source["model.embed_tokens.weight"].float())
+    with pytest.raises(ConfigError, match="trained its embeddings"):
+        pack_draft(trained.out_dir, tmp_path / "pack")
+
+
+def test_pack_and_unpack_rebuild_a_lossless_draft(tiny, drafts, tmp_path):
+    from safetensors.torch import load_file
+
+    reduced = drafts[1].out_dir
+    pack = pack_draft(reduced, tmp_path / "pack")
+    packed = load_file(str(pack / "layers.safetensors"))
+    assert packed and all(t.dtype == torch.bfloat16 for t in packed.values())
+    assert not any("embed" in k or "lm_head" in k for k in packed)
+    with pytest.raises(ConfigError, match="not empty"):
+        pack_draft(reduced, pack)
+    folder = unpack_draft(pack, tiny, tmp_path / "unpacked")
+    original, rebuilt = load_file(str(reduced / "model.safetensors")), load_file(str(folder / "model.safetensors"))
+    assert original.keys() == rebuilt.keys()
+    for name in original:  # layers round to bfloat16, embeddings come back exactly
+        torch.testing.assert_close(rebuilt[name], original[name], rtol=1e-2, atol=1e-2)
+    drafter = make_drafter(f"model:{folder}", tiny)
+    assert drafter.rt.head_rows is not None  # the reduced head survives the round trip
+    plain = generate(tiny, "Tell me about the sea.", max_new_tokens=12)
+    assert generate(tiny, "Tell me about the sea.", max_new_tokens=12, draft=drafter, k=3).token_ids == plain.token_ids
+
+
+def test_model_default_unpacks_the_shipped_draft_once(tiny, drafts, tmp_path, monkeypatch):
+    import draftwise.distill.pack as packing
+
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(packing, "SHIPPED_DIR", shipped)
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match="no distilled draft ships"):
+        make_drafter("model:default", tiny)
+    pack_draft(drafts[0].out_dir, shipped / Path(tiny.folder).name)
+    first = packing.default_draft_folder(tiny)
+    assert first.parent == tmp_path / "cache" / "drafts" and (first / "tokenizer.json").exists()
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert packing.default_draft_folder(tiny) == first  # cached: not unpacked again
+    assert (first / "model.safetensors").stat().st_mtime_ns == stamp
+    drafter = make_drafter("model:default", tiny)
+    plain = generate(tiny, "What is 3 + 4?", max_new_tokens=10)
+    assert generate(tiny, "What is 3 + 4?", max_new_tokens=10, draft=drafter, k=2).token_ids == plain.token_ids
+
+
+def test_the_shipped_draft_is_small_and_comes_with_its_command_and_log():
+    from draftwise.distill.pack import PACK_WEIGHTS, SHIPPED_DIR
+
+    packs = [p for p in SHIPPED_DIR.iterdir() if p.is_dir()]
+    assert [p.name for p in packs] == ["SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"]
+    for pack in packs:
+        assert sum(f.stat().st_size for f in pack.iterdir()) <= 50 * 2**20
+        meta = json.loads((pack / "draftwise_draft.json").read_text())
+        assert meta["command"].startswith("draftwise distill ") and meta["steps"] > 0
+        assert not meta["train_embeddings"] and len(meta["vocab_subset"]) == meta["vocab_size_draft"]
+        log = [json.loads(line) for line in (pack / "train_log.jsonl").read_text().splitlines()]
+        assert [e["step"] for e in log] == list(range(1, meta["steps"] + 1))
+        assert (pack / PACK_WEIGHTS).is_file() and (pack / "config.json").is_file()

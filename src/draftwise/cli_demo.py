@@ -1,9 +1,11 @@
 """``draftwise demo``: the README's main job, a short benchmark that ends in a recommendation.
 
-On the embedded default model and one dev prompt from each Spec-Bench group it:
+On the embedded default model and one dev prompt from each Spec-Bench group (from the
+questions held out of the shipped draft's training) it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
-2. plans: traces lookup and self-speculation, predicts every k, recommends per category;
+2. plans: traces lookup, self-speculation and the shipped distilled draft (``model:default``,
+   when one ships for the model), predicts every k, recommends per category;
 3. benchmarks plain decoding, each draft at its best k and ``auto`` (the plan's pick per
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
 4. prints the table, the break-even acceptance of each draft against what it achieved, and the
@@ -58,18 +60,26 @@ def demo(
 
     with user_errors():
         rows = read_questions(questions or DEFAULT_QUESTIONS)
+        if questions is None:  # the dev questions the shipped draft was not trained on
+            from .distill.data import split_questions
+
+            _, held = split_questions([{"category": q.category, "index": i} for i, q in enumerate(rows)])
+            rows = [rows[r["index"]] for r in held]
         picked, taken = [], {g: 0 for g in GROUPS}
         for q in rows:
             g = category_group(q.category)
-            if taken[g] < per_group and len(q.turns) == 1:
+            if taken[g] < per_group:
                 taken[g] += 1
                 picked.append(q)
         target = load_with_status(model, dtype.value)
-        drafts = ["lookup", "self"]
+        from .distill.pack import shipped_pack
+
+        drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, "lookup")
-            if "self" not in profile.drafts:
-                profile = resolve_profile(target, "self")
+            for d in drafts[1:]:
+                if d not in profile.drafts:
+                    profile = resolve_profile(target, d)
         plan_rows = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in picked]
         with progress_bar("plan") as report:
             plan = make_plan(target, plan_rows, profile, drafts=drafts, ks=range(1, 9),

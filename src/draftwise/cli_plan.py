@@ -227,6 +227,10 @@ def plan_cmd(
             from .cost.export import export_config
 
             d, k = plan.recommended["overall"]
+            if d.replace(" ", "") == "model:default":  # engines need the shipped draft's real folder
+                from .distill.pack import default_draft_folder
+
+                d = f"model:{default_draft_folder(target)}"
             exported = export_config(d, k, export.value, model=str(target.folder))
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -18,11 +18,13 @@ Example::
 
 Rooms: :mod:`.data` (prompts, split, cached continuations, token counts), :mod:`.student`
 (the draft's shape, initialisation and loss), :mod:`.train` (the run and its files),
-:mod:`.evaluate` (speculative vs plain on held-out prompts).
+:mod:`.evaluate` (speculative vs plain on held-out prompts), :mod:`.pack` (a draft's trained
+layers alone, the form in which a draft ships, and ``--draft model:default``).
 """
 
 from .data import split_questions
 from .evaluate import EvalReport, breakeven_for_cost, evaluate_draft
+from .pack import default_draft_folder, pack_draft, unpack_draft
 from .student import build_draft, evenly_spaced_layers, kl_loss
 from .train import DistillResult, StepLog, distill
 
@@ -32,9 +34,12 @@ __all__ = [
     "StepLog",
     "breakeven_for_cost",
     "build_draft",
+    "default_draft_folder",
     "distill",
     "evaluate_draft",
     "evenly_spaced_layers",
     "kl_loss",
+    "pack_draft",
     "split_questions",
+    "unpack_draft",
 ]

@@ -9,6 +9,7 @@
 ``self:exit=L``        early exit after layer L (runs layers 0..L-1)
 ``self:layers=0-9,12`` exactly these layers;  ``self:skip=10-19``: all but these
 ``model:PATH``         a smaller model with the same tokenizer (folder, .gguf, built-in name)
+``model:default``      the distilled draft that ships for the target (SmolLM2-135M-Instruct)
 =====================  =======================================================================
 """
 
@@ -32,7 +33,7 @@ SHIPPED_SELF_SKIPS: dict[str, frozenset[int]] = {
     "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f": frozenset(range(11, 19)),
 }
 
-SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH"
+SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH, model:default"
 
 
 def _options(text: str, allowed: tuple[str, ...], kind: str) -> dict[str, str]:
@@ -117,7 +118,12 @@ def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
     if kind == "model" and rest:
         from ..loaders import load_model
 
-        draft_model = load_model(rest, dtype=model.dtype)
+        source: str | Path = rest
+        if rest.strip() == "default":  # the distilled draft that ships for this target
+            from ..distill.pack import default_draft_folder
+
+            source = default_draft_folder(model)
+        draft_model = load_model(source, dtype=model.dtype)
         check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
         _apply_vocab_subset(draft_model)
         return ModelDrafter(
