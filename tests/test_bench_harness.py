@@ -278,7 +278,7 @@ def test_cli_runs_and_prints_the_tables(tiny_chat_folder, qfile, tmp_path, one_t
 def test_drafts_auto_follows_the_plan_per_category(tiny, qfile, tmp_path, monkeypatch):
     class Plan:
         def choose(self, category):
-            return ("lookup", 2) if category == "summarization" else ("none", "auto")
+            return ("lookup", 2) if category == "summarization" else ("none", 0)  # as a real Plan says it
 
     module = types.ModuleType("draftwise.cost.plan")
     module.load_plan = lambda path: Plan()  # type: ignore[attr-defined]

@@ -471,7 +471,10 @@ class _Runner:
         spec = str(spec)
         if spec not in self.auto_drafters:
             self.auto_drafters[spec] = make_drafter(spec, self.model)
-        return spec, self.auto_drafters[spec], k if k == "auto" else parse_k(k)
+        drafter = self.auto_drafters[spec]
+        if drafter is None:  # the plan says no speculation pays here: plain decoding (k unused)
+            return spec, None, 1
+        return spec, drafter, k if k == "auto" else parse_k(k)
 
     def turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
         from ..decode import generate
