@@ -35,18 +35,14 @@ def snapshot_weights(run: Path, step: int, target: Any) -> tuple[dict[str, torch
     """The draft's whole state at ``step`` (0 = as initialised from the target) and its log entry."""
     from safetensors.torch import load_file
 
-    from draftwise.runtime.native import load_state_dict
+    from draftwise.distill import build_draft
 
     weights = load_file(str(run / "model.safetensors"))
-    if step == 0:
+    if step == 0:  # the draft as distill builds it before the first step
         meta = json.loads((run / "draftwise_draft.json").read_text())
-        source = load_state_dict(Path(target.folder))
-        for name in weights:
-            if name.startswith("model.layers."):
-                index, rest = name[len("model.layers."):].split(".", 1)
-                weights[name] = source[f"model.layers.{meta['init_layers'][int(index)]}.{rest}"].float()
-            elif name in source:
-                weights[name] = source[name].float()
+        start = build_draft(target, meta["layers"], init_layers=meta["init_layers"], hidden_size=meta["hidden_size"], seed=0)
+        initial = start.state_dict()
+        weights = {name: initial[name].detach().clone() for name in weights}
         return weights, {"step": 0, "seconds": 0.0, "tokens": 0, "loss": None}
     snap = torch.load(run / "checkpoints" / f"step-{step:06d}.pt", weights_only=False)
     weights.update(snap["weights"])

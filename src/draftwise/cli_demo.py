@@ -76,10 +76,7 @@ def demo(
 
         drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
-            profile = resolve_profile(target, "lookup")
-            for d in drafts[1:]:
-                if d not in profile.drafts:
-                    profile = resolve_profile(target, d)
+            profile = resolve_profile(target, drafts)
         plan_rows = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in picked]
         with progress_bar("plan") as report:
             plan = make_plan(target, plan_rows, profile, drafts=drafts, ks=range(1, 9),

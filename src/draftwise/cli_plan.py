@@ -227,10 +227,11 @@ def plan_cmd(
             from .cost.export import export_config
 
             d, k = plan.recommended["overall"]
-            if d.replace(" ", "") == "model:default":  # engines need the shipped draft's real folder
-                from .distill.pack import default_draft_folder
+            kind, _, rest = d.partition(":")
+            if kind == "model":  # engines need a real folder, also for model:default
+                from .drafters.spec import model_draft_source
 
-                d = f"model:{default_draft_folder(target)}"
+                d = f"model:{model_draft_source(rest, target)}"
             exported = export_config(d, k, export.value, model=str(target.folder))
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))

@@ -137,8 +137,9 @@ class AdaptiveK:
             self._update(1, int(proposal[0] == committed[0]))
 
 
-def resolve_profile(model: Any, draft: str, *, max_n: int = 9, status: Any = None) -> Profile:
-    """The model's cached profile, measured now (and cached) if missing or lacking ``draft``."""
+def resolve_profile(model: Any, draft: str | Sequence[str], *, max_n: int = 9, status: Any = None) -> Profile:
+    """The model's cached profile, measured now (and cached) if missing or lacking a draft
+    (``draft``: one spec or several; all missing ones are measured in one go)."""
     from .profile import default_profile_path, measure_profile
 
     path = default_profile_path(model)
@@ -149,11 +150,13 @@ def resolve_profile(model: Any, draft: str, *, max_n: int = 9, status: Any = Non
             profile.check_model(model)
         except ConfigError:
             profile = None
-    if profile is not None and (draft == "none" or draft in profile.drafts) and profile.max_n >= 2:
+    wanted = {draft} if isinstance(draft, str) else set(draft)
+    wanted.discard("none")
+    if profile is not None and wanted <= set(profile.drafts) and profile.max_n >= 2:
         return profile
     if status is not None:
         status(f"measuring this machine's costs for --k auto (once; cached at {path})")
-    drafts = sorted({*(profile.drafts if profile else {}), draft} - {"none"})
+    drafts = sorted({*(profile.drafts if profile else {}), *wanted})
     max_n = max(max_n, profile.max_n if profile else 0)
     room = model.runtime.max_context - max_n - 8
     contexts = sorted({min(128, room // 4), min(1024, room)})

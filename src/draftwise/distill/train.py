@@ -414,9 +414,9 @@ def distill(
         vocab_subset = frequent_tokens(sequences, vocab_size_draft, t_vocab, sorted(target.eos_token_ids))
     head_rows = torch.tensor(vocab_subset, dtype=torch.long) if vocab_subset else None
 
+    frozen = init_list is not None and not settings["train_embeddings"]
     model = build_draft(
-        target, n_layers, init_layers=init_list, hidden_size=d_hidden, seed=settings["seed"],
-        freeze_embeddings=init_list is not None and not settings["train_embeddings"],
+        target, n_layers, init_layers=init_list, hidden_size=d_hidden, seed=settings["seed"], freeze_embeddings=frozen
     )
     trainable = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
@@ -540,7 +540,7 @@ def distill(
         "stopped": stopped,
         "train_prompts": n_prompts,
         "train_sequences": n_seq,
-        "train_embeddings": not (init_list is not None and not settings["train_embeddings"]),
+        "train_embeddings": not frozen,
         "split": "per category, file order: positions 3, 7, 11, ... held out, the rest train",
         "settings": full_settings,
         "command": command,

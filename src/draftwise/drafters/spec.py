@@ -73,6 +73,16 @@ def _apply_vocab_subset(draft_model: Any) -> None:
         restrict(rows)
 
 
+def model_draft_source(rest: str, target: Any) -> str | Path:
+    """What ``model:REST`` loads for ``target``: REST itself (a folder, .gguf or built-in name),
+    or for ``default`` the folder of the distilled draft that ships for the target."""
+    if rest.strip() == "default":
+        from ..distill.pack import default_draft_folder
+
+        return default_draft_folder(target)
+    return rest
+
+
 def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
     """Build the drafter a spec names, for target ``model`` (a :class:`draftwise.Model`)."""
     if spec is None:
@@ -118,12 +128,7 @@ def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
     if kind == "model" and rest:
         from ..loaders import load_model
 
-        source: str | Path = rest
-        if rest.strip() == "default":  # the distilled draft that ships for this target
-            from ..distill.pack import default_draft_folder
-
-            source = default_draft_folder(model)
-        draft_model = load_model(source, dtype=model.dtype)
+        draft_model = load_model(model_draft_source(rest, model), dtype=model.dtype)
         check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
         _apply_vocab_subset(draft_model)
         return ModelDrafter(
