@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from draftwise import ConfigError
 from draftwise.cli import app
 from draftwise.drafters import PromptLookupDrafter, SelfSpecDrafter, make_drafter
-from draftwise.drafters.calibrate import calibrate_self, candidate_layer_sets, save_calibration
+from draftwise.cost.calibrate import calibrate_self, candidate_layer_sets, save_calibration
 
 
 def test_specs_build_the_named_drafters(tiny):
@@ -102,11 +102,11 @@ def test_layer_lists_round_trip():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from draftwise.drafters.self_spec import format_layers, parse_layers
+    from draftwise.drafters.spec import format_layers, parse_layer_list
 
     @settings(max_examples=200, deadline=None)
     @given(st.sets(st.integers(0, 29), min_size=1))
     def check(layers):
-        assert parse_layers(format_layers(layers), 30) == sorted(layers)
+        assert list(parse_layer_list(format_layers(layers))) == sorted(layers)
 
     check()

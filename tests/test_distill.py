@@ -337,7 +337,7 @@ def test_pack_and_unpack_rebuild_a_lossless_draft(tiny, drafts, tmp_path):
 
 
 def test_model_default_unpacks_the_shipped_draft_once(tiny, drafts, tmp_path, monkeypatch):
-    import draftwise.distill.pack as packing
+    import draftwise.drafters.packs as packing
 
     shipped = tmp_path / "shipped"
     monkeypatch.setattr(packing, "SHIPPED_DIR", shipped)
@@ -356,7 +356,7 @@ def test_model_default_unpacks_the_shipped_draft_once(tiny, drafts, tmp_path, mo
 
 
 def test_the_shipped_draft_is_small_and_comes_with_its_command_and_log():
-    from draftwise.distill.pack import PACK_WEIGHTS, SHIPPED_DIR
+    from draftwise.drafters.packs import PACK_WEIGHTS, SHIPPED_DIR
 
     packs = [p for p in SHIPPED_DIR.iterdir() if p.is_dir()]
     assert [p.name for p in packs] == ["SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"]

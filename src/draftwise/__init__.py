@@ -7,7 +7,9 @@ Example (loads the embedded default model)::
     print(draftwise.generate(model, "Say hi.", max_new_tokens=8).text)
 """
 
-from .decode import GenerationResult, Stream, generate, stream
+from .api import generate, stream
+from .decode import GenerationResult, Stream
+from .drafters.spec import DraftSpec
 from .errors import (
     ConfigError,
     ContextLengthError,
@@ -21,6 +23,7 @@ from .sampling import SamplingConfig
 __all__ = [
     "ConfigError",
     "ContextLengthError",
+    "DraftSpec",
     "DraftwiseError",
     "GenerationResult",
     "Model",

@@ -1,16 +1,13 @@
 """The decode loop: prompt -> tokens -> text, with streaming, EOS, stop strings and a budget.
 
-Example (loads the embedded default model)::
-
-    from draftwise import SamplingConfig, generate, load_model, stream
-    model = load_model("default")
-    print(generate(model, "Name a colour.", max_new_tokens=8).text)
-    for piece in stream(model, "Tell me a story.", sampling=SamplingConfig(temperature=0.7, seed=0)):
-        print(piece, end="", flush=True)
+This is the core: ``k`` is a number or a :class:`~draftwise.kpolicy.KPolicy` object. The public
+:func:`draftwise.generate` / :func:`draftwise.stream` (:mod:`draftwise.api`) also take
+``k="auto"``, which builds the adaptive policy from a measured profile.
 """
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -19,9 +16,11 @@ from typing import Any, Literal
 import torch
 
 from .drafters.base import Draft, Drafter
+from .drafters.factory import make_drafter
+from .drafters.spec import DraftSpec
 from .errors import ConfigError, ContextLengthError
+from .kpolicy import FixedK, KPolicy
 from .loaders import Model, load_model
-from .cost.adaptive import AdaptiveK, FixedK
 from .metrics import SpecStats
 from .runtime.base import Runtime
 from .sampling import SamplingConfig, logits_to_probs, next_token
@@ -29,7 +28,6 @@ from .text import TextAssembler
 from .verify import Verdict, verify_greedy, verify_sampled
 
 FinishReason = Literal["eos", "stop", "length"]
-KPolicy = FixedK | AdaptiveK
 
 
 @dataclass
@@ -91,7 +89,7 @@ def decode_steps(
     the proposal, ``[last, x_1..x_m]``, and gets m + 1 rows of logits back. Without a drafter
     (or when it proposes nothing) a pass is a plain decode step. ``max_new_tokens`` only caps
     how many tokens are proposed, so no pass does work the budget will throw away. ``k`` is a
-    number or a policy that picks it each step (:class:`draftwise.cost.adaptive.AdaptiveK`).
+    number or a policy that picks it each step (:class:`draftwise.kpolicy.AdaptiveK`).
     """
     stats = stats if stats is not None else SpecStats()
     clock = time.perf_counter
@@ -243,39 +241,34 @@ def stream(
     sampling: SamplingConfig | None = None,
     stop: Sequence[str] = (),
     chat: bool | None = None,
-    draft: Drafter | str | None = None,
-    k: int | Literal["auto"] | AdaptiveK = 4,
+    draft: Drafter | DraftSpec | str | None = None,
+    k: int | KPolicy = 4,
 ) -> Stream:
     """Start a generation and return a :class:`Stream` of text pieces.
 
     ``prompt`` is text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
-    spec string: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
-    :func:`draftwise.drafters.make_drafter`); ``k`` is how many tokens it proposes per step, or
-    ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
-    acceptance seen so far (:mod:`draftwise.cost.adaptive`).
+    spec (:class:`~draftwise.drafters.spec.DraftSpec` or its string: ``"none"``, ``"lookup"``,
+    ``"self"``, ``"model:PATH"``); ``k`` is how many tokens it proposes per step, or a
+    :class:`~draftwise.kpolicy.KPolicy` that chooses it every step.
     """
-    from .drafters import make_drafter
-
     if isinstance(model, str):
         model = load_model(model)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    if k != "auto" and not isinstance(k, AdaptiveK) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+    if not isinstance(k, KPolicy) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ConfigError(
             f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes) or 'auto'"
         )
     if isinstance(stop, str):
         stop = (stop,)
-    if any(not s for s in stop):
-        raise ConfigError("stop strings must be non-empty")
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ConfigError("stop strings must be non-empty strings")
     drafter = make_drafter(draft, model)
-    if k == "auto":
-        from .cost.adaptive import resolve_profile
-
-        key = draft.strip() if isinstance(draft, str) else getattr(drafter, "name", "draft")
-        k = AdaptiveK(resolve_profile(model, key), key) if drafter is not None else 1
-    prompt_ids = model.encode_prompt(prompt, chat=chat) if isinstance(prompt, str) else list(prompt)
+    if isinstance(prompt, str):
+        prompt_ids = model.encode_prompt(prompt, chat=chat)
+    else:
+        prompt_ids = check_token_ids(prompt, model.runtime.vocab_size)
     if not prompt_ids:
         raise ConfigError("the prompt is empty; pass some text or at least one token id")
     limit = model.runtime.max_context
@@ -296,6 +289,26 @@ def stream(
     )
 
 
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints, each a token of a vocabulary of ``vocab_size``.
+
+    >>> check_token_ids([1, 2], 10)
+    [1, 2]
+    """
+    out: list[int] = []
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise ConfigError(f"token ids must be integers, got {i!r}") from None
+        if not 0 <= i < vocab_size:
+            raise ConfigError(f"token id {i} is out of range: this model's vocabulary has ids 0..{vocab_size - 1}")
+        out.append(i)
+    return out
+
+
 def generate(
     model: Model | str,
     prompt: str | Sequence[int],
@@ -304,8 +317,8 @@ def generate(
     sampling: SamplingConfig | None = None,
     stop: Sequence[str] = (),
     chat: bool | None = None,
-    draft: Drafter | str | None = None,
-    k: int | Literal["auto"] | AdaptiveK = 4,
+    draft: Drafter | DraftSpec | str | None = None,
+    k: int | KPolicy = 4,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
 

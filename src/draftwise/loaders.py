@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 
+from .chat import encode_conversation
 from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from .models import BUILTIN_MODELS
 from .runtime.base import Runtime
@@ -157,18 +158,7 @@ class Model:
     def encode_prompt(self, prompt: str, *, chat: bool | None = None) -> list[int]:
         """Token ids of ``prompt``; wrapped in the chat template when the model has one
         (``chat=None``) or when asked (``chat=True``)."""
-        tok = self.tokenizer
-        use_chat = bool(tok.chat_template) if chat is None else chat
-        if use_chat:
-            if not tok.chat_template:
-                raise ConfigError(f"model {self.name!r} has no chat template; pass chat=False")
-            ids = tok.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
-            )
-            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-                ids = ids["input_ids"]
-            return list(ids)
-        return list(tok(prompt, add_special_tokens=True)["input_ids"])
+        return encode_conversation(self.tokenizer, [prompt], chat=chat)
 
 
 def _eos_ids(folder: Path, config: Any, tokenizer: Any) -> frozenset[int]:

@@ -24,7 +24,8 @@ layers alone, the form in which a draft ships, and ``--draft model:default``).
 
 from .data import split_questions
 from .evaluate import EvalReport, breakeven_for_cost, evaluate_draft
-from .pack import default_draft_folder, pack_draft, unpack_draft
+from ..drafters.packs import default_draft_folder, unpack_draft
+from .pack import pack_draft
 from .student import build_draft, evenly_spaced_layers, kl_loss
 from .train import DistillResult, StepLog, distill
 

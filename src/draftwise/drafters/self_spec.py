@@ -14,43 +14,9 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
+from ..runtime.native import NativeRuntime
 from .base import Draft, draft_autoregressive
-
-
-def parse_layers(text: str, num_layers: int) -> list[int]:
-    """``"0-3,7"`` -> ``[0, 1, 2, 3, 7]``."""
-    out: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            if "-" in part:
-                lo, hi = (int(x) for x in part.split("-", 1))
-                out.update(range(lo, hi + 1))
-            else:
-                out.add(int(part))
-        except ValueError:
-            raise ConfigError(f"cannot read layer list {text!r}; write it like '0-3,7'") from None
-    bad = sorted(i for i in out if not 0 <= i < num_layers)
-    if bad:
-        raise ConfigError(f"layers {bad} do not exist: the model has layers 0..{num_layers - 1}")
-    return sorted(out)
-
-
-def format_layers(layers: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 7]`` -> ``"0-3,7"`` (the inverse of :func:`parse_layers`).
-
-    >>> format_layers([0, 1, 2, 3, 7, 9, 10])
-    '0-3,7,9-10'
-    """
-    parts: list[str] = []
-    for i in sorted(layers):
-        if parts and i == int(parts[-1].split("-")[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
-        else:
-            parts.append(str(i))
-    return ",".join(parts)
+from .spec import format_layers
 
 
 class SelfSpecDrafter:
@@ -59,8 +25,6 @@ class SelfSpecDrafter:
     name = "self"
 
     def __init__(self, runtime: object, layers: Sequence[int]) -> None:
-        from ..runtime.native import NativeRuntime
-
         if not isinstance(runtime, NativeRuntime):
             raise ConfigError(
                 "self-speculation runs a subset of the target's layers, which needs the native "
@@ -76,7 +40,10 @@ class SelfSpecDrafter:
                 "as much as the target; leave some layers out"
             )
         if chosen[0] < 0 or chosen[-1] >= n:
-            raise ConfigError(f"self-speculation layers must be in 0..{n - 1}, got {chosen}")
+            bad = [i for i in chosen if not 0 <= i < n]
+            raise ConfigError(
+                f"self-speculation layers must be in 0..{n - 1}; {format_layers(bad)} are not"
+            )
         self.rt = runtime
         self.layers = chosen
         self.name = f"self[{len(chosen)}/{n}]"

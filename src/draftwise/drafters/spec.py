@@ -1,8 +1,9 @@
-"""Draft specs: the strings the CLI and ``generate(draft=...)`` accept.
+"""Draft specs: the one parser for the strings ``--draft``, ``--drafts``, ``generate(draft=...)``,
+profiles, plans, bench and export accept.
 
 =====================  =======================================================================
 ``none``               no draft: plain decoding
-``lookup``             prompt lookup; options ``lookup:max=4,min=2`` (n-gram sizes)
+``lookup``             prompt lookup; options ``lookup:max=4,min=2`` (n-gram sizes, 1 <= min <= max)
 ``self``               self-speculation with the calibrated layer set (``draftwise
                        calibrate-self``, or the set shipped for a built-in model), else an
                        early exit after half the layers
@@ -11,127 +12,285 @@
 ``model:PATH``         a smaller model with the same tokenizer (folder, .gguf, built-in name)
 ``model:default``      the distilled draft that ships for the target (SmolLM2-135M-Instruct)
 =====================  =======================================================================
+
+A :class:`DraftSpec` is frozen and validated when built; ``str(spec)`` is its canonical form, the
+key profiles and plans use, so ``lookup:min=1,max=3`` and ``lookup`` name the same draft.
+
+>>> str(DraftSpec.parse(" lookup:min=2, max=4 ")), str(DraftSpec.parse("self:skip=18,11-17"))
+('lookup:max=4,min=2', 'self:skip=11-18')
+>>> [(str(s), k) for s, k in parse_draft_list("none,lookup:max=4,min=2@k=6,self", 4)]
+[('none', 4), ('lookup:max=4,min=2', 6), ('self', 4)]
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Union
 
 from ..errors import ConfigError
-from .base import Drafter
-from .lookup import PromptLookupDrafter
-from .model import ModelDrafter, check_same_tokenizer
-from .self_spec import SelfSpecDrafter, parse_layers
-
-# Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
-# user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
-# GGUF. SmolLM2-135M-Instruct Q4_1: `draftwise calibrate-self --num-prompts 3 -n 32`
-# (2026-11-29) kept 22 of 30 layers, skipping 11-18.
-SHIPPED_SELF_SKIPS: dict[str, frozenset[int]] = {
-    "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f": frozenset(range(11, 19)),
-}
 
 SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH, model:default"
+KINDS = ("none", "lookup", "self", "model")
+LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tokens
+_OPTIONS = {"lookup": ("max", "min"), "self": ("exit", "layers", "skip")}
+
+DraftKind = Literal["none", "lookup", "self", "model"]
+KValue = Union[int, str]  # an int >= 1, or "auto"
 
 
-def _options(text: str, allowed: tuple[str, ...], kind: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    # split on commas that start a new key=value (layer lists contain commas themselves)
+def _clip(text: str, limit: int = 60) -> str:
+    """A user's value for an error message, cut so a huge one cannot flood the terminal."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``: sorted, unique, each >= 0 (no upper bound here).
+
+    >>> parse_layer_list("7, 0-3")
+    (0, 1, 2, 3, 7)
+    """
+    out: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo_text, dash, hi_text = part.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if dash else lo
+        except ValueError:
+            raise ConfigError(f"cannot read layer list {_clip(text)}; write it like '0-3,7'") from None
+        if lo < 0 or hi < lo or hi - lo > 100_000:
+            raise ConfigError(f"layer range {_clip(part)} is not a range of layer numbers like '0-3'")
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise ConfigError(f"the layer list {_clip(text)} is empty; write it like '0-3,7'")
+    return tuple(sorted(out))
+
+
+def format_layers(layers: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``"0-3,7"`` (the inverse of :func:`parse_layer_list`).
+
+    >>> format_layers([0, 1, 2, 3, 7, 9, 10])
+    '0-3,7,9-10'
+    """
+    parts: list[list[int]] = []
+    for i in sorted(set(layers)):
+        if parts and i == parts[-1][1] + 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def _split_options(text: str, kind: str) -> dict[str, str]:
+    """``"max=4,min=2"`` -> ``{"max": "4", "min": "2"}``; layer lists keep their own commas."""
+    allowed = _OPTIONS[kind]
     parts: list[str] = []
     for chunk in text.split(","):
         if "=" in chunk or not parts:
             parts.append(chunk)
         else:
             parts[-1] += "," + chunk
+    out: dict[str, str] = {}
     for part in parts:
         if not part.strip():
             continue
         key, sep, value = part.partition("=")
-        if not sep or key.strip() not in allowed:
-            raise ConfigError(f"unknown {kind} draft option {part!r}; allowed: {', '.join(allowed)}")
-        out[key.strip()] = value.strip()
+        key = key.strip()
+        if not sep or key not in allowed:
+            raise ConfigError(f"unknown {kind} draft option {_clip(part.strip())}; allowed: {', '.join(allowed)}")
+        if key in out:
+            raise ConfigError(f"{kind}:{key}= is given twice")
+        out[key] = value.strip()
     return out
 
 
-def calibration_path(model: Any) -> Path:
-    from ..loaders import cache_dir
-
-    return cache_dir() / "self_spec" / f"{Path(model.folder).name}.json"
-
-
-def _apply_vocab_subset(draft_model: Any) -> None:
-    """A draft trained with ``draftwise distill --vocab-size-draft N`` scores only its N kept
-    tokens (listed in its folder's draftwise_draft.json); verification is unaffected."""
-    meta = Path(draft_model.folder) / "draftwise_draft.json"
-    restrict = getattr(draft_model.runtime, "restrict_head", None)
-    if restrict is None or not meta.is_file():
-        return
-    rows = json.loads(meta.read_text()).get("vocab_subset")
-    if rows:
-        restrict(rows)
+def _positive_int(kind: str, key: str, value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{kind}:{key}= takes a whole number >= 1, got {_clip(value)}") from None
+    if n < 1:
+        raise ConfigError(f"{kind}:{key}= takes a whole number >= 1, got {n}")
+    return n
 
 
-def model_draft_source(rest: str, target: Any) -> str | Path:
-    """What ``model:REST`` loads for ``target``: REST itself (a folder, .gguf or built-in name),
-    or for ``default`` the folder of the distilled draft that ships for the target."""
-    if rest.strip() == "default":
-        from ..distill.pack import default_draft_folder
+@dataclass(frozen=True)
+class DraftSpec:
+    """A validated draft choice. Build it with :meth:`parse`; ``str()`` gives the canonical spec."""
 
-        return default_draft_folder(target)
-    return rest
+    kind: DraftKind = "none"
+    max_ngram: int = LOOKUP_MAX
+    min_ngram: int = LOOKUP_MIN
+    exit_layer: int | None = None
+    layers: tuple[int, ...] | None = None
+    skip: tuple[int, ...] | None = None
+    source: str | None = None
 
-
-def make_drafter(spec: Drafter | str | None, model: Any) -> Drafter | None:
-    """Build the drafter a spec names, for target ``model`` (a :class:`draftwise.Model`)."""
-    if spec is None:
-        return None
-    if not isinstance(spec, str):
-        if isinstance(spec, Drafter):
-            return spec
-        raise ConfigError(f"draft={spec!r} is neither a drafter nor a spec ({SPEC_HELP})")
-    kind, _, rest = spec.strip().partition(":")
-    if kind == "none" and not rest:
-        return None
-    if kind == "lookup":
-        opts = _options(rest, ("max", "min"), "lookup")
-        try:
-            return PromptLookupDrafter(
-                max_ngram=int(opts.get("max", 3)), min_ngram=int(opts.get("min", 1))
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"unknown draft kind {_clip(str(self.kind))}; use one of: {SPEC_HELP}")
+        if self.kind == "lookup" and not 1 <= self.min_ngram <= self.max_ngram:
+            raise ConfigError(
+                f"lookup needs 1 <= min <= max, got min={self.min_ngram}, max={self.max_ngram}"
             )
-        except ValueError:
-            raise ConfigError(f"lookup options must be integers, got {rest!r}") from None
-    if kind == "self":
-        rt = model.runtime
-        opts = _options(rest, ("exit", "layers", "skip"), "self")
-        if len(opts) > 1:
+        if self.kind == "self" and sum(x is not None for x in (self.exit_layer, self.layers, self.skip)) > 1:
             raise ConfigError("give one of self:exit=, self:layers= or self:skip=, not several")
-        if "exit" in opts:
-            try:
-                exit_layer = int(opts["exit"])
-            except ValueError:
-                raise ConfigError(f"self:exit= takes a layer number, got {opts['exit']!r}") from None
-            return SelfSpecDrafter(rt, range(exit_layer))
-        if "layers" in opts:
-            return SelfSpecDrafter(rt, parse_layers(opts["layers"], rt.num_layers))
-        if "skip" in opts:
-            skipped = set(parse_layers(opts["skip"], rt.num_layers))
-            return SelfSpecDrafter(rt, [i for i in range(rt.num_layers) if i not in skipped])
-        saved = calibration_path(model)
-        if saved.exists():
-            return SelfSpecDrafter(rt, json.loads(saved.read_text())["layers"])
-        shipped = SHIPPED_SELF_SKIPS.get(Path(model.folder).name)
-        if shipped is not None and rt.num_layers > max(shipped):
-            return SelfSpecDrafter(rt, [i for i in range(rt.num_layers) if i not in shipped])
-        return SelfSpecDrafter(rt, range(rt.num_layers // 2))
-    if kind == "model" and rest:
-        from ..loaders import load_model
+        if self.kind == "model" and not (self.source or "").strip():
+            raise ConfigError("model: needs a path or name, e.g. model:default or model:/path/to/draft")
 
-        draft_model = load_model(model_draft_source(rest, model), dtype=model.dtype)
-        check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
-        _apply_vocab_subset(draft_model)
-        return ModelDrafter(
-            draft_model.runtime, vocab_size=model.runtime.vocab_size, label=f"model:{draft_model.name}"
+    @classmethod
+    def parse(cls, spec: DraftSpec | str | None) -> DraftSpec:
+        """Parse a spec string (a DraftSpec is returned as it is; None means ``none``)."""
+        if spec is None:
+            return cls()
+        if isinstance(spec, DraftSpec):
+            return spec
+        if not isinstance(spec, str):
+            raise ConfigError(f"draft={spec!r} is not a draft spec string ({SPEC_HELP})")
+        kind, colon, rest = spec.strip().partition(":")
+        kind = kind.strip()
+        if kind == "model":
+            return cls("model", source=rest.strip())
+        if kind == "none" and not rest.strip():
+            return cls()
+        if kind not in _OPTIONS:
+            raise ConfigError(f"unknown draft spec {_clip(spec.strip())}; use one of: {SPEC_HELP}")
+        opts = _split_options(rest, kind)
+        if kind == "lookup":
+            return cls(
+                "lookup",
+                max_ngram=_positive_int("lookup", "max", opts["max"]) if "max" in opts else LOOKUP_MAX,
+                min_ngram=_positive_int("lookup", "min", opts["min"]) if "min" in opts else LOOKUP_MIN,
+            )
+        return cls(
+            "self",
+            exit_layer=_positive_int("self", "exit", opts["exit"]) if "exit" in opts else None,
+            layers=parse_layer_list(opts["layers"]) if "layers" in opts else None,
+            skip=parse_layer_list(opts["skip"]) if "skip" in opts else None,
         )
-    raise ConfigError(f"unknown draft spec {spec!r}; use one of: {SPEC_HELP}")
+
+    def __str__(self) -> str:
+        if self.kind == "lookup":
+            opts = [f"max={self.max_ngram}"] if self.max_ngram != LOOKUP_MAX else []
+            opts += [f"min={self.min_ngram}"] if self.min_ngram != LOOKUP_MIN else []
+            return "lookup" + (":" + ",".join(opts) if opts else "")
+        if self.kind == "self":
+            if self.exit_layer is not None:
+                return f"self:exit={self.exit_layer}"
+            if self.layers is not None:
+                return f"self:layers={format_layers(self.layers)}"
+            if self.skip is not None:
+                return f"self:skip={format_layers(self.skip)}"
+            return "self"
+        if self.kind == "model":
+            return f"model:{self.source.strip() if self.source else ''}"
+        return "none"
+
+    @property
+    def is_none(self) -> bool:
+        return self.kind == "none"
+
+    def self_layers(self, num_layers: int) -> list[int] | None:
+        """The layers an explicit self spec runs on a model with ``num_layers`` layers (None for
+        plain ``self``, whose set comes from calibration)."""
+        if self.kind != "self":
+            raise ConfigError(f"{self} is not a self draft")
+        if self.exit_layer is not None:
+            chosen: Sequence[int] = range(self.exit_layer)
+            bad = [self.exit_layer] if self.exit_layer > num_layers else []
+        elif self.layers is not None or self.skip is not None:
+            given = self.layers if self.layers is not None else self.skip
+            assert given is not None
+            bad = [i for i in given if i >= num_layers]
+            chosen = given if self.layers is not None else [i for i in range(num_layers) if i not in set(given)]
+        else:
+            return None
+        if bad:
+            shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            raise ConfigError(f"{self}: layer {shown} does not exist; the model has layers 0..{num_layers - 1}")
+        if not chosen:
+            raise ConfigError(f"{self} leaves no layer to run")
+        return list(chosen)
+
+    def early_exit_layer(self) -> int | None:
+        """The L of an early exit after layers 0..L-1 equal to this self spec, when there is one
+        (``skip`` needs the model's depth, so it gives None)."""
+        if self.exit_layer is not None:
+            return self.exit_layer
+        if self.layers is not None and self.layers == tuple(range(len(self.layers))):
+            return len(self.layers)
+        return None
+
+
+def parse_k(value: object) -> KValue:
+    """``4`` / ``"4"`` -> 4; ``"auto"`` -> ``"auto"``; anything else is a ConfigError.
+
+    >>> parse_k("8"), parse_k("auto")
+    (8, 'auto')
+    """
+    if isinstance(value, str):
+        text = value.strip()
+        if text == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"k={_clip(text)} must be a whole number >= 1 or 'auto'") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"k={value!r} must be a whole number >= 1 or 'auto'")
+    if value > 256:
+        raise ConfigError(f"k={value} is too large; a draft proposes at most 256 tokens a step")
+    return value
+
+
+def split_draft_list(text: str) -> list[str]:
+    """Split a comma-separated list of specs; a draft's own options use commas too
+    (``lookup:max=4,min=2``, ``self:skip=1,3``), so a piece that has no ``:`` and is an option
+    or a layer number continues the previous spec.
+
+    >>> split_draft_list("lookup:max=4,min=2, self:skip=1,3,model:default")
+    ['lookup:max=4,min=2', 'self:skip=1,3', 'model:default']
+    """
+    specs: list[str] = []
+    for piece in text.split(","):
+        piece = piece.strip()
+        if not piece:
+            continue
+        head = piece.partition("@")[0]
+        continues = ":" not in head and ("=" in head or head.replace("-", "").isdigit())
+        if specs and continues and ":" in specs[-1]:
+            specs[-1] += "," + piece
+        else:
+            specs.append(piece)
+    return specs
+
+
+def parse_draft_item(item: str, default_k: KValue) -> tuple[DraftSpec | str, KValue]:
+    """``"lookup@k=8"`` or ``"lookup@8"`` -> (lookup, 8); ``"lookup"`` -> (lookup, default_k).
+    ``"auto"`` (the plan's choice, for bench) is returned as the string ``"auto"``."""
+    spec_text, at, k_text = item.strip().partition("@")
+    k = parse_k(k_text.strip().removeprefix("k=")) if at else default_k
+    if spec_text.strip() == "auto":
+        return "auto", k
+    return DraftSpec.parse(spec_text), k
+
+
+def parse_draft_list(text: str | Sequence[str], default_k: KValue = 4) -> list[tuple[DraftSpec, KValue]]:
+    """Parse ``--drafts``: specs, each optionally ``@k=K``; see :func:`split_draft_list`.
+    Raises on an empty list and on a draft listed twice with the same k. (``auto`` is not a
+    spec: bench handles it before calling this.)"""
+    items = split_draft_list(text) if isinstance(text, str) else [str(t) for t in text]
+    if not items:
+        raise ConfigError(f"give at least one draft, e.g. lookup,self ({SPEC_HELP})")
+    out: list[tuple[DraftSpec, KValue]] = []
+    for item in items:
+        spec, k = parse_draft_item(item, default_k)
+        if isinstance(spec, str):
+            raise ConfigError("'auto' is not a draft here; it is bench's plan-driven method")
+        if (spec, k) in out:
+            raise ConfigError(f"draft {str(spec)!r} with k={k} is listed twice")
+        out.append((spec, k))
+    return out

@@ -13,27 +13,14 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli import DType, ModelOpt, app, err, load_with_status, out, user_errors
-from .errors import ConfigError
+from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+from ..errors import ConfigError
 
 
 class Engine(str, Enum):
     vllm = "vllm"
     sglang = "sglang"
     hf = "hf"
-
-
-@contextmanager
-def progress_bar(label: str) -> Iterator[Callable[[str, float], None]]:
-    """A rich progress bar on stderr, driven by ``(description, fraction done)`` callbacks."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-        TimeElapsedColumn(), console=err, transient=True,
-    ) as bar:
-        task = bar.add_task(label, total=1.0)
-        yield lambda desc, frac: bar.update(task, completed=frac, description=f"{label}: {desc}")
 
 
 def _drafts(text: str) -> list[str]:
@@ -84,7 +71,6 @@ def drafts_table(profile: Any) -> Table:
     return table
 
 
-@app.command("profile")
 def profile_cmd(
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
@@ -99,8 +85,8 @@ def profile_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Measure this machine: the target's T(n), each draft's D(k) and the per-step overhead."""
-    from .cost.profile import default_profile_path, measure_profile
-    from .cost.report import plot_profile
+    from ..cost.profile import default_profile_path, measure_profile
+    from ..cost.report import plot_profile
 
     with user_errors():
         try:
@@ -125,7 +111,7 @@ def profile_cmd(
 
 
 def plan_table(plan: Any) -> Table:
-    from .cost.report import breakeven_text, draft_cells, plan_rows
+    from ..cost.report import breakeven_text, draft_cells, plan_rows
 
     table = Table(title=f"plan for {plan.model}: predicted speedup over plain decoding")
     table.add_column("category")
@@ -155,7 +141,6 @@ def validation_table(validation: dict[str, Any]) -> Table:
     return table
 
 
-@app.command("plan")
 def plan_cmd(
     prompts: Annotated[Path, typer.Option("--prompts", help="Spec-Bench JSONL, or text with one prompt a line.")],
     model: ModelOpt = "default",
@@ -173,12 +158,12 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
-    from .cost.breakeven import parse_ks
-    from .cost.plan import load_prompts, make_plan, sample_prompts
-    from .cost.profile import Profile, default_profile_path, measure_profile
-    from .cost.report import plot_plan, render_plan_markdown
-    from .cost.validate import validate_plan
-    from .sampling import SamplingConfig
+    from ..cost.breakeven import parse_ks
+    from ..cost.plan import load_prompts, make_plan, sample_prompts
+    from ..cost.profile import Profile, default_profile_path, measure_profile
+    from ..cost.report import plot_plan, render_plan_markdown
+    from ..cost.validate import validate_plan
+    from ..sampling import SamplingConfig
 
     with user_errors():
         rows = sample_prompts(load_prompts(prompts), per_category)
@@ -187,7 +172,7 @@ def plan_cmd(
         if temperature < 0:
             raise ConfigError(f"--temperature {temperature} must be >= 0")
         target = load_with_status(model, dtype.value)
-        from .drafters import make_drafter
+        from ..drafters import make_drafter
 
         for d in draft_list:  # unknown specs fail here, before any measuring
             if not d.startswith("model:"):
@@ -224,12 +209,12 @@ def plan_cmd(
             plot_plan(plan, out_dir / "plan.png")
         exported = None
         if export is not None:
-            from .cost.export import export_config
+            from ..cost.export import export_config
 
             d, k = plan.recommended["overall"]
             kind, _, rest = d.partition(":")
             if kind == "model":  # engines need a real folder, also for model:default
-                from .drafters.spec import model_draft_source
+                from ..drafters.spec import model_draft_source
 
                 d = f"model:{model_draft_source(rest, target)}"
             exported = export_config(d, k, export.value, model=str(target.folder))

@@ -7,10 +7,9 @@ from typing import Annotated
 
 import typer
 
-from .cli import DType, ModelOpt, app, err, load_with_status, out, user_errors
+from .common import DType, ModelOpt, err, load_with_status, out, user_errors
 
 
-@app.command("bench")
 def bench(
     questions: Annotated[
         Path, typer.Option("--questions", "-q", help="Spec-Bench-format JSONL (question_id, category, turns).")
@@ -50,8 +49,8 @@ def bench(
     ] = None,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
-    from .bench.harness import parse_drafts, parse_k, read_questions, render_markdown, run_bench
-    from .sampling import SamplingConfig
+    from ..bench.harness import parse_drafts, parse_k, read_questions, render_markdown, run_bench
+    from ..sampling import SamplingConfig
 
     with user_errors():
         sampling = SamplingConfig(temperature=temperature, seed=seed)

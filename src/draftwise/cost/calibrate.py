@@ -17,10 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..cost.model import expected_committed_by_position, predicted_speedup
-from ..cost.timing import time_forward
+from ..decode import generate
+from ..drafters.factory import calibration_path
+from ..drafters.self_spec import SelfSpecDrafter
 from ..errors import ConfigError
-from .self_spec import SelfSpecDrafter
+from ..runtime.native import NativeRuntime
+from .model import expected_committed_by_position, predicted_speedup
+from .timing import time_forward
 
 
 @dataclass(frozen=True)
@@ -62,9 +65,6 @@ def calibrate_self(
     on_candidate: Callable[[Candidate], None] | None = None,
 ) -> list[Candidate]:
     """Score every candidate layer subset; best first."""
-    from ..decode import generate
-    from ..runtime.native import NativeRuntime
-
     rt = model.runtime
     if not isinstance(rt, NativeRuntime):
         raise ConfigError("calibrate-self needs the native runtime (self-speculation runs layer subsets)")
@@ -102,8 +102,6 @@ def calibrate_self(
 
 
 def save_calibration(model: Any, best: Candidate, k: int, all_results: Sequence[Candidate]) -> str:
-    from .spec import calibration_path
-
     path = calibration_path(model)
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {

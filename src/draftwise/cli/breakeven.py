@@ -17,8 +17,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli import app, out, user_errors
-from .errors import ConfigError
+from .common import out, user_errors
+from ..errors import ConfigError
 
 
 def _curves(
@@ -36,7 +36,7 @@ def _curves(
 ) -> tuple[list[Any], dict[str, Any], float | list[float], list[int]]:
     """The cost curves the options describe, the profile's own curves (for the plot), v, and
     the k to show (by default, those the profile measured)."""
-    from .cost.breakeven import (
+    from ..cost.breakeven import (
         CostCurve,
         cost_ratio_from_c,
         cost_ratio_from_profile,
@@ -65,7 +65,7 @@ def _curves(
     v: float | list[float] = v_vals[0] if len(v_vals) == 1 else v_vals
 
     if profile_path is not None:
-        from .cost.profile import Profile
+        from ..cost.profile import Profile
 
         profile = Profile.load(profile_path)
         if not k_given:
@@ -142,7 +142,6 @@ def _print_tables(result: dict[str, Any]) -> None:
         out.print(table)
 
 
-@app.command()
 def breakeven(
     a: Annotated[
         str, typer.Option("--a", help="Acceptance: 0.8, a list 0.5,0.6,0.7, or a sweep start:stop:step.")
@@ -186,7 +185,7 @@ def breakeven(
     ] = None,
 ) -> None:
     """When does speculation pay? E(a, k), speedup, break-even acceptance and the best k (no model needed)."""
-    from .cost.breakeven import parse_acceptances, parse_ks, plot_speedup, sweep
+    from ..cost.breakeven import parse_acceptances, parse_ks, plot_speedup, sweep
 
     with user_errors():
         acceptances = parse_acceptances(a)

@@ -21,13 +21,13 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from .cli import DType, ModelOpt, app, err, load_with_status, out, user_errors
-from .cli_plan import plan_table, progress_bar
+from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+from .plan import plan_table
 
 
 def breakeven_table(plan) -> Table:  # type: ignore[no-untyped-def]
     """Per draft, overall: its best k, the acceptance it needs there and what it achieved."""
-    from .cost.report import best_per_draft, breakeven_text
+    from ..cost.report import best_per_draft, breakeven_text
 
     table = Table(title="break-even: the acceptance each draft needs on this machine vs what it achieved")
     for col in ("draft", "best k", "needs a* >=", "achieved a_eff", "raw acceptance", "predicted", "pays?"):
@@ -42,7 +42,6 @@ def breakeven_table(plan) -> Table:  # type: ignore[no-untyped-def]
     return table
 
 
-@app.command("demo")
 def demo(
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
@@ -52,16 +51,16 @@ def demo(
     out_dir: Annotated[Path, typer.Option("--out", help="Where the plan and benchmark files go.")] = Path("out/demo"),
 ) -> None:
     """Profile, plan and benchmark on a handful of dev prompts; recommend a draft."""
-    from .bench.harness import GROUPS, category_group, read_questions, render_markdown, run_bench
-    from .bench.runtime import DEFAULT_QUESTIONS
-    from .cost.adaptive import resolve_profile
-    from .cost.plan import make_plan
-    from .cost.report import plot_plan, render_plan_markdown
+    from ..bench.harness import GROUPS, category_group, read_questions, render_markdown, run_bench
+    from ..bench.runtime import DEFAULT_QUESTIONS
+    from ..cost.adaptive import resolve_profile
+    from ..cost.plan import make_plan
+    from ..cost.report import plot_plan, render_plan_markdown
 
     with user_errors():
         rows = read_questions(questions or DEFAULT_QUESTIONS)
         if questions is None:  # the dev questions the shipped draft was not trained on
-            from .distill.data import split_questions
+            from ..distill.data import split_questions
 
             _, held = split_questions([{"category": q.category, "index": i} for i, q in enumerate(rows)])
             rows = [rows[r["index"]] for r in held]
@@ -72,7 +71,7 @@ def demo(
                 taken[g] += 1
                 picked.append(q)
         target = load_with_status(model, dtype.value)
-        from .distill.pack import shipped_pack
+        from ..drafters.packs import shipped_pack
 
         drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
@@ -86,7 +85,7 @@ def demo(
         plan.save(out_dir / "plan.json")
         (out_dir / "plan.md").write_text(render_plan_markdown(plan))
         plot_plan(plan, out_dir / "plan.png")
-        from .cost.report import best_per_draft
+        from ..cost.report import best_per_draft
 
         best = best_per_draft(plan, "overall")
         methods = [(d, best[d].k) for d in drafts if d in best] + ["auto"]

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from .cli import app, err, out, user_errors
-from .errors import ConfigError
+from .common import err, out, user_errors
+from ..errors import ConfigError
 
 
 def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list | None:
@@ -46,7 +46,6 @@ def eval_table(report: Any) -> Table:
     return table
 
 
-@app.command("distill")
 def distill_cmd(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder (a HF model folder).")],
     target: Annotated[
@@ -111,7 +110,7 @@ def distill_cmd(
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from .distill import distill
+    from ..distill import distill
 
     command = shlex.join(["draftwise", *sys.argv[1:]])
     with user_errors():
@@ -169,7 +168,6 @@ def distill_cmd(
     out.print(f"use it: draftwise generate \"...\" --draft model:{result.out_dir}", highlight=False, markup=False)
 
 
-@app.command("pack-draft")
 def pack_draft_cmd(
     draft: Annotated[Path, typer.Argument(help="A `draftwise distill` output folder.")],
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="New folder for the pack.")],
@@ -179,7 +177,7 @@ def pack_draft_cmd(
     The embeddings and head are the target's and come back from it on use; see
     ``draftwise.distill.pack``.
     """
-    from .distill.pack import PACK_WEIGHTS, pack_draft
+    from ..distill.pack import PACK_WEIGHTS, pack_draft
 
     with user_errors():
         folder = pack_draft(draft, out_dir)

@@ -1,0 +1,102 @@
+"""The public entry points: :func:`generate` and :func:`stream` with every option, ``k="auto"``
+included.
+
+They are :func:`draftwise.decode.generate` / :func:`draftwise.decode.stream` (the core loop,
+which takes a number or a :class:`~draftwise.kpolicy.KPolicy`) plus one thing the core must not
+know: ``k="auto"`` builds the adaptive policy from this machine's measured profile
+(:func:`draftwise.cost.adaptive.auto_policy`, which measures and caches one on first use).
+
+Example (loads the embedded default model)::
+
+    from draftwise import SamplingConfig, generate, load_model, stream
+    model = load_model("default")
+    print(generate(model, "Name a colour.", max_new_tokens=8).text)
+    for piece in stream(model, "Tell me a story.", sampling=SamplingConfig(temperature=0.7, seed=0)):
+        print(piece, end="", flush=True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+from . import decode
+from .cost.adaptive import auto_policy
+from .decode import GenerationResult, Stream
+from .drafters.base import Drafter
+from .drafters.spec import DraftSpec
+from .errors import ConfigError
+from .kpolicy import KPolicy
+from .loaders import Model, load_model
+from .sampling import SamplingConfig
+
+KArg = int | Literal["auto"] | KPolicy
+
+
+def _policy(model: Model, draft: Drafter | DraftSpec | str | None, k: KArg) -> int | KPolicy:
+    if k != "auto":
+        return k  # type: ignore[return-value]
+    if draft is None or isinstance(draft, Drafter):
+        name = getattr(draft, "name", None)
+        if draft is None:
+            return 1  # nothing to adapt
+        raise ConfigError(
+            f"k='auto' needs a draft spec (e.g. draft='lookup'), not a drafter object ({name}): "
+            "the profile is keyed by spec"
+        )
+    spec = DraftSpec.parse(draft)
+    return 1 if spec.is_none else auto_policy(model, spec)
+
+
+def stream(
+    model: Model | str,
+    prompt: str | Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig | None = None,
+    stop: Sequence[str] = (),
+    chat: bool | None = None,
+    draft: Drafter | DraftSpec | str | None = None,
+    k: KArg = 4,
+) -> Stream:
+    """Start a generation and return a :class:`~draftwise.decode.Stream` of text pieces.
+
+    ``prompt`` is text (wrapped in the chat template when the model has one, unless
+    ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
+    spec: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
+    :class:`draftwise.drafters.DraftSpec`); ``k`` is how many tokens it proposes per step, or
+    ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
+    acceptance seen so far (:mod:`draftwise.kpolicy`).
+    """
+    if isinstance(model, str):
+        model = load_model(model)
+    return decode.stream(
+        model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
+        draft=draft, k=_policy(model, draft, k),
+    )
+
+
+def generate(
+    model: Model | str,
+    prompt: str | Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig | None = None,
+    stop: Sequence[str] = (),
+    chat: bool | None = None,
+    draft: Drafter | DraftSpec | str | None = None,
+    k: KArg = 4,
+) -> GenerationResult:
+    """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
+
+    The output is exactly what plain decoding of the target gives (greedy: token for token;
+    sampling: in distribution), whatever the draft; the draft only changes the speed.
+    """
+    s = stream(
+        model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
+        draft=draft, k=k,
+    )
+    for _ in s:
+        pass
+    assert s.result is not None
+    return s.result

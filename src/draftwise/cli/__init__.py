@@ -1,0 +1,39 @@
+"""The ``draftwise`` command line.
+
+Every command is a plain function in its own module; this file registers them explicitly, so
+importing a command module has no side effect and no module imports this one. What the
+commands share (consoles, options, loading a model, turning a user error into one line and exit
+status 2) is in :mod:`draftwise.cli.common`.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from . import bench, bench_runtime, breakeven, calibrate, demo, distill, generate, plan
+
+app = typer.Typer(
+    help="Lossless speculative decoding that tells you which draft pays.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("generate")(generate.generate)
+app.command("models")(generate.models)
+app.command("breakeven")(breakeven.breakeven)
+app.command("profile")(plan.profile_cmd)
+app.command("plan")(plan.plan_cmd)
+app.command("bench")(bench.bench)
+app.command("bench-runtime")(bench_runtime.bench_runtime)
+app.command("calibrate-self")(calibrate.calibrate_self_cmd)
+app.command("distill")(distill.distill_cmd)
+app.command("pack-draft")(distill.pack_draft_cmd)
+app.command("demo")(demo.demo)
+
+
+def main() -> None:  # pragma: no cover - console entry point
+    app()
+
+
+__all__ = ["app", "main"]

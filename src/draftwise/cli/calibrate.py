@@ -1,0 +1,71 @@
+"""``draftwise calibrate-self``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, out, user_errors
+
+def calibrate_self_cmd(
+    model: ModelOpt = "default",
+    dtype: DTypeOpt = DType.float32,
+    questions: Annotated[
+        Path | None, typer.Option(help="Spec-Bench-format JSONL (default: the dev questions).")
+    ] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 4,
+    k: Annotated[int, typer.Option("--k", min=1)] = 4,
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 48,
+    save: Annotated[bool, typer.Option("--save/--no-save", help="Save the best as --draft self.")] = True,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Search the layer subset that maximises self-speculation's predicted speedup, and save it."""
+    from ..questions import DEFAULT_QUESTIONS, read_questions, spread_questions
+    from ..cost.calibrate import calibrate_self, candidate_layer_sets, save_calibration
+
+    with user_errors():
+        rows = read_questions(questions or DEFAULT_QUESTIONS)
+        prompts = [q.prompt for q in spread_questions(rows, min(num_prompts, len(rows)))]
+        loaded = load_with_status(model, dtype.value, "native")
+        total = len(candidate_layer_sets(loaded.runtime.num_layers))
+        with err.status("calibrating ...") as status:
+            done = [0]
+
+            def report(c: Any) -> None:
+                done[0] += 1
+                status.update(
+                    f"calibrating: {done[0]}/{total} candidates, last: {c.description} "
+                    f"-> predicted {c.predicted_speedup:.2f}x"
+                )
+
+            results = calibrate_self(
+                loaded, prompts, k=k, max_new_tokens=max_new_tokens, on_candidate=report
+            )
+        saved = save_calibration(loaded, results[0], k, results) if save else None
+    if as_json:
+        from dataclasses import asdict
+
+        print(json.dumps({"saved": saved, "candidates": [asdict(c) for c in results]}))
+        return
+    table = Table(title=f"self-speculation candidates (k={k}, {len(prompts)} prompts)")
+    for col in ("layers", "cost c", "acceptance by position", "E", "predicted speedup"):
+        table.add_column(col)
+    for c in results:
+        table.add_row(
+            c.description,
+            f"{c.draft_cost_ratio:.2f}",
+            " ".join(f"{a:.2f}" for a in c.acceptance_by_position),
+            f"{c.expected_committed:.2f}",
+            f"{c.predicted_speedup:.2f}x",
+        )
+    out.print(table)
+    best = results[0]
+    verdict = "pays" if best.predicted_speedup > 1 else "does not pay on this machine"
+    out.print(f"best: {best.description}: predicted {best.predicted_speedup:.2f}x ({verdict})")
+    if saved:
+        out.print(f"saved to {saved}; `--draft self` now uses it")

@@ -1,0 +1,130 @@
+"""``draftwise generate`` and ``draftwise models``."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, out, user_errors
+
+def generate(
+    prompt: Annotated[str, typer.Argument(help="The prompt ('-' reads standard input).")],
+    model: ModelOpt = "default",
+    max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
+    temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
+    top_p: Annotated[float, typer.Option("--top-p", help="1 = off.")] = 1.0,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    dtype: DTypeOpt = DType.float32,
+    runtime: RuntimeOpt = RuntimeChoice.auto,
+    chat: Annotated[
+        bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
+    ] = True,
+    draft: Annotated[
+        str, typer.Option("--draft", "-d", help="none, lookup, self[:exit=L|layers=..|skip=..], model:PATH")
+    ] = "none",
+    k: Annotated[
+        str, typer.Option("--k", help="Tokens the draft proposes per step, or 'auto' (chosen each step).")
+    ] = "4",
+    show_stats: Annotated[bool, typer.Option("--stats", help="Print speculation statistics.")] = False,
+    stream: Annotated[bool, typer.Option("--stream", help="Print text as it is generated.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Generate a completion of PROMPT, plainly or with a speculative draft (same output)."""
+    from ..api import stream as start_stream
+    from ..drafters.spec import parse_k
+    from ..sampling import SamplingConfig
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    with user_errors():
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        loaded = load_with_status(model, dtype.value, runtime.value)
+        has_template = bool(loaded.tokenizer.chat_template)
+        s = start_stream(
+            loaded,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            sampling=sampling,
+            stop=stop or (),
+            chat=chat and has_template,
+            draft=draft,
+            k=parse_k(k),
+        )
+        if stream and not as_json:
+            for piece in s:
+                out.print(piece, end="", highlight=False, markup=False, soft_wrap=True)
+            out.print()
+        else:
+            for _ in s:
+                pass
+    result = s.result
+    assert result is not None
+    if as_json:
+        payload = result.to_dict()
+        payload.update(model=loaded.name, dtype=dtype.value, runtime=type(loaded.runtime).__name__)
+        print(json.dumps(payload, ensure_ascii=False))
+        return
+    if not stream:
+        out.print(result.text, highlight=False, markup=False, soft_wrap=True)
+    err.print(
+        f"[dim]{result.new_tokens} tokens in {result.seconds:.2f} s "
+        f"({result.tokens_per_second:.1f} tokens/s, finish: {result.finish_reason})[/]"
+    )
+    if show_stats:
+        err.print(stats_table(result))
+
+
+def stats_table(result: Any) -> Table:
+    """The speculation statistics of one generation, in the verifier's vocabulary."""
+    st = result.stats
+    table = Table(title=f"draft {result.draft}, k={result.k}", show_header=False)
+    table.add_column("stat")
+    table.add_column("value", justify="right")
+    rows = [
+        ("target passes", st.target_passes),
+        ("proposed", st.proposed),
+        ("accepted", st.accepted),
+        ("recovered", st.recovered),
+        ("bonus", st.bonus),
+        ("committed", st.committed),
+        ("mean committed per pass", f"{st.mean_committed_per_pass:.2f}"),
+        ("acceptance rate", f"{st.acceptance_rate:.2f}"),
+        ("acceptance by position", " ".join(f"{a:.2f}" for a in st.acceptance_by_position)),
+        ("draft seconds", f"{st.draft_seconds:.3f}"),
+        ("verify seconds", f"{st.verify_seconds:.3f}"),
+    ]
+    for name, value in rows:
+        table.add_row(name, str(value))
+    return table
+
+
+def models() -> None:
+    """List the built-in models and whether each is installed."""
+    from ..models import BUILTIN_MODELS
+
+    table = Table(title="built-in models")
+    table.add_column("name")
+    table.add_column("installed")
+    table.add_column("package")
+    table.add_column("description")
+    seen = set()
+    for name, builtin in BUILTIN_MODELS.items():
+        if id(builtin) in seen:
+            continue
+        seen.add(id(builtin))
+        aliases = [n for n, b in BUILTIN_MODELS.items() if b is builtin]
+        ok = builtin.installed()
+        table.add_row(
+            ", ".join(aliases),
+            "[green]yes[/]" if ok else f"[red]no[/] ({builtin.install_hint})",
+            builtin.package,
+            builtin.description,
+        )
+    out.print(table)

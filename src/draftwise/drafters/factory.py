@@ -1,0 +1,102 @@
+"""Build the drafter a :class:`~draftwise.drafters.spec.DraftSpec` names, for a target model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..loaders import cache_dir, load_model
+from .base import Drafter
+from .lookup import PromptLookupDrafter
+from .model import ModelDrafter, check_same_tokenizer
+from .packs import META_FILE, default_draft_folder
+from .self_spec import SelfSpecDrafter
+from .spec import SPEC_HELP, DraftSpec
+
+# Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
+# user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
+# GGUF. SmolLM2-135M-Instruct Q4_1: `draftwise calibrate-self --num-prompts 3 -n 32`
+# (2026-11-29) kept 22 of 30 layers, skipping 11-18.
+SHIPPED_SELF_SKIPS: dict[str, frozenset[int]] = {
+    "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f": frozenset(range(11, 19)),
+}
+
+
+def calibration_path(model: Any) -> Path:
+    """Where ``draftwise calibrate-self`` saves the layer set plain ``self`` uses for ``model``."""
+    return cache_dir() / "self_spec" / f"{Path(model.folder).name}.json"
+
+
+def calibrated_layers(model: Any) -> list[int] | None:
+    """The saved calibration's layer set for ``model``, if there is one; a damaged file is an
+    error that says how to fix it, never a traceback."""
+    path = calibration_path(model)
+    if not path.exists():
+        return None
+    try:
+        layers = json.loads(path.read_text(encoding="utf-8"))["layers"]
+        if not isinstance(layers, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in layers):
+            raise TypeError
+        return layers
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(
+            f"the self-speculation calibration {path} is damaged; delete it or run "
+            "`draftwise calibrate-self` again"
+        ) from None
+
+
+def _apply_vocab_subset(draft_model: Any) -> None:
+    """A draft trained with ``draftwise distill --vocab-size-draft N`` scores only its N kept
+    tokens (listed in its folder's draftwise_draft.json); verification is unaffected."""
+    meta = Path(draft_model.folder) / META_FILE
+    restrict = getattr(draft_model.runtime, "restrict_head", None)
+    if restrict is None or not meta.is_file():
+        return
+    rows = json.loads(meta.read_text()).get("vocab_subset")
+    if rows:
+        restrict(rows)
+
+
+def model_draft_source(source: str, target: Any) -> str | Path:
+    """What ``model:SOURCE`` loads for ``target``: SOURCE itself (a folder, .gguf or built-in
+    name), or for ``default`` the folder of the distilled draft that ships for the target."""
+    return default_draft_folder(target) if source.strip() == "default" else source
+
+
+def _self_drafter(spec: DraftSpec, model: Any) -> SelfSpecDrafter:
+    rt = model.runtime
+    layers = spec.self_layers(rt.num_layers)
+    if layers is None:
+        layers = calibrated_layers(model)
+    if layers is None:
+        shipped = SHIPPED_SELF_SKIPS.get(Path(model.folder).name)
+        if shipped is not None and rt.num_layers > max(shipped):
+            layers = [i for i in range(rt.num_layers) if i not in shipped]
+        else:
+            layers = list(range(rt.num_layers // 2))
+    return SelfSpecDrafter(rt, layers)
+
+
+def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter | None:
+    """The drafter ``spec`` names for target ``model`` (a :class:`draftwise.Model`); None for
+    ``none``. A drafter object is returned as it is."""
+    if spec is None:
+        return None
+    if not isinstance(spec, (str, DraftSpec)):
+        if isinstance(spec, Drafter):
+            return spec
+        raise ConfigError(f"draft={spec!r} is neither a drafter nor a spec ({SPEC_HELP})")
+    spec = DraftSpec.parse(spec)
+    if spec.kind == "lookup":
+        return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram)
+    if spec.kind == "self":
+        return _self_drafter(spec, model)
+    if spec.kind == "model":
+        assert spec.source is not None
+        draft_model = load_model(model_draft_source(spec.source, model), dtype=model.dtype)
+        check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
+        _apply_vocab_subset(draft_model)
+        return ModelDrafter(draft_model.runtime, vocab_size=model.runtime.vocab_size, label=f"model:{draft_model.name}")
+    return None
