@@ -8,7 +8,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.draftwise-installed
 PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 
-.PHONY: setup demo test bench draft clean
+# The Spec-Bench dev questions that ship inside the package (draftwise.questions.DEFAULT_QUESTIONS)
+QUESTIONS = "$$($(BIN)/python -c 'import draftwise.questions as q; print(q.DEFAULT_QUESTIONS)')"
+
+.PHONY: setup demo test lint wheel-check bench draft clean
 
 setup: $(STAMP)
 
@@ -27,11 +30,20 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
+# The import contracts alone (the test suite runs them too: tests/test_architecture.py).
+lint: setup
+	$(BIN)/lint-imports
+
+# Build the wheel, install it into a fresh venv and run `draftwise demo -n 8` from an empty
+# temporary folder (CI runs this after `make test`; about 3 minutes).
+wheel-check: setup
+	bash .ci/wheel-check
+
 bench: setup
 	$(BIN)/python benchmarks/runtime_vs_hf.py --num-prompts 20 --max-new-tokens 128
 	$(BIN)/draftwise profile --draft lookup,self --max-n 16 --plot benchmarks/results/plan/profile.png
-	$(BIN)/draftwise plan --prompts ../shared/data/spec_bench/question_dev.jsonl --drafts lookup,self --ks 1-12 --per-category 2 --out benchmarks/results/plan --validate --export vllm
-	$(BIN)/draftwise bench --questions ../shared/data/spec_bench/question_dev.jsonl --drafts none,lookup,self,auto --plan benchmarks/results/plan --limit-per-category 3 --peers hf --out benchmarks/results/bench
+	$(BIN)/draftwise plan --prompts $(QUESTIONS) --drafts lookup,self --ks 1-12 --per-category 2 --out benchmarks/results/plan --validate --export vllm
+	$(BIN)/draftwise bench --questions $(QUESTIONS) --drafts none,lookup,self,auto --plan benchmarks/results/plan --limit-per-category 3 --peers hf --out benchmarks/results/bench
 
 # Reproduces the shipped distilled draft (src/draftwise/drafts/SmolLM2-...): about 20 min of data
 # generation, 39 min of training and 2 min of evaluation on a 2-core CPU; the pack lands in

@@ -7,7 +7,7 @@ where prompt lookup does not help, and of the other categories. Each prompt is d
 and speculatively back to back (greedy, order alternating), so every point's speedup is a ratio
 measured in one run.
 
-    python benchmarks/distill_curve.py --run /work/runs/smol4-v8k --k 3 \\
+    python benchmarks/distill_curve.py --run runs/smol4-v8k --k 3 \\
         --out benchmarks/results/distill
 
 Writes curve.json, curve.md and curve.png to --out.
@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 from draftwise import load_model
-from draftwise.bench.runtime import DEFAULT_QUESTIONS, load_questions
-from draftwise.distill import evaluate_draft, split_questions
+from draftwise.distill import build_draft, evaluate_draft, split_questions
+from draftwise.distill.checkpoint import load_snapshot
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 
 MT_BENCH_STYLE = ("writing", "roleplay", "reasoning", "stem", "humanities")
 
@@ -35,8 +37,6 @@ def snapshot_weights(run: Path, step: int, target: Any) -> tuple[dict[str, torch
     """The draft's whole state at ``step`` (0 = as initialised from the target) and its log entry."""
     from safetensors.torch import load_file
 
-    from draftwise.distill import build_draft
-
     weights = load_file(str(run / "model.safetensors"))
     if step == 0:  # the draft as distill builds it before the first step
         meta = json.loads((run / "draftwise_draft.json").read_text())
@@ -44,7 +44,7 @@ def snapshot_weights(run: Path, step: int, target: Any) -> tuple[dict[str, torch
         initial = start.state_dict()
         weights = {name: initial[name].detach().clone() for name in weights}
         return weights, {"step": 0, "seconds": 0.0, "tokens": 0, "loss": None}
-    snap = torch.load(run / "checkpoints" / f"step-{step:06d}.pt", weights_only=False)
+    snap = load_snapshot(run / "checkpoints", step)  # torch.load(weights_only=True): a crafted file runs nothing
     weights.update(snap["weights"])
     return weights, {k: snap[k] for k in ("step", "seconds", "tokens", "loss")}
 
@@ -76,14 +76,13 @@ def main() -> None:
     missing = [s for s in steps if s and s not in available]
     if missing:
         raise SystemExit(f"no snapshot for steps {missing}; the run has {available}")
-    _, held = split_questions(load_questions(args.questions))
+    _, held = split_questions(read_questions(args.questions))
     seen: dict[str, int] = {}
     prompts: list[tuple[str, str]] = []
-    for row in held:
-        cat = row["category"]
-        seen[cat] = seen.get(cat, 0) + 1
-        if cat in MT_BENCH_STYLE or seen[cat] <= args.other_per_category:
-            prompts.append((cat, row["turns"][0]))
+    for q in held:
+        seen[q.category] = seen.get(q.category, 0) + 1
+        if q.category in MT_BENCH_STYLE or seen[q.category] <= args.other_per_category:
+            prompts.append((q.category, q.prompt))
     groups = {"mt_bench_style": [i for i, (c, _) in enumerate(prompts) if c in MT_BENCH_STYLE]}
     groups["other"] = [i for i in range(len(prompts)) if i not in groups["mt_bench_style"]]
     print(f"{len(prompts)} held-out prompts: {len(groups['mt_bench_style'])} MT-bench-style, {len(groups['other'])} other")
@@ -118,9 +117,9 @@ def main() -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    config = {"run": str(args.run), "k": args.k, "max_new_tokens": args.max_new_tokens,
+    config = {"run": args.run.name, "k": args.k, "max_new_tokens": args.max_new_tokens,
               "prompts": [{"category": c} for c, _ in prompts]}
-    (args.out / "curve.json").write_text(json.dumps({"config": config, "points": points}, indent=1))
+    write_json_atomic(args.out / "curve.json", {"config": config, "points": points}, indent=1)
     lines = [
         f"Distilled draft against training time (greedy, k={args.k}, {args.max_new_tokens} new tokens, "
         f"{len(groups['mt_bench_style'])} MT-bench-style + {len(groups['other'])} other held-out prompts)",
@@ -135,7 +134,7 @@ def main() -> None:
             f"| {p['step']} | {p['seconds'] / 60:.1f} | {kl} | {mt.get('acceptance', 0):.3f} | {mt.get('speedup', 0):.2f}x "
             f"| {ot.get('acceptance', 0):.3f} | {ot.get('speedup', 0):.2f}x | {p['c']:.3f} |"
         )
-    (args.out / "curve.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(args.out / "curve.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     try:
         from draftwise.plots import pyplot, save_figure

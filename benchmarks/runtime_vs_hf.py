@@ -13,8 +13,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from draftwise.bench.runtime import DEFAULT_QUESTIONS, render_markdown, run_runtime_benchmark
+from draftwise.bench import render_runtime_markdown, run_runtime_benchmark
 from draftwise.errors import DraftwiseError
+from draftwise.fsutil import check_writable
+from draftwise.questions import DEFAULT_QUESTIONS
 
 HERE = Path(__file__).resolve().parent
 
@@ -22,7 +24,7 @@ HERE = Path(__file__).resolve().parent
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default", help="'default', a built-in name, a HF folder or a .gguf")
-    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench-format .jsonl")
+    parser.add_argument("--questions", type=Path, default=DEFAULT_QUESTIONS, help="Spec-Bench-format .jsonl, or a text file with one prompt a line")
     parser.add_argument("--num-prompts", type=int, default=20)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument(
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv if argv is not None else sys.argv[1:])])
     try:
+        check_writable(args.out_dir)
         report = run_runtime_benchmark(
             model=args.model,
             questions=args.questions,
@@ -52,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     except DraftwiseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(render_markdown(report))
+    print(render_runtime_markdown(report))
     print(f"wrote {args.out_dir / 'runtime_vs_hf.json'} and {args.out_dir / 'runtime_vs_hf.md'}", file=sys.stderr)
     return 0
 

@@ -8,8 +8,6 @@ from pathlib import Path
 import pytest
 import torch
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
-DEV_QUESTIONS = SHARED / "data" / "spec_bench" / "question_dev.jsonl"
 
 
 def tiny_llama_config(**overrides):

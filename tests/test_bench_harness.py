@@ -1,29 +1,26 @@
-"""``draftwise bench``: answer files, summary schema, equality, resume, budget, errors, peers.
+"""``draftwise bench``: answer files, summary schema, equality, budget, workloads, plans, peers.
 
 Everything runs on the tiny random Llama with the default model's chat template, a handful of
-questions and ~8 new tokens, so the whole file stays fast.
+questions and ~8 new tokens, so the whole file stays fast. The output folder and ``--resume``
+are in test_bench_outdir.py.
 """
 
 from __future__ import annotations
 
 import json
-import sys
-import types
 
 import pytest
 from typer.testing import CliRunner
 
 from draftwise import ConfigError
-from draftwise.bench import harness
-from draftwise.bench.harness import (
-    GROUP_ORDER,
-    Question,
-    build_prompt,
-    check_equality,
-    read_questions,
-    run_bench,
-)
+from draftwise.bench import render_markdown, run_bench
+from draftwise.bench.equality import check_equality
+from draftwise.bench.hf_peer import hf_methods
+from draftwise.bench.methods import method_filename, parse_methods
+from draftwise.bench.runner import build_methods, build_prompt
 from draftwise.cli import app
+from draftwise.cost.plan import Plan
+from draftwise.questions import Question
 
 N = 8
 QUESTIONS = [
@@ -70,6 +67,14 @@ class GenerateSpy:
         return self.real(model, prompt, **kw)
 
 
+def make_plan(recommended):
+    """A real Plan whose only content that matters here is its recommendations."""
+    return Plan(
+        model="tiny", fingerprint="f", dtype="float32", greedy=True, drafts=["lookup"], ks=[2], categories={},
+        recommended=recommended, predicted={c: 1.0 for c in recommended}, routed_overall=1.0,
+    )
+
+
 # -- files and schema ------------------------------------------------------------------------
 
 
@@ -95,7 +100,6 @@ def test_summary_has_the_documented_schema(bench):
     assert json.loads((out / "summary.json").read_text())["groups"] == summary["groups"]
     assert {"groups", "equality", "config"} <= summary.keys()
     assert list(summary["groups"]) == ["mt_bench", "summarization", "qa", "overall"]
-    assert set(summary["groups"]) <= set(GROUP_ORDER)
     for group, table in summary["groups"].items():
         assert list(table) == ["none", "lookup", "self"]
         for method, row in table.items():
@@ -109,9 +113,11 @@ def test_summary_has_the_documented_schema(bench):
     assert len(pos["tested"]) == 3 and pos["tested"][0] >= pos["tested"][-1]
     assert summary["run"]["questions_finished"] == 3 and summary["run"]["stopped"] is None
     md = (out / "summary.md").read_text()
+    assert md == render_markdown(summary)
     assert "## overall" in md and "| lookup |" in md and "Command:" in md
     assert (out / "speedup.png").stat().st_size > 0
     assert (out / "acceptance_by_position.png").stat().st_size > 0
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary file behind
 
 
 def test_greedy_drafts_equal_plain_decoding(bench):
@@ -132,62 +138,24 @@ def test_second_turn_has_the_models_own_first_answer(tiny, tmp_path, monkeypatch
     assert answer.strip() and answer.strip() in text and "Now make it rhyme." in text
 
 
-def test_raw_text_prompt_without_chat_template(tiny, monkeypatch):
-    monkeypatch.setattr(tiny.tokenizer, "chat_template", None)
-    ids = build_prompt(tiny, ["Hi.", "More."], ["Hello."])
-    assert tiny.tokenizer.decode(ids) .endswith("Hi.\n\nHello.\n\nMore.")
-
-
 def test_an_equality_mismatch_reports_position_and_margin(tiny):
     q = Question(7, "qa", ("Hello?",))
-    base = [5, 6, 7, 8]
 
     def answer(ids):
         return {"choices": [{"turns": ["x"], "token_ids": [ids]}]}
 
-    answers = {"none": {"7": answer(base)}, "x": {"7": answer([5, 6, 9])}}
+    answers = {"none": {"7": answer([5, 6, 7, 8])}, "x": {"7": answer([5, 6, 9])}}
     eq = check_equality(tiny, answers, [q], ["none", "x"])
     (mm,) = eq["mismatches"]
     assert (mm["method"], mm["turn"], mm["position"], mm["baseline_token"], mm["method_token"]) == ("x", 0, 2, 7, 9)
-    assert mm["margin"] >= 0
+    # the margin is the target's own top-1 minus top-2 logit after the common prefix
+    logits = tiny.runtime.prefill(build_prompt(tiny, ["Hello?"], []) + [5, 6]).float()
+    top = logits.topk(2).values
+    assert mm["margin"] == pytest.approx(float(top[0] - top[1]), abs=1e-4) and mm["margin"] > 0
     assert eq["methods"]["x"] == {"equal": 0, "total": 1}
 
 
-# -- resume, time budget, interruption -------------------------------------------------------
-
-
-def test_resume_skips_answers_already_there(tiny, qfile, tmp_path, monkeypatch):
-    first = run_bench(tiny, qfile, drafts="lookup", max_new_tokens=N, limit_per_category=1,
-                      out_dir=tmp_path, progress=False)
-    before = (tmp_path / "answers" / "lookup.jsonl").read_text()
-    spy = GenerateSpy(monkeypatch)
-    again = run_bench(tiny, qfile, drafts="lookup", max_new_tokens=N, limit_per_category=1,
-                      out_dir=tmp_path, resume=True, progress=False)
-    assert spy.calls == []
-    assert again["groups"] == first["groups"]  # the recorded numbers, not new ones
-    assert again["run"]["answers_reused"] == 6
-    # a new method on the same folder runs only that method (plus its one warm-up call)
-    run_bench(tiny, qfile, drafts="lookup,self", max_new_tokens=N, limit_per_category=1,
-              out_dir=tmp_path, resume=True, progress=False)
-    assert len(spy.calls) == 1 + 4  # warm-up + 4 turns of `self`
-    assert (tmp_path / "answers" / "lookup.jsonl").read_text() == before
-    with pytest.raises(ConfigError, match="max_new_tokens"):
-        run_bench(tiny, qfile, drafts="lookup", max_new_tokens=N + 1, out_dir=tmp_path, resume=True,
-                  progress=False)
-
-
-def test_resume_after_a_line_cut_short_reruns_only_that_answer(tiny, tmp_path, monkeypatch):
-    qs = [Question(2, "qa", ("Hi?",)), Question(3, "rag", ("Ho?",))]
-    run_bench(tiny, qs, drafts="lookup", max_new_tokens=4, out_dir=tmp_path, progress=False, warmup=False)
-    path = tmp_path / "answers" / "lookup.jsonl"
-    first, second = path.read_text().splitlines()
-    path.write_text(first + "\n" + second[: len(second) // 2])  # killed while writing
-    spy = GenerateSpy(monkeypatch)
-    summary = run_bench(tiny, qs, drafts="lookup", max_new_tokens=4, out_dir=tmp_path, resume=True,
-                        progress=False, warmup=False)
-    assert len(spy.calls) == 1 and summary["run"]["questions_finished"] == 2
-    rows = [json.loads(line) for line in path.read_text().splitlines()[:1] + path.read_text().splitlines()[2:]]
-    assert sorted(r["question_id"] for r in rows) == [2, 3]
+# -- time budget, interruption ---------------------------------------------------------------
 
 
 def test_time_budget_zero_stops_after_the_first_question(tiny, qfile, tmp_path):
@@ -203,8 +171,7 @@ def test_ctrl_c_writes_the_summary_of_finished_questions(tiny, qfile, tmp_path, 
     # question 1 has 2 turns x 2 methods = 4 calls; stop in the middle of question 2
     GenerateSpy(monkeypatch, fail_after=5)
     with pytest.raises(KeyboardInterrupt):
-        run_bench(tiny, qfile, drafts="lookup", max_new_tokens=N, out_dir=tmp_path,
-                  progress=False, warmup=False)
+        run_bench(tiny, qfile, drafts="lookup", max_new_tokens=N, out_dir=tmp_path, progress=False, warmup=False)
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["run"]["stopped"] == "interrupted"
     assert summary["run"]["questions_finished"] == 1
@@ -213,92 +180,94 @@ def test_ctrl_c_writes_the_summary_of_finished_questions(tiny, qfile, tmp_path, 
     assert len(lines) == 3  # both answers of question 1 and the one finished of question 2
 
 
-# -- bad input -------------------------------------------------------------------------------
+# -- methods and bad options -----------------------------------------------------------------
 
 
-GOOD = json.dumps(QUESTIONS[1])
-
-
-@pytest.mark.parametrize(
-    "lines, match",
-    [
-        ([GOOD, "{not json"], r":2 is not valid JSON"),
-        ([GOOD, json.dumps({"question_id": 9, "category": "qa"})], r":2: missing 'turns'"),
-        ([GOOD, json.dumps({"question_id": 9, "turns": ["x"]})], r":2: missing 'category'"),
-        ([json.dumps({"question_id": 9, "category": "poetry", "turns": ["x"]})], r":1: unknown category 'poetry'"),
-        ([GOOD, json.dumps({"question_id": 9, "category": "qa", "turns": []})], r":2: 'turns' must be"),
-        ([GOOD, "", GOOD], r":3: question_id 2 repeats line 1"),
-        ([], r"is empty"),
-    ],
-)
-def test_bad_question_files_name_the_line(tmp_path, lines, match):
-    path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(lines) + ("\n" if lines else ""))
-    with pytest.raises(ConfigError, match=match):
-        read_questions(path)
+def test_method_names_are_canonical_draft_specs():
+    parsed = parse_methods("none, lookup:min=2,max=4, self:skip=3,1-2@k=2, auto", 4)
+    assert [(name, str(spec), k) for name, spec, k in parsed] == [
+        ("lookup:max=4,min=2", "lookup:max=4,min=2", 4),
+        ("self:skip=1-3@k=2", "self:skip=1-3", 2),
+        ("auto", "auto", 4),
+    ]
+    assert [n for n, _, _ in parse_methods([("lookup", "8"), ("auto", 2)], 4)] == ["lookup@k=8", "auto@k=2"]
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_methods("lookup:min=1,lookup", 4)  # one draft, two spellings
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         ({"drafts": "lookup,bogus"}, "unknown draft spec 'bogus'"),
+        ({"drafts": "lookup:min=3,max=2"}, "1 <= min <= max"),
         ({"peers": ["vllm"]}, "unknown peer 'vllm'"),
         ({"k": 0}, "k=0"),
-        ({"drafts": "lookup,lookup"}, "listed twice"),
         ({"drafts": "auto"}, "needs a plan"),
-        ({"resume": True}, "needs out_dir"),
+        ({"resume": True}, "need out_dir"),
+        ({"max_new_tokens": 0}, "max_new_tokens=0"),
     ],
 )
 def test_bad_options_are_config_errors(tiny, qfile, kwargs, match):
     with pytest.raises(ConfigError, match=match):
-        run_bench(tiny, qfile, max_new_tokens=N, progress=False, warmup=False, **kwargs)
+        run_bench(tiny, qfile, **{"max_new_tokens": N, "progress": False, "warmup": False, **kwargs})
 
 
-def test_cli_bad_file_exits_2_with_one_line(tmp_path):
-    path = tmp_path / "bad.jsonl"
-    path.write_text(GOOD + "\n{oops\n")
-    res = CliRunner().invoke(app, ["bench", "--questions", str(path), "--out", str(tmp_path / "o")])
-    assert res.exit_code == 2
-    assert ":2 is not valid JSON" in res.output and "Traceback" not in res.output
+# -- your workload ---------------------------------------------------------------------------
 
 
-def test_cli_runs_and_prints_the_tables(tiny_chat_folder, qfile, tmp_path, one_thread):
+def test_any_category_is_its_own_group(tiny, tmp_path):
+    qs = [Question("a", "code", ("def add(a, b):",)), Question("b", "qa", ("Hi?",)),
+          Question("c", "code", ("def sub(a, b):",))]
+    summary = run_bench(tiny, qs, drafts="lookup", max_new_tokens=4, out_dir=tmp_path, progress=False, warmup=False)
+    assert list(summary["groups"]) == ["qa", "code", "overall"]
+    assert summary["groups"]["code"]["lookup"]["questions"] == 2
+    assert "## code" in (tmp_path / "summary.md").read_text()
+    assert (tmp_path / "speedup.png").stat().st_size > 0
+
+
+def test_drafts_auto_follows_the_plan_and_its_overall_pick_for_unseen_categories(tiny, qfile, tmp_path):
+    # the plan and the bench share one folder, as `draftwise plan --out DIR` then `bench --out DIR`
+    make_plan({"summarization": ("lookup", 2), "qa": ("none", 0), "overall": ("lookup:max=2", 3)}).save(
+        tmp_path / "plan.json"
+    )
+    code = Question(9, "code", ("def f(x): return x",))
+    qs = [Question(q["question_id"], q["category"], tuple(q["turns"])) for q in QUESTIONS[1:]] + [code]
+    summary = run_bench(tiny, qs, drafts="auto", max_new_tokens=N, out_dir=tmp_path, progress=False)
+    rows = {json.loads(line)["category"]: json.loads(line)["choices"][0]["stats"][0]
+            for line in (tmp_path / "answers" / "auto.jsonl").read_text().splitlines()}
+    assert (rows["summarization"]["draft"], rows["summarization"]["k"]) == ("lookup", 2)
+    assert rows["summarization"]["plan_choice_for"] == "summarization"
+    assert (rows["qa"]["draft"], rows["qa"]["k"]) == ("none", 0)  # the plan says: don't speculate
+    assert (rows["code"]["draft"], rows["code"]["k"], rows["code"]["plan_choice_for"]) == ("lookup:max=2", 3, "overall")
+    assert summary["equality"]["methods"]["auto"] == {"equal": 3, "total": 3}
+
+
+def test_cli_runs_a_text_prompt_file_with_canonical_lookup_options(tiny_chat_folder, tmp_path, one_thread):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a colour.\n\nCount to three.\n")
+    out = tmp_path / "out"
     res = CliRunner().invoke(app, [
-        "bench", "--questions", str(qfile), "--model", str(tiny_chat_folder), "--drafts", "lookup",
-        "-n", "4", "--limit-per-category", "1", "--out", str(tmp_path),
+        "bench", "--questions", str(prompts), "--model", str(tiny_chat_folder),
+        "--drafts", "lookup:min=2,max=4", "-n", "4", "--out", str(out),
     ])
     assert res.exit_code == 0, res.output
-    assert "## overall" in res.stdout
-    assert json.loads((tmp_path / "summary.json").read_text())["config"]["methods"] == ["none", "lookup"]
+    assert "## prompts" in res.stdout and "| lookup:max=4,min=2 |" in res.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["methods"] == ["none", "lookup:max=4,min=2"]
+    assert summary["groups"]["prompts"]["none"]["questions"] == 2
 
 
-# -- plans, adaptive k, peers ----------------------------------------------------------------
-
-
-def test_drafts_auto_follows_the_plan_per_category(tiny, qfile, tmp_path, monkeypatch):
-    class Plan:
-        def choose(self, category):
-            return ("lookup", 2) if category == "summarization" else ("none", 0)  # as a real Plan says it
-
-    module = types.ModuleType("draftwise.cost.plan")
-    module.load_plan = lambda path: Plan()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "draftwise.cost.plan", module)
-    (tmp_path / "plan.json").write_text("{}")
-    summary = run_bench(tiny, qfile, drafts="auto", max_new_tokens=N, out_dir=tmp_path, progress=False)
-    rows = {json.loads(line)["category"]: json.loads(line)
-            for line in (tmp_path / "answers" / "auto.jsonl").read_text().splitlines()}
-    assert rows["summarization"]["choices"][0]["stats"][0]["draft"] == "lookup"
-    assert rows["summarization"]["choices"][0]["stats"][0]["k"] == 2
-    assert rows["qa"]["choices"][0]["stats"][0]["draft"] == "none"
-    assert summary["equality"]["methods"]["auto"] == {"equal": 4, "total": 4}
+# -- adaptive k, peers, context --------------------------------------------------------------
 
 
 def test_k_auto_is_passed_through(tiny, qfile, tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))  # the tiny model's profile
     summary = run_bench(tiny, qfile, drafts="lookup", k="auto", max_new_tokens=N,
-                        limit_per_category=1, out_dir=tmp_path, progress=False)
+                        limit_per_category=1, out_dir=tmp_path / "out", progress=False)
     assert summary["config"]["k"] == "auto"
     assert summary["equality"]["methods"]["lookup"]["equal"] == 4
+    rows = [json.loads(line) for line in (tmp_path / "out" / "answers" / "lookup.jsonl").read_text().splitlines()]
+    assert {s["k"] for r in rows for s in r["choices"][0]["stats"]} == {"auto"}
 
 
 def test_hf_peers_run_interleaved_on_the_same_prompts(tiny, qfile, tmp_path):
@@ -310,11 +279,10 @@ def test_hf_peers_run_interleaved_on_the_same_prompts(tiny, qfile, tmp_path):
         row = overall[name]
         assert row["tokens_per_s"] > 0 and row["speedup"] > 0
         assert row["mat"] is None and row["acceptance"] is None
-        answers = (tmp_path / "answers" / f"{name}.jsonl").read_text().splitlines()
-        assert len(answers) == 3
-    hf_cfg = {m.name: m for m in harness.build_methods(tiny, "self:exit=1", 3, ["hf"])}
-    assert hf_cfg["hf-early-exit"].hf_kwargs["assistant_early_exit"] == 1
-    assert hf_cfg["hf-lookup"].hf_kwargs["prompt_lookup_num_tokens"] == 3
+        assert len((tmp_path / "answers" / f"{name}.jsonl").read_text().splitlines()) == 3
+    peers = {m.name: m for m in hf_methods(tiny, build_methods(tiny, "self:exit=1", 3, ()), 3)}
+    assert peers["hf-early-exit"].hf_kwargs["assistant_early_exit"] == 1
+    assert peers["hf-lookup"].hf_kwargs["prompt_lookup_num_tokens"] == 3
     assert "hf" in summary["equality"]["methods"]
     assert "not against `hf`" in (tmp_path / "summary.md").read_text()
 
@@ -328,7 +296,7 @@ def test_hf_assistant_uses_the_model_drafts_folder(tiny, tiny_chat_folder, tmp_p
     assert list(overall) == ["none", spec, "hf", "hf-lookup", "hf-assistant", "hf-early-exit"]
     assert overall[spec]["acceptance"] == 1.0  # the draft is the target itself
     assert summary["equality"]["methods"]["hf-assistant"] == {"equal": 1, "total": 1}
-    assert (tmp_path / "answers" / harness.method_filename(spec)).is_file()
+    assert (tmp_path / "answers" / method_filename(spec)).is_file()
 
 
 def test_a_question_too_long_for_the_context_is_skipped(tiny, tmp_path):

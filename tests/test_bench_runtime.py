@@ -1,4 +1,5 @@
-"""The pure parts of the runtime benchmark: prompt selection, bytes per token, validation.
+"""The runtime benchmark (draftwise.bench.plain_vs_hf) and its roofline (draftwise.bench.roofline):
+bytes per token, validation, the report, and one tiny end-to-end run.
 
 No timing assertions: the timed benchmark itself runs from ``benchmarks/runtime_vs_hf.py``.
 """
@@ -12,16 +13,8 @@ from typing import Any
 import pytest
 import torch
 
-from draftwise.bench.runtime import (
-    DEFAULT_QUESTIONS,
-    kv_bytes_per_token,
-    load_questions,
-    measure_bandwidth,
-    render_markdown,
-    run_runtime_benchmark,
-    select_prompts,
-    weight_bytes_per_token,
-)
+from draftwise.bench.plain_vs_hf import render_markdown, run_runtime_benchmark
+from draftwise.bench.roofline import kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
 from draftwise.errors import ConfigError
 
 # tiny Llama: d=64, 4 query heads and 2 KV heads of 16, FFN 96, 3 layers, vocab 100
@@ -38,69 +31,6 @@ def _write(tmp_path: Path, lines: list[str]) -> Path:
     return path
 
 
-# -- prompt selection ------------------------------------------------------------------------
-
-
-def test_select_prompts_round_robin_in_file_order() -> None:
-    rows = _rows("aaabccd")
-    picked = select_prompts(rows, 7)
-    assert [(p.category, p.question_id) for p in picked] == [
-        ("a", 0), ("b", 3), ("c", 4), ("d", 6), ("a", 1), ("c", 5), ("a", 2),
-    ]  # fmt: skip
-    assert [p.text for p in picked[:2]] == ["q0", "q3"]  # the first turn only
-    # a prefix of a longer selection: asking for fewer keeps the same order
-    assert select_prompts(rows, 3) == picked[:3]
-    assert select_prompts(rows, 1)[0].question_id == 0
-
-
-def test_select_prompts_deterministic_and_distinct() -> None:
-    rows = _rows("xyzxyzxyzw")
-    a = select_prompts(rows, 10)
-    assert a == select_prompts(rows, 10)
-    assert sorted(p.question_id for p in a) == list(range(10))
-
-
-@pytest.mark.parametrize("n", [0, -1, 1.5, True])
-def test_select_prompts_rejects_bad_counts(n: Any) -> None:
-    with pytest.raises(ConfigError, match="num_prompts"):
-        select_prompts(_rows("ab"), n)
-
-
-def test_select_prompts_more_than_available() -> None:
-    with pytest.raises(ConfigError, match="only 2 questions"):
-        select_prompts(_rows("ab"), 3)
-
-
-@pytest.mark.skipif(not DEFAULT_QUESTIONS.exists(), reason="the dev questions are not next to the repo")
-def test_dev_questions_cover_every_category() -> None:
-    rows = load_questions(DEFAULT_QUESTIONS)
-    categories = list(dict.fromkeys(r["category"] for r in rows))
-    picked = select_prompts(rows, 20)
-    assert [p.category for p in picked[: len(categories)]] == categories
-    assert len({p.question_id for p in picked}) == 20
-
-
-# -- the questions file ----------------------------------------------------------------------
-
-
-def test_load_questions_ok(tmp_path: Path) -> None:
-    path = _write(tmp_path, [json.dumps(r) for r in _rows("ab")] + [""])
-    assert [r["question_id"] for r in load_questions(path)] == [0, 1]
-
-
-def test_load_questions_errors(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="not found"):
-        load_questions(tmp_path / "missing.jsonl")
-    with pytest.raises(ConfigError, match="empty"):
-        load_questions(_write(tmp_path, []))
-    with pytest.raises(ConfigError, match=r":2 is not valid JSON"):
-        load_questions(_write(tmp_path, [json.dumps(_rows("a")[0]), "{oops"]))
-    with pytest.raises(ConfigError, match="first turn"):
-        load_questions(_write(tmp_path, [json.dumps({"category": "a", "turns": []})]))
-    with pytest.raises(ConfigError, match="first turn"):
-        load_questions(_write(tmp_path, [json.dumps({"category": "a", "turns": ["  "]})]))
-
-
 # -- validation before any model is loaded ---------------------------------------------------
 
 
@@ -115,7 +45,7 @@ def test_load_questions_errors(tmp_path: Path) -> None:
         ({"bandwidth_mib": 0}, "bandwidth_mib"),
         ({"threads": 0}, "threads"),
         ({"repeats": 0}, "repeats"),
-        ({"num_prompts": 5}, "only 2 questions"),
+        ({"num_prompts": 5}, "has only 2"),
     ],
 )
 def test_run_validates_inputs(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
@@ -264,3 +194,20 @@ def test_render_markdown_has_table_and_command() -> None:
     assert "| float32 | 20.0 | 20.0 | 1.50x | 1.20-1.80x |" in md
     assert "| 2/2 | 500.0 | 20.0 | 100% |" in md
     assert "python benchmarks/runtime_vs_hf.py --num-prompts 2" in md
+
+
+def test_a_tiny_end_to_end_run_on_a_text_prompt_file(tiny_chat_folder, tmp_path, one_thread):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a colour.\nCount to three.\nSay hi.\n")
+    report = run_runtime_benchmark(
+        model=str(tiny_chat_folder), questions=prompts, num_prompts=2, max_new_tokens=4, dtypes=["float32"],
+        out_dir=tmp_path / "out", progress=False, bandwidth_mib=1,
+    )
+    r = report["results"]["float32"]
+    assert [p["text"] for p in report["config"]["prompts"]] == ["Name a colour.", "Count to three."]
+    assert r["num_prompts"] == 2 and r["equal_outputs"] == 2  # float32 greedy: the same tokens
+    for rec in r["prompts"]:
+        assert rec["ratio"] == pytest.approx(rec["draftwise_tokens_per_second"] / rec["hf_tokens_per_second"])
+    saved = json.loads((tmp_path / "out" / "runtime_vs_hf.json").read_text())
+    assert saved["results"]["float32"]["num_prompts"] == 2
+    assert (tmp_path / "out" / "runtime_vs_hf.md").read_text() == render_markdown(saved)

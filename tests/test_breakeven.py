@@ -13,21 +13,23 @@ from draftwise.cli import app
 from draftwise.cost.breakeven import (
     DRAFT_KIND_COSTS,
     CostCurve,
-    KChoice,
-    ceiling,
     cost_ratio_from_c,
     cost_ratio_from_profile,
     cost_ratio_from_times,
+    sweep,
+)
+from draftwise.cost.model import (
+    KChoice,
+    breakeven_acceptance,
+    ceiling,
+    expected_committed,
     leviathan_speedup,
     min_breakeven,
     optimal_k,
-    parse_acceptances,
-    parse_ks,
     speedup,
     step_cost_ratio,
-    sweep,
 )
-from draftwise.cost.model import breakeven_acceptance, expected_committed
+from draftwise.cost.parsing import parse_acceptances, parse_ks
 from draftwise.errors import ConfigError
 
 runner = CliRunner()
@@ -37,7 +39,7 @@ def run(*args: str):
     return runner.invoke(app, ["breakeven", *args], catch_exceptions=False)
 
 
-# -- the worked checks of DESIGN.md section 3 ----------------------------------------------
+# -- the worked checks of the cost model ---------------------------------------------------
 @pytest.mark.parametrize("a, k, want, places", [(0.8, 4, 3.36, 2), (0.5, 4, 1.94, 2), (0.5, 8, 1.996, 3)])
 def test_worked_checks(a, k, want, places):
     # with a free draft and v = 1, the speedup is E itself
@@ -211,14 +213,17 @@ def test_cli_plot(tmp_path):
         (["--a", "0.1:0.9"], "start:stop:step"),
         (["--k", "0"], "k must be >= 1"),
         (["--k", "4-2"], "low <= high"),
-        (["--c", "-0.1"], "must be >= 0"),
+        (["--c", "-0.1"], "must be a finite number >= 0"),
+        (["--c", "nan"], "must be a finite number >= 0"),
+        (["--c", "inf"], "must be a finite number >= 0"),
+        (["--draft-ms", "1,2", "--t1-ms", "nan", "--k", "1-2"], "--t1-ms=nan must be a finite number > 0"),
         (["--c", "0.1", "--draft-ms", "1,2", "--t1-ms", "10"], "not both"),
         (["--c", "0.1", "--draft-kind", "self"], "one source"),
         (["--draft-ms", "1,2"], "--t1-ms"),
         (["--draft-ms", "1,-2", "--t1-ms", "10", "--k", "1-2"], ">= 0 ms"),
         (["--c", "0.1", "--t1-ms", "10"], "--t1-ms goes with --draft-ms"),
         (["--draft-kind", "tree"], "unknown draft kind"),
-        (["--c", "0.1", "--v", "0"], "v=0.0 must be > 0"),
+        (["--c", "0.1", "--v", "0"], "v=0.0 must be a finite number > 0"),
         (["--c", "0.1", "--v", "1,1.1", "--k", "1-4"], "k=1..2"),
         (["--draft", "lookup"], "--profile"),
     ],
@@ -276,6 +281,9 @@ def test_cli_profile_table_and_plot(profile_file, tmp_path):
         (["--k", "1-9"], "narrow --k"),
         (["--v", "1.1"], "drop --v"),
         (["--c", "0.1"], "one source"),
+        (["--context", "nan"], "--context=nan must be a context length"),
+        (["--context", "-5"], "--context=-5.0 must be a context length"),
+        (["--draft", "beam"], "unknown draft spec"),
     ],
 )
 def test_cli_profile_errors(profile_file, args, needle):
@@ -295,3 +303,13 @@ def test_cli_profile_default_k_is_what_it_measured(profile_file):
     res = run("--profile", str(path), "--a", "0.7", "--json")
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["k"] == [1, 2, 3, 4, 5]
+
+
+def test_cli_profile_draft_names_are_canonical(profile_file):
+    # "lookup:min=1" is the default lookup, the draft the profile measured
+    path, prof = profile_file
+    res = run("--profile", str(path), "--draft", "lookup:min=1,max=3", "--a", "0.6", "--k", "1-2", "--json")
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)["drafts"][0]
+    assert d["name"] == "lookup"
+    assert d["cost_ratio"] == pytest.approx([prof.step_cost_ratio("lookup", k) for k in (1, 2)], abs=1e-6)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -26,11 +27,11 @@ def test_specs_build_the_named_drafters(tiny):
     "spec, match",
     [
         ("beam", "unknown draft spec"),
-        ("lookup:max=x", "integers"),
+        ("lookup:max=x", "lookup:max= takes a whole number"),
         ("lookup:size=3", "unknown lookup draft option"),
-        ("self:exit=0", "empty"),
+        ("self:exit=0", "self:exit= takes a whole number >= 1, got 0"),
         ("self:exit=3", "whole model"),
-        ("self:layers=0-9", "do not exist"),
+        ("self:layers=0-9", "does not exist"),
         ("model:/nonexistent/draft", "not found"),
     ],
 )
@@ -72,6 +73,7 @@ def test_calibration_is_saved_and_used_by_self(tiny, tmp_path, monkeypatch):
     assert results[0].predicted_speedup >= results[1].predicted_speedup
     path = save_calibration(tiny, results[0], 2, results)
     assert json.loads(open(path).read())["layers"] == results[0].layers
+    assert [p.name for p in Path(path).parent.iterdir()] == [Path(path).name]  # no temp file left
     drafter = make_drafter("self", tiny)
     assert isinstance(drafter, SelfSpecDrafter) and drafter.layers == results[0].layers
 

@@ -28,8 +28,8 @@ from draftwise.distill import (
 from draftwise.distill.data import batch_indices, frequent_tokens, make_batch
 from draftwise.distill.student import draft_logits, teacher_logits
 from draftwise.drafters import make_drafter
-
-from .conftest import DEV_QUESTIONS
+from draftwise.fsutil import MARKER
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 
 PROMPTS = [
     ("writing", "Write a short poem about the sea."),
@@ -66,12 +66,15 @@ def drafts(tiny, prompts_file, tmp_path_factory):
 
 
 def test_split_is_deterministic_and_disjoint():
-    rows = [json.loads(line) for line in DEV_QUESTIONS.read_text().splitlines() if line.strip()]
+    rows = read_questions(DEFAULT_QUESTIONS)
     train, held = split_questions(rows)
     assert split_questions(rows) == (train, held)
-    ids = lambda rs: {(r["category"], r["question_id"]) for r in rs}  # noqa: E731
+    ids = lambda qs: {(q.category, q.question_id) for q in qs}  # noqa: E731
     assert not ids(train) & ids(held) and len(train) + len(held) == len(rows)
-    assert {r["category"] for r in held} == {r["category"] for r in rows}  # every category is tested
+    assert {q.category for q in held} == {q.category for q in rows}  # every category is tested
+    # plain rows split the same way (the demo passes them)
+    as_rows = [{"category": q.category, "question_id": q.question_id} for q in rows]
+    assert [r["question_id"] for r in split_questions(as_rows)[1]] == [q.question_id for q in held]
 
 
 def test_helpers():
@@ -119,6 +122,49 @@ def test_output_folder(drafts):
     saved = json.loads((full.out_dir / "eval.json").read_text())
     assert saved["cost_ratio"] > 0 and "breakeven_acceptance" in saved  # None when c >= 1 (timing noise)
     assert 0 <= saved["acceptance"] <= 1 and 1 <= saved["mean_committed"] <= 5
+
+
+def _strings(value):
+    """Every string inside a decoded JSON value."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield k
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _machine_paths(folder: Path) -> list[str]:
+    """Absolute or climbing paths in the JSON files that ship with a draft (and the command's words)."""
+    import shlex
+
+    found = []
+    for f in folder.glob("*.json"):
+        if f.name.startswith("tokenizer"):
+            continue  # its vocabulary holds tokens such as "/"; no path goes there
+        for text in _strings(json.loads(f.read_text())):
+            words = shlex.split(text) if text.startswith("draftwise ") else [text]
+            found += [f"{f.name}: {w}" for w in words if w.startswith(("/", "~")) or "../" in w or "=/" in w]
+    return found
+
+
+def test_the_files_that_ship_hold_no_machine_path(tiny, tiny_chat_folder, prompts_file, tmp_path):
+    out = tmp_path / "deep" / "run"
+    command = f"draftwise distill --target {tiny_chat_folder} --out {out} --prompts={prompts_file} --steps 2"
+    distill(tiny, out, layers=1, prompts=prompts_file, command=command, **{**FAST, "steps": 2, "eval_prompts": 1},
+            eval_max_new_tokens=4)
+    meta = json.loads((out / "draftwise_draft.json").read_text())
+    assert meta["command"] == f"draftwise distill --target {tiny_chat_folder.name} --out run --prompts=prompts.jsonl --steps 2"
+    assert meta["settings"]["prompts"] == "prompts.jsonl" and meta["target_folder"] == tiny_chat_folder.name
+    assert json.loads((out / "eval.json").read_text())["draft"] == "model:run"
+    assert _machine_paths(out) == []
+    text = "".join(f.read_text() for f in out.iterdir() if f.is_file() and f.suffix in (".json", ".jsonl"))
+    assert str(tmp_path) not in text and str(tiny_chat_folder) not in text
+    pack = pack_draft(out, tmp_path / "pack")
+    assert _machine_paths(pack) == [] and json.loads((pack / "draftwise_draft.json").read_text()) == meta
 
 
 @pytest.mark.parametrize("which", ["full", "reduced"])
@@ -211,14 +257,29 @@ def test_bad_inputs_raise_config_errors(tiny, prompts_file, tmp_path, options, m
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
-def test_existing_folder_needs_overwrite(tiny, prompts_file, tmp_path):
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "notes.txt").write_text("mine")
-    with pytest.raises(ConfigError, match="--overwrite"):
-        distill(tiny, tmp_path / "out", prompts=prompts_file, **FAST)
-    with pytest.raises(ConfigError, match="does not look like a distill output"):
-        distill(tiny, tmp_path / "out", prompts=prompts_file, overwrite=True, **FAST)
-    assert (tmp_path / "out" / "notes.txt").exists()
+def test_existing_folder_is_never_deleted_unless_distill_made_it(tiny, prompts_file, tmp_path):
+    user = tmp_path / "out"
+    (user / "data").mkdir(parents=True)
+    (user / "notes.txt").write_text("mine")
+    for overwrite in (False, True):
+        with pytest.raises(ConfigError, match="did not make it") as info:
+            distill(tiny, user, prompts=prompts_file, overwrite=overwrite, **FAST)
+        assert str(user) in str(info.value) and "\n" not in str(info.value)
+        with pytest.raises(ConfigError, match="nothing to resume"):
+            distill(tiny, user, prompts=prompts_file, resume=True, **FAST)
+    assert (user / "notes.txt").read_text() == "mine" and (user / "data").is_dir()
+    assert sorted(p.name for p in user.iterdir()) == ["data", "notes.txt"]  # nothing added either
+
+
+def test_a_distill_folder_needs_overwrite_or_resume_and_overwrite_replaces_it(tiny, prompts_file, tmp_path):
+    out = tmp_path / "run"
+    distill(tiny, out, layers=1, prompts=prompts_file, **FAST)
+    assert (out / MARKER).read_text().strip() == "distill"
+    (out / "stale.txt").write_text("from the first run")
+    with pytest.raises(ConfigError, match="--resume to continue it, --overwrite to replace it"):
+        distill(tiny, out, layers=1, prompts=prompts_file, **FAST)
+    again = distill(tiny, out, layers=1, prompts=prompts_file, overwrite=True, **FAST)
+    assert again.steps == FAST["steps"] and not (out / "stale.txt").exists() and (out / MARKER).is_file()
 
 
 def test_time_budget_below_one_step_is_refused(tiny, prompts_file, tmp_path):
@@ -251,7 +312,7 @@ def test_cli_trains_and_reports(tiny_chat_folder, prompts_file, tmp_path, one_th
 
 
 def test_time_budget_stops_cleanly_with_a_checkpoint(tiny, prompts_file, tmp_path, monkeypatch):
-    import draftwise.distill.train as train
+    import draftwise.distill.loop as loop
 
     class Clock:  # every reading advances one "second": steps take 1 s, deterministically
         now = 0.0
@@ -260,7 +321,7 @@ def test_time_budget_stops_cleanly_with_a_checkpoint(tiny, prompts_file, tmp_pat
             self.now += 1.0
             return self.now
 
-    monkeypatch.setattr(train, "time", Clock())
+    monkeypatch.setattr(loop, "time", Clock())
     result = distill(tiny, tmp_path / "out", prompts=prompts_file, layers=1, time_budget=10, **{**FAST, "steps": 50})
     assert result.stopped == "time budget" and 1 <= result.steps < 50
     state = json.loads((tmp_path / "out" / "checkpoints" / "last.json").read_text())
@@ -289,7 +350,7 @@ def test_several_continuations_per_prompt_and_snapshots(tiny, prompts_file, tmp_
     assert any(a != b for a, b in by_prompt.values())
     snaps = sorted(p.name for p in (tmp_path / "o" / "checkpoints").glob("step-*.pt"))
     assert snaps == ["step-000002.pt", "step-000004.pt", "step-000005.pt"]  # every 2 steps, and the last
-    weights = torch.load(tmp_path / "o" / "checkpoints" / "step-000005.pt", weights_only=False)["weights"]
+    weights = torch.load(tmp_path / "o" / "checkpoints" / "step-000005.pt", weights_only=True)["weights"]
     assert weights and not any("embed" in k or "lm_head" in k for k in weights)  # frozen: not kept
 
 
@@ -368,3 +429,5 @@ def test_the_shipped_draft_is_small_and_comes_with_its_command_and_log():
         log = [json.loads(line) for line in (pack / "train_log.jsonl").read_text().splitlines()]
         assert [e["step"] for e in log] == list(range(1, meta["steps"] + 1))
         assert (pack / PACK_WEIGHTS).is_file() and (pack / "config.json").is_file()
+        assert _machine_paths(pack) == []  # it ships: no build machine's paths
+        assert meta["settings"]["prompts"] == "question_dev.jsonl" and meta["target_folder"] == pack.name

@@ -8,7 +8,8 @@ import warnings
 
 import pytest
 
-from draftwise.cost.export import export_config, export_dict, parse_spec
+from draftwise.cost.export import export_config, export_dict
+from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 
 # vLLM SpeculativeConfig fields draftwise writes (vllm/config/speculative.py; docs
@@ -135,7 +136,7 @@ def test_none_says_speculation_does_not_pay(engine):
     [
         ("lookup", 4, "tgi", "unknown engine"),
         ("tree", 4, "vllm", "unknown draft spec"),
-        ("lookup:max=x", 4, "vllm", "integers"),
+        ("lookup:max=x", 4, "vllm", "whole number"),
         ("lookup:n=3", 4, "vllm", "unknown lookup draft option"),
         ("lookup:max=1,min=3", 4, "vllm", "min <= max"),
         ("self:exit=0", 4, "hf", "self:exit="),
@@ -143,13 +144,24 @@ def test_none_says_speculation_does_not_pay(engine):
         ("self:layers=a-b", 4, "hf", "layer list"),
         ("model:", 4, "vllm", "model: needs a path"),
         ("lookup", 0, "vllm", "k=0"),
+        ("self:layers=0-30", 4, "hf", "does not exist"),  # checked against num_layers below
     ],
 )
 def test_bad_input(draft, k, engine, needle):
     with pytest.raises(ConfigError, match=needle):
-        export_config(draft, k, engine)
+        export_config(draft, k, engine, num_layers=24)
 
 
-def test_parse_spec_matches_the_drafter_specs():
-    assert parse_spec("none") == ("none", {})
-    assert parse_spec("self:layers=0-9,12") == ("self", {"layers": "0-9,12"})
+@pytest.mark.parametrize("spec", SPECS + ["self:skip=12-23", "none"])
+def test_a_draft_spec_object_exports_like_its_string(spec):
+    parsed = DraftSpec.parse(spec)
+    for engine in ("vllm", "sglang", "hf"):
+        assert export_dict(parsed, 4, engine, num_layers=24) == export_dict(spec, 4, engine, num_layers=24)
+    assert export_dict(spec, 4, "vllm")["draft"] == str(parsed)
+
+
+def test_equivalent_specs_export_alike():
+    # lookup's defaults are max=3, min=1: spelled out or not, the engines get the same options
+    for engine in ("vllm", "sglang", "hf"):
+        assert export_dict("lookup:min=1,max=3", 4, engine) == export_dict("lookup", 4, engine)
+    assert export_dict("self:layers=0-11", 4, "hf")["options"] == {"assistant_early_exit": 12}

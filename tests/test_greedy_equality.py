@@ -12,7 +12,7 @@ import torch
 
 from draftwise import generate
 
-from .conftest import DEV_QUESTIONS
+from draftwise.questions import DEFAULT_QUESTIONS as DEV_QUESTIONS
 
 pytestmark = pytest.mark.real_model
 NEW_TOKENS = 40

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from draftwise.errors import ConfigError, ContextLengthError
-from draftwise.runtime import hf as hf_module
+from draftwise.runtime import hf_cache as hf_module
 from draftwise.runtime.base import Runtime
 from draftwise.runtime.hf import HFRuntime
 

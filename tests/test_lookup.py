@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -196,19 +195,3 @@ def test_a_step_costs_a_few_lookups_whatever_the_context_length():
             d.gets = d.sets = 0
         index.tokens.read = 0
     assert draft.tokens  # the last step repeated a token of the context: a real match was found
-
-
-def test_print_time_per_propose_at_8k_context():
-    """Reported, not asserted (benchmarks are not unit tests): microseconds per propose() while a
-    context of 8192 tokens grows by one token per step."""
-    context = _long_context(8192, seed=1)
-    drafter = PromptLookupDrafter()
-    drafter.start(context, SamplingConfig(), torch.Generator())
-    steps = 2000
-    extra = _long_context(steps, seed=2)
-    t0 = time.perf_counter()
-    for token in extra:
-        context.append(token)
-        drafter.propose(context, 4)
-    per_step = (time.perf_counter() - t0) / steps
-    print(f"\nprompt lookup: {per_step * 1e6:.1f} us per propose() at ~8k context")

@@ -10,19 +10,13 @@ from typer.testing import CliRunner
 from draftwise import generate, load_model
 from draftwise.cli import app
 from draftwise.cost.adaptive import AdaptiveK
-from draftwise.cost.plan import (
-    Plan,
-    load_plan,
-    load_prompts,
-    make_plan,
-    replay_hits,
-    replay_lookup,
-    sample_prompts,
-    trace_generation,
-)
-from draftwise.cost.profile import Profile, measure_profile, model_fingerprint
+from draftwise.cost.measure import measure_profile
+from draftwise.cost.plan import Plan, as_questions, load_plan, make_plan
+from draftwise.cost.profile import Profile, model_fingerprint
+from draftwise.cost.replay import Trace, replay_hits, replay_lookup, trace_generation
 from draftwise.drafters import make_drafter
 from draftwise.errors import ConfigError
+from draftwise.questions import Question
 
 from .conftest import random_hf_model, tiny_llama_config
 
@@ -88,8 +82,6 @@ def test_model_draft_hit_replay_matches_a_real_run(tiny, tiny_draft_folder, k):
 
 
 def test_hits_of_a_trace_cut_by_eos_inside_a_step():
-    from draftwise.cost.plan import Trace
-
     # the last step accepted 3 tokens, but the second was EOS: only 4 tokens were committed
     t = Trace(None, "c", 5, tokens=[9, 8, 7, 2], new_tokens=3, steps=[(1, 1), (4, 3)],
               prefill_seconds=0.0, seconds=0.0, k=4)
@@ -136,7 +128,7 @@ def test_a_profile_of_another_model_is_refused(tiny, tiny_draft_folder, tmp_path
 
 # -- the plan ------------------------------------------------------------------------------
 def rows_for(texts):
-    return [{"question_id": i, "category": c, "turns": [t]} for i, (c, t) in enumerate(texts)]
+    return [Question(i, c, (t,)) for i, (c, t) in enumerate(texts)]
 
 
 def test_plan_recommends_lookup_on_repetition_and_none_when_nothing_pays(tiny):
@@ -168,20 +160,25 @@ def test_plan_roundtrips_and_chooses(tiny, tmp_path):
     assert isinstance(load_plan(tmp_path), Plan)  # a folder holding plan.json
 
 
-def test_prompt_files(tmp_path):
-    text = tmp_path / "p.txt"
-    text.write_text("first prompt\n\nsecond prompt\n")
-    assert [r["turns"] for r in load_prompts(text)] == [["first prompt"], ["second prompt"]]
-    empty = tmp_path / "e.jsonl"
-    empty.write_text("\n  \n")
-    with pytest.raises(ConfigError, match="empty"):
-        load_prompts(empty)
-    bad = tmp_path / "b.jsonl"
-    bad.write_text('{"turns": ["ok"]}\n{"turns": [oops\n')
-    with pytest.raises(ConfigError, match=r"b\.jsonl:2"):
-        load_prompts(bad)
-    rows = [{"category": c, "turns": ["x"], "question_id": i} for i, c in enumerate("aabab")]
-    assert [r["question_id"] for r in sample_prompts(rows, 1)] == [0, 2]
+def test_plan_takes_questions_or_spec_bench_rows(tiny):
+    rows = [{"question_id": 7, "category": "code", "turns": [PROMPTS[0]]}]
+    assert as_questions(rows) == [Question(7, "code", (PROMPTS[0],))]
+    with pytest.raises(ConfigError, match="prompt 1: 'turns'"):
+        as_questions([{"question_id": 1, "category": "code", "turns": "not a list"}])
+    prof = fake_profile(tiny)
+    by_dict = make_plan(tiny, rows, prof, drafts=["lookup"], ks=[2], max_new_tokens=12)
+    by_question = make_plan(tiny, as_questions(rows), prof, drafts=["lookup"], ks=[2], max_new_tokens=12)
+    assert set(by_dict.categories) == {"code", "overall"}  # any category is planned for
+    assert by_dict.prompts[0]["new_tokens"] == by_question.prompts[0]["new_tokens"]
+    with pytest.raises(ConfigError, match="'overall' is reserved"):
+        make_plan(tiny, [Question(1, "overall", ("hi",))], prof, drafts=["lookup"], ks=[2])
+
+
+def test_plan_keys_drafts_by_their_canonical_spec(tiny):
+    rows = rows_for([("copy", PROMPTS[0])])
+    plan = make_plan(tiny, rows, fake_profile(tiny), drafts=["lookup:min=1,max=3", "lookup"], ks=[2],
+                     max_new_tokens=12)
+    assert plan.drafts == ["lookup"] and {c.draft for c in plan.categories["overall"]} == {"lookup"}
 
 
 # -- adaptive k ----------------------------------------------------------------------------
@@ -249,7 +246,10 @@ def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
     [
         (["--ks", "0-3"], "k must be >= 1"),
         (["--drafts", "nonsense"], "unknown draft spec"),
-        (["--temperature", "-1"], "must be >= 0"),
+        (["--temperature", "-1"], "must be a finite number >= 0"),
+        (["--temperature", "nan"], "--temperature nan must be a finite number >= 0"),
+        (["--drafts", "lookup@k=8"], "without @k"),
+        (["--drafts", ","], "needs at least one draft"),
     ],
 )
 def test_cli_plan_bad_input(tiny_chat_folder, tmp_path, args, message):

@@ -3,6 +3,11 @@
 A GGUF file is converted once (transformers de-quantises it, ~35 s for SmolLM2-135M) into a
 Hugging Face folder (config.json, safetensors, tokenizer files) under the user's cache
 directory, keyed by the file's content hash; later loads read that folder in a few seconds.
+
+The conversion writes into ``converted/.convert-<pid>-<name>-<random>`` and renames it into
+place, so a reader never sees half a folder. A conversion killed outright (SIGKILL, power
+loss) leaves that temporary folder behind; the next conversion removes it once its process is
+gone, or once it is an hour old.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +27,19 @@ import torch
 
 from .chat import encode_conversation
 from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
+from .fsutil import check_writable, write_json_atomic
 from .models import BUILTIN_MODELS
 from .runtime.base import Runtime
+from .runtime.native import NativeRuntime, check_supported
 
 DTypeName = Literal["float32", "bfloat16"]
 RuntimeName = Literal["auto", "native", "hf"]
 _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _GGUF_MAGIC = b"GGUF"
+#: the prefix of a conversion's temporary folder, followed by ``<pid>-``
+_CONVERT_PREFIX = ".convert-"
+#: a temporary folder this old is stale even if a process with its pid runs (the pid was reused)
+STALE_AFTER_S = 3600.0
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -41,10 +53,11 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def cache_dir() -> Path:
-    """Where converted weights live: ``$DRAFTWISE_CACHE``, else the platform's user cache dir."""
-    env = os.environ.get("DRAFTWISE_CACHE")
+    """Where converted weights live: ``$DRAFTWISE_CACHE`` (``~`` expanded), else the platform's
+    user cache dir."""
+    env = os.environ.get("DRAFTWISE_CACHE", "").strip()
     if env:
-        return Path(env)
+        return Path(env).expanduser()
     try:
         import platformdirs
 
@@ -52,6 +65,59 @@ def cache_dir() -> Path:
     except ImportError:  # pragma: no cover - platformdirs is a dependency
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
         return Path(base) / "draftwise"
+
+
+def writable_cache_dir(sub: str) -> Path:
+    """``cache_dir() / sub``, created and proved writable; a one-line ConfigError otherwise.
+
+    Call it before work whose result goes to the cache (a conversion, a profile, a calibration).
+    """
+    return check_writable(
+        cache_dir() / sub, "draftwise cache folder", fix="set DRAFTWISE_CACHE to a writable folder"
+    )
+
+
+def _process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (assumed so where it cannot be asked without harm)."""
+    if os.name == "nt":  # os.kill(pid, 0) would terminate it on Windows: go by age there
+        return True
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, and belongs to someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def clean_stale_conversions(folder: Path, *, max_age_s: float = STALE_AFTER_S) -> list[Path]:
+    """Remove the temporary folders of conversions that died (their process is gone) or that are
+    older than ``max_age_s``; return what was removed. A live conversion's folder is kept.
+
+    Folders of the old naming (``.tmp-*``) are removed by age only.
+    """
+    removed = []
+    now = time.time()
+    for tmp in folder.glob(".*"):
+        if not tmp.is_dir():
+            continue
+        try:
+            age = now - tmp.stat().st_mtime
+        except OSError:
+            continue  # removed meanwhile
+        if tmp.name.startswith(_CONVERT_PREFIX):
+            pid_text = tmp.name[len(_CONVERT_PREFIX):].split("-", 1)[0]
+            dead = not pid_text.isdigit() or not _process_alive(int(pid_text))
+        elif tmp.name.startswith(".tmp-"):
+            dead = False
+        else:
+            continue
+        if dead or age > max_age_s:
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
 
 
 def _sha256(path: Path) -> str:
@@ -85,10 +151,11 @@ def gguf_to_folder(path: str | Path, *, status: Callable[[str], None] | None = N
     target = cache_dir() / "converted" / f"{path.stem}-{_sha256(path)[:16]}"
     if (target / "config.json").exists():
         return target
+    converted = writable_cache_dir("converted")  # before the conversion, not after it
+    clean_stale_conversions(converted)
     if status:
-        status(f"converting {path.name} to safetensors (once; cached in {target.parent})")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+        status(f"converting {path.name} to safetensors (once; cached in {converted})")
+    tmp = Path(tempfile.mkdtemp(prefix=f"{_CONVERT_PREFIX}{os.getpid()}-{path.stem}-", dir=converted))
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -105,16 +172,25 @@ def gguf_to_folder(path: str | Path, *, status: Callable[[str], None] | None = N
         model.config.__dict__.pop("quantization_config", None)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
-        (tmp / "draftwise_source.json").write_text(
-            json.dumps({"gguf": str(path), "size": path.stat().st_size})
-        )
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
+        write_json_atomic(tmp / "draftwise_source.json", {"gguf": str(path), "size": path.stat().st_size})
+        _move_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """Rename the finished ``tmp`` to ``target``; a complete ``target`` another process made
+    meanwhile wins (``tmp`` is then dropped by the caller), an incomplete one is replaced."""
+    try:
+        tmp.rename(target)
+        return
+    except OSError:
+        if (target / "config.json").exists():
+            return
+    shutil.rmtree(target, ignore_errors=True)
+    tmp.rename(target)
 
 
 def resolve_model(spec: str | Path) -> tuple[str, Path]:
@@ -216,8 +292,6 @@ def load_model(
     except Exception as exc:
         raise ModelLoadError(f"could not read model folder {folder}: {exc}") from exc
 
-    from .runtime.native import NativeRuntime, check_supported
-
     problem = check_supported(config)
     rt: Runtime
     if runtime == "native" and problem:
@@ -227,7 +301,7 @@ def load_model(
     if runtime == "native" or (runtime == "auto" and not problem):
         rt = NativeRuntime.from_folder(folder, config, dtype=torch_dtype, max_context=max_context)
     else:
-        from .runtime.hf import HFRuntime
+        from .runtime.hf import HFRuntime  # imports transformers' cache classes: only when used
 
         rt = HFRuntime.from_folder(folder, dtype=torch_dtype, max_context=max_context)
     return Model(

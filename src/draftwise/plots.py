@@ -1,19 +1,71 @@
-"""Shared plotting plumbing: every PNG draftwise writes goes through :func:`save_figure`."""
+"""Shared plotting plumbing: every PNG draftwise writes goes through :func:`save_figure`.
+
+matplotlib is optional (``pip install 'draftwise[plot]'``). Without it :func:`pyplot` raises
+:class:`PlottingUnavailable`, and a command that also writes other files calls its plot through
+:func:`try_plot`, which reports one line and carries on: a missing plot never costs the user the
+tables and JSON the run produced.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from .errors import ConfigError
+from .fsutil import write_json_atomic
+
+T = TypeVar("T")
+
+#: how to get the plots; shown by every message about a missing matplotlib
+PLOT_INSTALL_HINT = "pip install 'draftwise[plot]'"
+
+
+class PlottingUnavailable(ConfigError, ImportError):
+    """matplotlib is not installed. An ImportError too, so ``except ImportError`` still works."""
 
 
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
-    import matplotlib
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise PlottingUnavailable(f"plots need matplotlib, which is not installed: {PLOT_INSTALL_HINT}") from None
     return plt
+
+
+def plotting_available() -> bool:
+    """Whether :func:`pyplot` will work (checked by importing matplotlib, so it is cached)."""
+    try:
+        pyplot()
+    except PlottingUnavailable:
+        return False
+    return True
+
+
+def _stderr_line(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def try_plot(
+    draw: Callable[..., T],
+    *args: Any,
+    label: str = "the plot",
+    warn: Callable[[str], None] | None = None,
+    **kwargs: Any,
+) -> T | None:
+    """``draw(*args, **kwargs)``, or, when matplotlib is missing, one line naming ``label`` to
+    ``warn`` (default: standard error) and None. Other errors propagate.
+    """
+    try:
+        return draw(*args, **kwargs)
+    except PlottingUnavailable:
+        (warn or _stderr_line)(f"skipped {label}: matplotlib is not installed ({PLOT_INSTALL_HINT})")
+        return None
 
 
 def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
@@ -27,10 +79,5 @@ def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
 
 
 def write_json(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` (folders created); return the path."""
-    import json
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2))
-    return path
+    """Write ``data`` as indented JSON to ``path`` atomically (folders created); return the path."""
+    return write_json_atomic(path, data)

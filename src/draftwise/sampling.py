@@ -5,15 +5,33 @@ same temperature, top-k and top-p. So both go through :func:`logits_to_probs`, a
 decoding (``temperature == 0``) is its own explicit path, :func:`greedy`.
 
 Order, as in Hugging Face ``generate``: temperature, then top-k, then top-p.
+
+A tiny temperature is safe: the logits are shifted so their maximum is 0 before they are
+divided, so ``temperature=1e-40`` gives the limit distribution (all mass on the argmax, shared
+among ties) instead of ``inf / inf = NaN``. Only ``temperature == 0`` takes the greedy path.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 
 import torch
 
 from .errors import ConfigError
+
+
+#: the largest seed torch.Generator.manual_seed takes (it reads the seed as an unsigned 64-bit int)
+MAX_SEED = 2**64 - 1
+
+
+#: below this temperature float32 cannot divide by it; the limit distribution is used instead
+_TINY = torch.finfo(torch.float32).tiny
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, Real) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -23,7 +41,7 @@ class SamplingConfig:
     temperature: 0 means greedy (argmax); > 0 divides the logits before the softmax.
     top_k: keep the k most likely tokens (0 = off).
     top_p: keep the smallest set of most likely tokens whose probability reaches top_p (1 = off).
-    seed: seeds the sampler's own generator (None = nondeterministic).
+    seed: seeds the sampler's own generator, 0 <= seed <= 2**64 - 1 (None = nondeterministic).
     """
 
     temperature: float = 0.0
@@ -32,14 +50,20 @@ class SamplingConfig:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not self.temperature >= 0:  # also catches NaN
-            raise ConfigError(
-                f"temperature={self.temperature} is negative; use 0 for greedy or a value > 0"
-            )
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k={self.top_k!r} must be an integer >= 0 (0 turns it off)")
-        if not 0 < self.top_p <= 1:
-            raise ConfigError(f"top_p={self.top_p} must be in (0, 1] (1 turns it off)")
+        t = self.temperature
+        if not _is_number(t) or math.isnan(t):
+            raise ConfigError(f"temperature={t!r} must be a number: 0 for greedy or a value > 0")
+        if t < 0 or math.isinf(t):
+            raise ConfigError(f"temperature={t} must be 0 (greedy) or a finite value > 0")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, Integral) or self.top_k < 0:
+            raise ConfigError(f"top_k={self.top_k!r} must be a whole number >= 0 (0 turns it off)")
+        if not _is_number(self.top_p) or not 0 < self.top_p <= 1:  # NaN fails the comparison
+            raise ConfigError(f"top_p={self.top_p!r} must be a number in (0, 1] (1 turns it off)")
+        seed = self.seed
+        if seed is not None and (
+            isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed <= MAX_SEED
+        ):
+            raise ConfigError(f"seed={seed!r} must be a whole number from 0 to 2**64 - 1 ({MAX_SEED})")
 
     @property
     def greedy(self) -> bool:
@@ -50,7 +74,7 @@ class SamplingConfig:
         if self.seed is None:
             gen.seed()
         else:
-            gen.manual_seed(self.seed)
+            gen.manual_seed(int(self.seed))
         return gen
 
 
@@ -68,7 +92,14 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """
     if cfg.greedy:
         raise ConfigError("temperature=0 is greedy decoding: use sampling.greedy, not probabilities")
-    scores = logits.float() / cfg.temperature
+    logits = logits.float()
+    # shift the maximum to exactly 0 first (the softmax is unchanged): a tiny temperature then
+    # sends the other scores to -inf and never makes inf - inf = NaN
+    shifted = logits - logits.amax(dim=-1, keepdim=True)  # [..., vocab], <= 0
+    if cfg.temperature >= _TINY:
+        scores = shifted / cfg.temperature
+    else:  # 1 / temperature overflows float32: the T -> 0 limit, the argmax (ties share)
+        scores = shifted.masked_fill(shifted < 0, float("-inf"))
     vocab = scores.shape[-1]
     if 0 < cfg.top_k < vocab:
         kth = torch.topk(scores, cfg.top_k, dim=-1).values[..., -1:]  # [..., 1]

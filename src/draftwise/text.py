@@ -23,7 +23,33 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .errors import ConfigError
+
 _REPLACEMENT = "\ufffd"
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\"}
+
+
+def decode_escapes(text: str) -> str:
+    r"""``\n``, ``\t``, ``\r`` and ``\\`` -> newline, tab, carriage return and one backslash.
+
+    A shell passes ``--stop "\n\n"`` as backslash-n twice, not as newlines; this is how the CLI
+    reads it. Any other backslash is kept as it is (so a Windows path survives), and non-ASCII
+    text is untouched (unlike the ``unicode_escape`` codec).
+
+    >>> decode_escapes(r"\n\n"), decode_escapes(r"a\tb\\n"), decode_escapes(r"C:\x é")
+    ('\n\n', 'a\tb\\n', 'C:\\x é')
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and i + 1 < len(text) and text[i + 1] in _ESCAPES:
+            out.append(_ESCAPES[text[i + 1]])
+            i += 2
+        else:
+            out.append(ch)
+            i += 1
+    return "".join(out)
 
 
 class TextAssembler:
@@ -31,7 +57,7 @@ class TextAssembler:
 
     def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
         if any(not s for s in stop):
-            raise ValueError("stop strings must be non-empty")
+            raise ConfigError("stop strings must be non-empty; drop the empty one")
         self._tok = tokenizer
         self._stop = tuple(stop)
         self._ids: list[int] = []

@@ -1,22 +1,20 @@
-"""Benchmarks: the Spec-Bench harness (``harness``) and plain decoding against Hugging Face
-(``runtime``)."""
+"""Benchmarks, as commands and scripts (never as timed unit tests).
+
+- ``draftwise bench`` (:func:`run_bench`): a Spec-Bench-compatible benchmark of every draft
+  against plain decoding on any workload. Modules: :mod:`.methods` (what runs),
+  :mod:`.runner` (running one method on one question), :mod:`.hf_peer` (Hugging Face
+  ``generate`` as a peer), :mod:`.answers` (answer files), :mod:`.outdir` (the output folder
+  and a safe ``--resume``), :mod:`.summary`, :mod:`.equality`, :mod:`.report`, :mod:`.run`.
+- ``draftwise bench-runtime`` (:func:`run_runtime_benchmark`): plain decoding, the native
+  runtime against Hugging Face ``generate`` (:mod:`.plain_vs_hf`), with the memory-bandwidth
+  roofline (:mod:`.roofline`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from .plain_vs_hf import render_markdown as render_runtime_markdown
+from .plain_vs_hf import run_runtime_benchmark
+from .report import render_markdown
+from .run import run_bench
 
-__all__ = ["run_bench", "run_runtime_benchmark"]
-
-
-def run_bench(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """See :func:`draftwise.bench.harness.run_bench` (imported lazily: it pulls in torch)."""
-    from .harness import run_bench as run
-
-    return run(*args, **kwargs)
-
-
-def run_runtime_benchmark(**kwargs: Any) -> dict[str, Any]:
-    """See :func:`draftwise.bench.runtime.run_runtime_benchmark` (imported lazily: it pulls in torch)."""
-    from .runtime import run_runtime_benchmark as run
-
-    return run(**kwargs)
+__all__ = ["render_markdown", "render_runtime_markdown", "run_bench", "run_runtime_benchmark"]

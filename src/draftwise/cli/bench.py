@@ -1,4 +1,5 @@
-"""``draftwise bench``: the Spec-Bench-format harness (see draftwise.bench.harness)."""
+"""``draftwise bench``: every draft (and peer) against plain decoding, per category (see
+:mod:`draftwise.bench.run`)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,34 @@ from typing import Annotated
 
 import typer
 
-from .common import DType, ModelOpt, err, load_with_status, out, user_errors
+from ..bench import render_markdown, run_bench
+from ..bench.methods import parse_methods, parse_peers
+from ..bench.outdir import prepare_out
+from ..bench.runner import load_plan_for_auto
+from ..drafters.spec import SPEC_HELP, parse_k
+from ..plots import PLOT_INSTALL_HINT, plotting_available
+from ..questions import DEFAULT_QUESTIONS, read_questions
+from ..sampling import SamplingConfig
+from .common import DType, ModelOpt, err, load_with_status, out, plain, user_errors, warn
 
 
 def bench(
     questions: Annotated[
-        Path, typer.Option("--questions", "-q", help="Spec-Bench-format JSONL (question_id, category, turns).")
-    ],
+        Path,
+        typer.Option(
+            "--questions", "-q",
+            help="Spec-Bench-format JSONL (question_id, category, turns; any category) or a text "
+            "file with one prompt a line.",
+            show_default="the Spec-Bench dev questions shipped with draftwise",
+        ),
+    ] = DEFAULT_QUESTIONS,
     model: ModelOpt = "default",
     drafts: Annotated[
         str,
         typer.Option(
             "--drafts", "-d",
-            help="Comma-separated draft specs run against plain decoding: lookup, self[:...], "
-            "model:PATH, auto (the plan's choice per category). 'none' always runs.",
+            help=f"Comma-separated drafts run against plain decoding ({SPEC_HELP}), each optionally "
+            "@k=K; auto = the plan's choice per category. 'none' always runs.",
         ),
     ] = "lookup,self",
     k: Annotated[str, typer.Option("--k", help="Tokens proposed per step: an integer or 'auto'.")] = "4",
@@ -41,7 +56,12 @@ def bench(
         Path, typer.Option("--out", "-o", help="Folder for answers/, summary.json, summary.md, plots.")
     ] = Path("draftwise-bench"),
     resume: Annotated[
-        bool, typer.Option("--resume", help="Keep the answers already in OUT; run only the missing ones.")
+        bool,
+        typer.Option("--resume", help="Keep the answers already in OUT and run only the missing ones; "
+                     "refused if any setting that shapes an answer differs."),
+    ] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run in OUT (only a folder `draftwise bench` made).")
     ] = False,
     time_budget: Annotated[
         float | None,
@@ -49,15 +69,16 @@ def bench(
     ] = None,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
-    from ..bench.harness import parse_drafts, parse_k, read_questions, render_markdown, run_bench
-    from ..sampling import SamplingConfig
-
     with user_errors():
+        # everything that can be wrong is found here, in a second, before the model loads
         sampling = SamplingConfig(temperature=temperature, seed=seed)
         parsed_k = parse_k(k)
-        parse_drafts(drafts, parsed_k)
-        read_questions(questions)  # fail on a bad file before loading the model
-        peer_list = [p.strip() for p in (peers or "").split(",") if p.strip()]
+        methods = parse_methods(drafts, parsed_k)
+        peer_list = parse_peers(peers or "")
+        read_questions(questions)
+        if any(spec == "auto" for _, spec, _ in methods):
+            load_plan_for_auto(plan, out_dir)
+        prepare_out(out_dir, resume=resume, overwrite=overwrite)
         loaded = load_with_status(model, dtype.value)
         try:
             summary = run_bench(
@@ -71,12 +92,14 @@ def bench(
                 peers=peer_list,
                 out_dir=out_dir,
                 resume=resume,
+                overwrite=overwrite,
                 time_budget=time_budget,
                 plan=plan,
                 progress=True,
             )
         except KeyboardInterrupt:
-            err.print(f"[yellow]interrupted[/]: the summary of the finished questions is in {out_dir}")
+            err.print(f"[yellow]interrupted[/]: the summary of the finished questions is in {plain(out_dir)}",
+                      highlight=False)
             raise typer.Exit(code=130) from None
     out.print(render_markdown(summary), highlight=False, markup=False, soft_wrap=True)
     run = summary["run"]
@@ -85,4 +108,6 @@ def bench(
             f"[yellow]time budget reached[/]: {run['questions_finished']} of "
             f"{run['questions_total']} questions finished; rerun with --resume to continue"
         )
-    err.print(f"[dim]answers, summary.json, summary.md and plots in {out_dir}[/]")
+    if not plotting_available():
+        warn(f"skipped the plots: matplotlib is not installed ({PLOT_INSTALL_HINT})")
+    err.print(f"answers, summary.json, summary.md and plots in {out_dir}", style="dim", markup=False, highlight=False)

@@ -1,37 +1,42 @@
-"""``draftwise bench-runtime``."""
+"""``draftwise bench-runtime``: plain decoding, the native runtime against Hugging Face ``generate``."""
 
 from __future__ import annotations
 
-import json
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, out, user_errors
+from ..bench import render_runtime_markdown, run_runtime_benchmark
+from ..fsutil import check_writable
+from ..questions import DEFAULT_QUESTIONS
+from .common import ModelOpt, out, user_errors
+
 
 def bench_runtime(
     model: ModelOpt = "default",
     questions: Annotated[
-        Path | None, typer.Option(help="Spec-Bench-format JSONL (default: the dev questions).")
-    ] = None,
+        Path,
+        typer.Option(
+            help="Spec-Bench-format JSONL or a text file, one prompt a line.",
+            show_default="the Spec-Bench dev questions shipped with draftwise",
+        ),
+    ] = DEFAULT_QUESTIONS,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 20,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     dtypes: Annotated[str, typer.Option(help="Comma-separated: float32,bfloat16.")] = "float32,bfloat16",
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write JSON + markdown here.")] = None,
 ) -> None:
     """Plain decoding: the native runtime against Hugging Face generate, plus the roofline."""
-    from ..bench.runtime import DEFAULT_QUESTIONS, render_markdown, run_runtime_benchmark
-
     with user_errors():
+        if out_dir is not None:
+            check_writable(out_dir)
         report = run_runtime_benchmark(
             model=model,
-            questions=questions or DEFAULT_QUESTIONS,
+            questions=questions,
             num_prompts=num_prompts,
             max_new_tokens=max_new_tokens,
             dtypes=[d.strip() for d in dtypes.split(",") if d.strip()],
             out_dir=out_dir,
         )
-    out.print(render_markdown(report), highlight=False, markup=False)
+    out.print(render_runtime_markdown(report), highlight=False, markup=False)

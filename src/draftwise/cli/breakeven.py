@@ -15,10 +15,25 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .common import out, user_errors
+from ..cost.breakeven import (
+    CostCurve,
+    cost_ratio_from_c,
+    cost_ratio_from_profile,
+    cost_ratio_from_times,
+    kind_curves,
+    plot_speedup,
+    sweep,
+)
+from ..cost.parsing import parse_acceptances, parse_draft_kinds, parse_floats, parse_ks
+from ..cost.profile import Profile
+from ..cost.report import plot_available
+from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
+from ..fsutil import check_writable
+from .common import err, out, user_errors
 
 
 def _curves(
@@ -36,16 +51,6 @@ def _curves(
 ) -> tuple[list[Any], dict[str, Any], float | list[float], list[int]]:
     """The cost curves the options describe, the profile's own curves (for the plot), v, and
     the k to show (by default, those the profile measured)."""
-    from ..cost.breakeven import (
-        CostCurve,
-        cost_ratio_from_c,
-        cost_ratio_from_profile,
-        cost_ratio_from_times,
-        kind_curves,
-        parse_draft_kinds,
-        parse_floats,
-    )
-
     if c is not None and draft_ms is not None:
         raise ConfigError("give the draft cost once: --c (per token, in target steps) or --draft-ms, not both")
     given = [name for name, val in (("--c", c), ("--draft-ms", draft_ms), ("--draft-kind", draft_kind),
@@ -65,8 +70,6 @@ def _curves(
     v: float | list[float] = v_vals[0] if len(v_vals) == 1 else v_vals
 
     if profile_path is not None:
-        from ..cost.profile import Profile
-
         profile = Profile.load(profile_path)
         if not k_given:
             ks = [x for x in ks if x + 1 <= profile.max_n] or [1]
@@ -75,7 +78,7 @@ def _curves(
                 f"the profile measured steps of up to {profile.max_n} tokens, so k up to "
                 f"{profile.max_n - 1}; narrow --k (asked for up to {max(ks)})"
             )
-        names = list(drafts or profile.drafts)
+        names = list(dict.fromkeys(str(DraftSpec.parse(d)) for d in drafts)) if drafts else list(profile.drafts)
         if not names:
             raise ConfigError(
                 f"the profile {profile_path} has no draft costs; run `draftwise profile --draft lookup` "
@@ -121,7 +124,7 @@ def _print_tables(result: dict[str, Any]) -> None:
     table = Table(title="step cost R(k) and break-even a*(k)")
     table.add_column("k", justify="right")
     for d in result["drafts"]:
-        table.add_column(f"{d['name']}: R", justify="right")
+        table.add_column(f"{escape(d['name'])}: R", justify="right")
         table.add_column("a*", justify="right")
     for j, k in enumerate(ks):
         cells = []
@@ -131,7 +134,7 @@ def _print_tables(result: dict[str, Any]) -> None:
     out.print(table)
 
     for d in result["drafts"]:
-        table = Table(title=f"speedup S = E / R: {d['name']}")
+        table = Table(title=f"speedup S = E / R: {escape(d['name'])}")
         table.add_column("a", justify="right")
         for k in ks:
             table.add_column(f"k={k}", justify="right")
@@ -185,9 +188,15 @@ def breakeven(
     ] = None,
 ) -> None:
     """When does speculation pay? E(a, k), speedup, break-even acceptance and the best k (no model needed)."""
-    from ..cost.breakeven import parse_acceptances, parse_ks, plot_speedup, sweep
-
     with user_errors():
+        if plot is not None:
+            if plot.is_dir():
+                raise ConfigError(f"--plot {plot} is a folder; give a file path such as {plot / 'speedup.png'}")
+            check_writable(plot.expanduser().parent, "folder of --plot")
+            if not plot_available():
+                err.print("matplotlib is not installed, so the plot was skipped (pip install 'draftwise[plot]')",
+                          markup=False, highlight=False)
+                plot = None
         acceptances = parse_acceptances(a)
         curves, markers, v_val, ks = _curves(
             c=c, draft_ms=draft_ms, t1_ms=t1_ms, draft_kind=draft_kind, v_text=v,
@@ -204,4 +213,4 @@ def breakeven(
         return
     _print_tables(result)
     if plot is not None:
-        out.print(f"plot saved to {plot}")
+        out.print(f"plot saved to {plot}", markup=False, highlight=False)

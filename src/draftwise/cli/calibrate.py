@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
-import sys
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, out, user_errors
+from ..cost.calibrate import calibrate_self, candidate_layer_sets, save_calibration
+from ..drafters.factory import calibration_path
+from ..fsutil import check_writable
+from ..questions import DEFAULT_QUESTIONS, read_questions, spread_questions
+from .common import DType, DTypeOpt, ModelOpt, err, load_with_status, out, user_errors
+
 
 def calibrate_self_cmd(
     model: ModelOpt = "default",
@@ -25,13 +31,12 @@ def calibrate_self_cmd(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Search the layer subset that maximises self-speculation's predicted speedup, and save it."""
-    from ..questions import DEFAULT_QUESTIONS, read_questions, spread_questions
-    from ..cost.calibrate import calibrate_self, candidate_layer_sets, save_calibration
-
     with user_errors():
         rows = read_questions(questions or DEFAULT_QUESTIONS)
         prompts = [q.prompt for q in spread_questions(rows, min(num_prompts, len(rows)))]
         loaded = load_with_status(model, dtype.value, "native")
+        if save:  # a read-only cache fails now, not after the calibration
+            check_writable(calibration_path(loaded).parent, "calibration cache folder (DRAFTWISE_CACHE)")
         total = len(candidate_layer_sets(loaded.runtime.num_layers))
         with err.status("calibrating ...") as status:
             done = [0]
@@ -48,8 +53,6 @@ def calibrate_self_cmd(
             )
         saved = save_calibration(loaded, results[0], k, results) if save else None
     if as_json:
-        from dataclasses import asdict
-
         print(json.dumps({"saved": saved, "candidates": [asdict(c) for c in results]}))
         return
     table = Table(title=f"self-speculation candidates (k={k}, {len(prompts)} prompts)")
@@ -57,7 +60,7 @@ def calibrate_self_cmd(
         table.add_column(col)
     for c in results:
         table.add_row(
-            c.description,
+            escape(c.description),
             f"{c.draft_cost_ratio:.2f}",
             " ".join(f"{a:.2f}" for a in c.acceptance_by_position),
             f"{c.expected_committed:.2f}",
@@ -66,6 +69,6 @@ def calibrate_self_cmd(
     out.print(table)
     best = results[0]
     verdict = "pays" if best.predicted_speedup > 1 else "does not pay on this machine"
-    out.print(f"best: {best.description}: predicted {best.predicted_speedup:.2f}x ({verdict})")
+    out.print(f"best: {escape(best.description)}: predicted {best.predicted_speedup:.2f}x ({verdict})")
     if saved:
-        out.print(f"saved to {saved}; `--draft self` now uses it")
+        out.print(f"saved to {saved}; `--draft self` now uses it", markup=False, highlight=False)

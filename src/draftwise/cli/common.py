@@ -1,24 +1,26 @@
 """What every command shares: consoles, the common options, loading a model, and error handling.
 
 User mistakes (a :class:`~draftwise.errors.DraftwiseError`) print one line naming the fix and
-exit with status 2; they never print a traceback.
+exit with status 2; they never print a traceback. Messages quote what the user typed, so they are
+printed with rich markup escaped (``--draft "[/x]"`` shows ``[/x]``, it does not crash rich) and
+with any undecodable byte shown as an escape.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from ..errors import DraftwiseError
+from ..errors import ConfigError, DraftwiseError
+from ..loaders import load_model
+from ..plots import try_plot
 
 err = Console(stderr=True)
 out = Console()
@@ -36,9 +38,53 @@ class RuntimeChoice(str, Enum):
     hf = "hf"
 
 
+def plain(text: object) -> str:
+    """``text`` safe inside a markup string: one line, markup escaped, undecodable bytes
+    (surrogate escapes from a non-UTF-8 argument) shown as ``\\udcff``, not a crash."""
+    line = " ".join(str(text).splitlines())
+    return escape(line.encode("utf-8", "backslashreplace").decode("utf-8"))
+
+
 def fail(message: str) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    """Print ``error: message`` on one line of stderr and exit with status 2."""
+    err.print(f"[bold red]error:[/] {plain(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code=2)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: message`` on one line of stderr and carry on."""
+    err.print(f"[yellow]warning:[/] {plain(message)}", highlight=False, soft_wrap=True)
+
+
+def plot_or_warn(draw: Callable[..., T], *args: Any, label: str = "the plot", **kwargs: Any) -> T | None:
+    """Draw a plot, or without matplotlib say so in one line and go on writing everything else."""
+    return try_plot(draw, *args, label=label, warn=warn, **kwargs)
+
+
+def utf8_text(text: str, what: str) -> str:
+    """``text`` if it is valid Unicode; a non-UTF-8 argument (which Python keeps as surrogate
+    escapes) is a ConfigError naming the first bad byte."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        bad = text[exc.start]
+        byte = f"0x{ord(bad) - 0xDC00:02x}" if 0xDC80 <= ord(bad) <= 0xDCFF else repr(bad)
+        raise ConfigError(f"{what} is not valid UTF-8 (byte {byte} at character {exc.start}); pass UTF-8 text") from None
+    return text
+
+
+def read_stdin_text(what: str = "the prompt on standard input") -> str:
+    """Standard input decoded as UTF-8; anything else is a ConfigError, not a traceback."""
+    stream = getattr(sys.stdin, "buffer", None)
+    try:
+        if stream is None:  # a replaced text stream (tests): it has done the decoding
+            return sys.stdin.read()
+        return stream.read().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"{what} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
+            "pass UTF-8 text"
+        ) from None
 
 
 @contextmanager
@@ -52,15 +98,13 @@ def user_errors() -> Iterator[None]:
 
 def load_with_status(model: str, dtype: str, runtime: str = "auto", max_context: int | None = None) -> Any:
     """Load a model behind a spinner on stderr (conversion of a GGUF takes ~35 s the first time)."""
-    from ..loaders import load_model
-
-    with err.status(f"loading model {model} ...", spinner="dots") as status:
+    with err.status(f"loading model {plain(model)} ...", spinner="dots") as status:
         return load_model(
             model,
             dtype=dtype,  # type: ignore[arg-type]
             runtime=runtime,  # type: ignore[arg-type]
             max_context=max_context,
-            status=lambda msg: status.update(msg),
+            status=lambda msg: status.update(plain(msg)),
         )
 
 

@@ -1,7 +1,7 @@
 """``draftwise demo``: the README's main job, a short benchmark that ends in a recommendation.
 
-On the embedded default model and one dev prompt from each Spec-Bench group (from the
-questions held out of the shipped draft's training) it:
+On the embedded default model and a few dev questions, one from each Spec-Bench group (taken
+from the questions held out of the shipped draft's training), it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
 2. plans: traces lookup, self-speculation and the shipped distilled draft (``model:default``,
@@ -10,99 +10,156 @@ questions held out of the shipped draft's training) it:
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
 4. prints the table, the break-even acceptance of each draft against what it achieved, and the
    recommendation. Everything is written to ``--out``.
+
+It needs nothing beside the installed package: the questions ship inside it.
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+from ..bench import render_markdown, run_bench
+from ..cost.adaptive import resolve_profile
+from ..cost.plan import Plan, make_plan
+from ..cost.report import best_per_draft, breakeven_text, plot_plan, render_plan_markdown
+from ..distill.data import split_questions
+from ..drafters.packs import shipped_pack
+from ..errors import ConfigError
+from ..fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
+from ..plots import plotting_available
+from ..questions import DEFAULT_QUESTIONS, Question, category_group, read_questions
+from .common import DType, ModelOpt, err, load_with_status, out, plain, plot_or_warn, progress_bar, user_errors
 from .plan import plan_table
 
+COMMAND = "demo"
 
-def breakeven_table(plan) -> Table:  # type: ignore[no-untyped-def]
+
+def breakeven_table(plan: Plan) -> Table:
     """Per draft, overall: its best k, the acceptance it needs there and what it achieved."""
-    from ..cost.report import best_per_draft, breakeven_text
-
     table = Table(title="break-even: the acceptance each draft needs on this machine vs what it achieved")
     for col in ("draft", "best k", "needs a* >=", "achieved a_eff", "raw acceptance", "predicted", "pays?"):
         table.add_column(col, justify="left" if col == "draft" else "right")
     for name, c in best_per_draft(plan, "overall").items():
-        be = breakeven_text(c)
         ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
         raw = "-" if c.acceptance is None else f"{c.acceptance:.2f}"
         pays = c.speedup > 1.0
-        table.add_row(name, str(c.k), be, ae, raw, f"{c.speedup:.2f}x",
+        table.add_row(plain(name), str(c.k), breakeven_text(c), ae, raw, f"{c.speedup:.2f}x",
                       "[green]yes[/]" if pays else "[red]no[/]")
     return table
+
+
+def pick_questions(questions: Sequence[Question], count: int | None) -> list[Question]:
+    """``count`` questions, round-robin over the groups (Spec-Bench's, or a category of one's
+    own) in file order; None: one from each group.
+
+    >>> qs = [Question(i, c, ("q",)) for i, c in enumerate(["writing", "math", "qa", "rag", "qa"])]
+    >>> [q.question_id for q in pick_questions(qs, None)], [q.question_id for q in pick_questions(qs, 4)]
+    ([0, 2, 3], [0, 2, 3, 1])
+    """
+    queues: dict[str, list[Question]] = {}  # groups in the order they first appear
+    for q in questions:
+        queues.setdefault(category_group(q.category), []).append(q)
+    if count is None:
+        count = len(queues)
+    if count > len(questions):
+        raise ConfigError(f"--num-questions {count} is more than the {len(questions)} questions there are")
+    picked: list[Question] = []
+    depth = 0
+    while len(picked) < count:
+        picked += [qs[depth] for qs in queues.values() if depth < len(qs)][: count - len(picked)]
+        depth += 1
+    return picked
+
+
+def demo_questions(questions: Path | None, count: int | None) -> list[Question]:
+    """The questions the demo runs: from ``questions``, or the held-out shipped dev questions."""
+    if questions is not None:
+        return pick_questions(read_questions(questions), count)
+    # the dev questions the shipped draft was not trained on
+    _, held = split_questions(read_questions(DEFAULT_QUESTIONS))
+    return pick_questions(held, count)
+
+
+def prepare_out(folder: Path) -> Path:
+    """An empty folder for the demo's files: its own earlier output is replaced, anything else
+    refused (checked before any work, so a bad ``--out`` fails in a second)."""
+    folder = folder.expanduser()
+    if folder.is_dir() and any(folder.iterdir()) and not is_owned_by(folder, COMMAND):
+        raise ConfigError(
+            f"{folder} already holds files `draftwise demo` did not make (it has no {MARKER}); "
+            "pass a new or empty --out"
+        )
+    return claim_output_dir(folder, COMMAND, overwrite=True, holds="demo output")
 
 
 def demo(
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
-    questions: Annotated[Path | None, typer.Option(help="Spec-Bench JSONL (default: the dev questions).")] = None,
-    per_group: Annotated[int, typer.Option("--per-group", min=1, help="Prompts per Spec-Bench group.")] = 1,
+    questions: Annotated[
+        Path | None, typer.Option(help="Spec-Bench JSONL or one prompt a line (default: the shipped dev questions).")
+    ] = None,
+    num_questions: Annotated[
+        int | None,
+        typer.Option("--num-questions", min=1, help="How many questions to run, spread over the groups "
+                     "(default: one from each Spec-Bench group)."),
+    ] = None,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
-    out_dir: Annotated[Path, typer.Option("--out", help="Where the plan and benchmark files go.")] = Path("out/demo"),
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Where the plan and benchmark files go (replaced on a rerun).")
+    ] = Path("out/demo"),
 ) -> None:
     """Profile, plan and benchmark on a handful of dev prompts; recommend a draft."""
-    from ..bench.harness import GROUPS, category_group, read_questions, render_markdown, run_bench
-    from ..bench.runtime import DEFAULT_QUESTIONS
-    from ..cost.adaptive import resolve_profile
-    from ..cost.plan import make_plan
-    from ..cost.report import plot_plan, render_plan_markdown
-
     with user_errors():
-        rows = read_questions(questions or DEFAULT_QUESTIONS)
-        if questions is None:  # the dev questions the shipped draft was not trained on
-            from ..distill.data import split_questions
-
-            _, held = split_questions([{"category": q.category, "index": i} for i, q in enumerate(rows)])
-            rows = [rows[r["index"]] for r in held]
-        picked, taken = [], {g: 0 for g in GROUPS}
-        for q in rows:
-            g = category_group(q.category)
-            if taken[g] < per_group:
-                taken[g] += 1
-                picked.append(q)
+        picked = demo_questions(questions, num_questions)
+        out_dir = prepare_out(out_dir)
         target = load_with_status(model, dtype.value)
-        from ..drafters.packs import shipped_pack
-
         drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)
-        plan_rows = [{"question_id": q.question_id, "category": q.category, "turns": list(q.turns)} for q in picked]
         with progress_bar("plan") as report:
-            plan = make_plan(target, plan_rows, profile, drafts=drafts, ks=range(1, 9),
+            plan = make_plan(target, picked, profile, drafts=drafts, ks=range(1, 9),
                              max_new_tokens=max_new_tokens, progress=report)
         plan.config["command"] = "draftwise demo"
-        out_dir.mkdir(parents=True, exist_ok=True)
         plan.save(out_dir / "plan.json")
-        (out_dir / "plan.md").write_text(render_plan_markdown(plan))
-        plot_plan(plan, out_dir / "plan.png")
-        from ..cost.report import best_per_draft
-
+        write_text_atomic(out_dir / "plan.md", render_plan_markdown(plan))
+        # without matplotlib: one line here; run_bench then skips its plots as well
+        plot_or_warn(plot_plan, plan, out_dir / "plan.png", label="the plots (plan.png, bench/*.png)")
         best = best_per_draft(plan, "overall")
-        methods = [(d, best[d].k) for d in drafts if d in best] + ["auto"]
+        methods: list[Any] = [(d, best[d].k) for d in drafts if d in best] + ["auto"]
         summary = run_bench(
             target, picked, drafts=methods, max_new_tokens=max_new_tokens, out_dir=out_dir / "bench",
             plan=plan, dtype=dtype.value,
         )
+        write_json_atomic(out_dir / "demo.json", {"plan": plan.to_dict(), "bench": _jsonable(summary)})
     out.print(render_markdown(summary), highlight=False, markup=False)
     out.print(plan_table(plan))
     out.print(breakeven_table(plan))
+    print_recommendation(plan, summary)
+    pngs = "plan.png, bench/*.png" if plotting_available() else "no plots"
+    out.print(f"files: {plain(out_dir)}/plan.md, bench/summary.md, {pngs}", highlight=False)
+
+
+def print_recommendation(plan: Plan, summary: dict[str, Any]) -> None:
+    """The plan's overall pick and the routed (per-category) prediction, with what was measured."""
     d, k = plan.recommended["overall"]
     routed = summary["groups"]["overall"].get("auto", {}).get("speedup")
     measured = f", measured {routed:.2f}x" if routed else ""
+    pick = "no speculation" if d == "none" else f"--draft {plain(d)} --k {k}"
     out.print(
-        f"recommendation for this workload: [bold]{'no speculation' if d == 'none' else f'--draft {d} --k {k}'}[/]"
-        f" (predicted {plan.predicted['overall']:.2f}x); each category its own pick (--drafts auto): "
-        f"predicted {plan.routed_overall:.2f}x{measured}"
+        f"recommendation for this workload: [bold]{pick}[/] (predicted {plan.predicted['overall']:.2f}x); "
+        f"each category its own pick (--drafts auto): predicted {plan.routed_overall:.2f}x{measured}"
     )
-    out.print(f"files: {out_dir}/plan.md, plan.png, bench/summary.md, bench/*.png", highlight=False)
-    (out_dir / "demo.json").write_text(json.dumps({"plan": plan.to_dict(), "bench": summary}, indent=2, default=str))
+
+
+def _jsonable(data: Any) -> Any:
+    """``data`` with anything JSON cannot hold (paths, say) as a string."""
+    if isinstance(data, dict):
+        return {str(key): _jsonable(v) for key, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_jsonable(v) for v in data]
+    return data if data is None or isinstance(data, (str, int, float, bool)) else str(data)

@@ -10,9 +10,12 @@ from typing import Annotated, Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
-from .common import err, out, user_errors
+from ..distill import distill
+from ..distill.pack import PACK_WEIGHTS, pack_draft
 from ..errors import ConfigError
+from .common import err, out, user_errors
 
 
 def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list | None:
@@ -28,7 +31,8 @@ def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list |
 def eval_table(report: Any) -> Table:
     """The held-out evaluation of a distilled draft, as one table."""
     be = report.breakeven_acceptance
-    table = Table(title=f"{report.draft}: greedy, k={report.k}, {report.prompts} held-out prompts", show_header=False)
+    title = Text(f"{report.draft}: greedy, k={report.k}, {report.prompts} held-out prompts")  # a path is not markup
+    table = Table(title=title, show_header=False)
     table.add_column("stat")
     table.add_column("value", justify="right")
     rows = [
@@ -71,7 +75,8 @@ def distill_cmd(
     ] = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default 0).")] = None,
     prompts: Annotated[
-        Path | None, typer.Option(help="Spec-Bench-format JSONL of prompts (default the dev questions).")
+        Path | None,
+        typer.Option(help="Spec-Bench-format JSONL or a text file, one prompt a line (default: the shipped dev questions)."),
     ] = None,
     gen_tokens: Annotated[
         int | None, typer.Option("--gen-tokens", help="Target tokens generated per prompt (default 128).")
@@ -95,8 +100,10 @@ def distill_cmd(
         int | None,
         typer.Option("--snapshot-every", min=1, help="Also keep the weights every N steps (checkpoints/step-N.pt), for a training curve."),
     ] = None,
-    resume: Annotated[bool, typer.Option("--resume", help="Continue the run in --out.")] = False,
-    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier run in --out.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the distill run in --out.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace an earlier distill run in --out (never a folder distill did not make).")
+    ] = False,
     eval_prompts: Annotated[
         int, typer.Option("--eval-prompts", min=0, help="Held-out prompts to evaluate on (0 = skip).")
     ] = 8,
@@ -109,8 +116,6 @@ def distill_cmd(
     Options left unset take their defaults, or with --resume the checkpoint's values.
     """
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-    from ..distill import distill
 
     command = shlex.join(["draftwise", *sys.argv[1:]])
     with user_errors():
@@ -139,7 +144,7 @@ def distill_cmd(
                 checkpoint_every=checkpoint_every, snapshot_every=snapshot_every,
                 resume=resume, overwrite=overwrite, eval_prompts=eval_prompts, eval_k=k,
                 eval_max_new_tokens=eval_max_new_tokens, command=command,
-                on_status=lambda msg: progress.console.print(f"[dim]{msg}[/]", highlight=False),
+                on_status=lambda msg: progress.console.print(msg, style="dim", highlight=False, markup=False),
                 on_generate=lambda done, total: bar("generating data", done, total),
                 on_step=on_step,
                 on_evaluate=lambda done, total: bar("evaluating", done, total),
@@ -162,6 +167,7 @@ def distill_cmd(
         f"{result.vocab_subset_size or 'full vocabulary'}; {result.steps}/{result.planned_steps} steps "
         f"({result.stopped}), KL {loss}, {result.train_seconds:.0f} s training",
         highlight=False,
+        markup=False,
     )
     if result.eval is not None:
         out.print(eval_table(result.eval))
@@ -177,9 +183,7 @@ def pack_draft_cmd(
     The embeddings and head are the target's and come back from it on use; see
     ``draftwise.distill.pack``.
     """
-    from ..distill.pack import PACK_WEIGHTS, pack_draft
-
     with user_errors():
         folder = pack_draft(draft, out_dir)
     size = (folder / PACK_WEIGHTS).stat().st_size / 2**20
-    out.print(f"pack written to {folder}: {PACK_WEIGHTS} {size:.1f} MiB", highlight=False)
+    out.print(f"pack written to {folder}: {PACK_WEIGHTS} {size:.1f} MiB", highlight=False, markup=False)

@@ -3,14 +3,45 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
-from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, out, user_errors
+from ..api import stream as start_stream
+from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k
+from ..errors import ConfigError
+from ..models import BUILTIN_MODELS
+from ..sampling import SamplingConfig
+from ..text import decode_escapes
+from .common import (
+    DType,
+    DTypeOpt,
+    ModelOpt,
+    RuntimeChoice,
+    RuntimeOpt,
+    err,
+    load_with_status,
+    out,
+    plain,
+    read_stdin_text,
+    user_errors,
+    utf8_text,
+)
+
+STOP_HELP = (
+    "Stop string (repeatable); the text ends right before it. \\n, \\t, \\r and \\\\ are read as "
+    "newline, tab, carriage return and a backslash, so --stop '\\n\\n' stops at a blank line."
+)
+
+
+def stop_strings(values: list[str] | None) -> tuple[str, ...]:
+    """The ``--stop`` values with their escapes read; empty or non-UTF-8 ones are errors."""
+    stops = tuple(decode_escapes(utf8_text(v, f"--stop {v!r}")) for v in values or ())
+    if any(not s for s in stops):
+        raise ConfigError("--stop '' can never match; pass a non-empty stop string")
+    return stops
+
 
 def generate(
     prompt: Annotated[str, typer.Argument(help="The prompt ('-' reads standard input).")],
@@ -20,14 +51,14 @@ def generate(
     top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1 = off.")] = 1.0,
     seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
-    stop: Annotated[list[str] | None, typer.Option("--stop", help="Stop string (repeatable).")] = None,
+    stop: Annotated[list[str] | None, typer.Option("--stop", help=STOP_HELP)] = None,
     dtype: DTypeOpt = DType.float32,
     runtime: RuntimeOpt = RuntimeChoice.auto,
     chat: Annotated[
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
     draft: Annotated[
-        str, typer.Option("--draft", "-d", help="none, lookup, self[:exit=L|layers=..|skip=..], model:PATH")
+        str, typer.Option("--draft", "-d", help=f"The draft: {SPEC_HELP}.")
     ] = "none",
     k: Annotated[
         str, typer.Option("--k", help="Tokens the draft proposes per step, or 'auto' (chosen each step).")
@@ -37,14 +68,12 @@ def generate(
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Generate a completion of PROMPT, plainly or with a speculative draft (same output)."""
-    from ..api import stream as start_stream
-    from ..drafters.spec import parse_k
-    from ..sampling import SamplingConfig
-
-    if prompt == "-":
-        prompt = sys.stdin.read()
-    with user_errors():
+    with user_errors():  # every option is checked before the model loads
+        prompt = read_stdin_text() if prompt == "-" else utf8_text(prompt, "the prompt")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        stops = stop_strings(stop)
+        spec = DraftSpec.parse(utf8_text(draft, "--draft"))
+        k_value = parse_k(k)
         loaded = load_with_status(model, dtype.value, runtime.value)
         has_template = bool(loaded.tokenizer.chat_template)
         s = start_stream(
@@ -52,10 +81,10 @@ def generate(
             prompt,
             max_new_tokens=max_new_tokens,
             sampling=sampling,
-            stop=stop or (),
+            stop=stops,
             chat=chat and has_template,
-            draft=draft,
-            k=parse_k(k),
+            draft=spec,
+            k=k_value,
         )
         if stream and not as_json:
             for piece in s:
@@ -84,7 +113,7 @@ def generate(
 def stats_table(result: Any) -> Table:
     """The speculation statistics of one generation, in the verifier's vocabulary."""
     st = result.stats
-    table = Table(title=f"draft {result.draft}, k={result.k}", show_header=False)
+    table = Table(title=f"draft {plain(result.draft)}, k={result.k}", show_header=False)
     table.add_column("stat")
     table.add_column("value", justify="right")
     rows = [
@@ -107,8 +136,6 @@ def stats_table(result: Any) -> Table:
 
 def models() -> None:
     """List the built-in models and whether each is installed."""
-    from ..models import BUILTIN_MODELS
-
     table = Table(title="built-in models")
     table.add_column("name")
     table.add_column("installed")
@@ -123,8 +150,8 @@ def models() -> None:
         ok = builtin.installed()
         table.add_row(
             ", ".join(aliases),
-            "[green]yes[/]" if ok else f"[red]no[/] ({builtin.install_hint})",
-            builtin.package,
-            builtin.description,
+            "[green]yes[/]" if ok else f"[red]no[/] ({plain(builtin.install_hint)})",
+            plain(builtin.package),
+            plain(builtin.description),
         )
     out.print(table)

@@ -1,20 +1,48 @@
-"""``draftwise profile`` and ``draftwise plan``: measure costs, predict, recommend."""
+"""``draftwise profile`` and ``draftwise plan``: measure costs, predict, recommend.
+
+Every output place is checked for writing before any measuring, and every file is written
+atomically; bad input (a binary or wrongly shaped profile or prompt file, a bad draft spec) is
+one line and exit status 2.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
-from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+from ..cost.export import export_config
+from ..cost.measure import measure_profile
+from ..cost.parsing import parse_ks
+from ..cost.plan import make_plan
+from ..cost.profile import Profile, default_profile_path
+from ..cost.report import (
+    breakeven_text,
+    draft_cells,
+    plan_rows,
+    plot_available,
+    plot_plan,
+    plot_profile,
+    render_plan_markdown,
+)
+from ..cost.validate import validate_plan
+from ..drafters import make_drafter
+from ..drafters.factory import model_draft_source
+from ..drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
 from ..errors import ConfigError
+from ..fsutil import check_writable, write_text_atomic
+from ..questions import read_questions, select_questions
+from ..sampling import SamplingConfig
+from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+
+NO_PLOT = "matplotlib is not installed, so {what} was skipped (pip install 'draftwise[plot]')"
 
 
 class Engine(str, Enum):
@@ -23,26 +51,34 @@ class Engine(str, Enum):
     hf = "hf"
 
 
-def _drafts(text: str) -> list[str]:
-    # specs are comma-separated, but a draft's own options use commas too (lookup:max=4,min=2):
-    # a piece with '=' and no ':' continues the previous spec
-    specs: list[str] = []
-    for piece in text.split(","):
-        piece = piece.strip()
-        if not piece:
-            continue
-        if specs and "=" in piece and ":" not in piece:
-            specs[-1] += "," + piece
-        else:
-            specs.append(piece)
+def parse_drafts(text: str, flag: str) -> list[DraftSpec]:
+    """The drafts of ``--draft``/``--drafts``: specs, comma-separated, each listed once
+    (``lookup`` and ``lookup:min=1`` are one draft). k comes from ``--ks``, not ``@k=``."""
+    specs: list[DraftSpec] = []
+    for item in split_draft_list(text):
+        if "@" in item:
+            raise ConfigError(f"{flag} takes draft specs without @k (got {item!r}); give the k values with --ks")
+        spec = DraftSpec.parse(item)
+        if spec not in specs:
+            specs.append(spec)
     if not specs:
-        raise ConfigError("give at least one draft, e.g. --drafts lookup,self")
+        raise ConfigError(f"{flag} needs at least one draft, e.g. {flag} lookup,self ({SPEC_HELP})")
     return specs
+
+
+def _check_file(path: Path, what: str) -> Path:
+    """``path`` can be written as a file: not a folder, and its folder writable (checked now,
+    before any measuring)."""
+    path = path.expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder; give a file path inside it")
+    check_writable(path.parent, f"folder of {what}")
+    return path
 
 
 def profile_table(profile: Any) -> Table:
     contexts = sorted(profile.step)
-    table = Table(title=f"{profile.model} ({profile.dtype}): one target step feeding n tokens, ms")
+    table = Table(title=f"{escape(profile.model)} ({profile.dtype}): one target step feeding n tokens, ms")
     table.add_column("n", justify="right")
     for c in contexts:
         table.add_column(f"T(n) @{c}", justify="right")
@@ -65,7 +101,7 @@ def drafts_table(profile: Any) -> Table:
     for k in ks:
         table.add_column(f"k={k}", justify="right")
     for spec in profile.drafts:
-        table.add_row(spec, *[
+        table.add_row(escape(spec), *[
             f"{1000 * profile.draft_time(spec, k):.2f} (c={profile.draft_ratio(spec, k):.3f})" for k in ks
         ])
     return table
@@ -79,26 +115,34 @@ def profile_cmd(
     ] = "lookup,self",
     max_n: Annotated[int, typer.Option("--max-n", min=2, help="Measure passes of 1..N tokens.")] = 16,
     contexts: Annotated[str, typer.Option(help="Context lengths to measure at (interpolated between).")] = "128,1024",
-    repeats: Annotated[int, typer.Option(min=1, help="Timings per point (the median is kept).")] = 9,
+    repeats: Annotated[
+        int, typer.Option(min=1, help="Timings per point (the mean of the faster half is kept).")
+    ] = 9,
     out_file: Annotated[Path | None, typer.Option("--out", help="Profile JSON (default: the user cache).")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Draw T(n) to this PNG.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the profile as JSON.")] = False,
 ) -> None:
     """Measure this machine: the target's T(n), each draft's D(k) and the per-step overhead."""
-    from ..cost.profile import default_profile_path, measure_profile
-    from ..cost.report import plot_profile
-
     with user_errors():
         try:
             ctx = [int(c) for c in contexts.split(",") if c.strip()]
         except ValueError:
             raise ConfigError(f"--contexts takes integers like 128,1024, got {contexts!r}") from None
+        specs = parse_drafts(drafts, "--draft")
+        if out_file is not None:
+            out_file = _check_file(out_file, "--out")
+        if plot is not None:
+            plot = _check_file(plot, "--plot")
+            if not plot_available():
+                err.print(NO_PLOT.format(what=f"the plot {plot}"), markup=False, highlight=False)
+                plot = None
         target = load_with_status(model, dtype.value)
+        path = _check_file(out_file or default_profile_path(target), "profile file")
         with progress_bar("profile") as report:
             profile = measure_profile(
-                target, drafts=_drafts(drafts), max_n=max_n, contexts=ctx, repeats=repeats, progress=report
+                target, drafts=specs, max_n=max_n, contexts=ctx, repeats=repeats, progress=report
             )
-        path = profile.save(out_file or default_profile_path(target))
+        path = profile.save(path)
         if plot:
             plot_profile(profile, plot)
     if as_json:
@@ -107,18 +151,16 @@ def profile_cmd(
     out.print(profile_table(profile))
     out.print(drafts_table(profile))
     out.print(f"per-token overhead outside steps: {1000 * profile.token_overhead:.2f} ms")
-    out.print(f"saved {path}" + (f"; plot {plot}" if plot else ""), highlight=False)
+    out.print(f"saved {path}" + (f"; plot {plot}" if plot else ""), highlight=False, markup=False)
 
 
 def plan_table(plan: Any) -> Table:
-    from ..cost.report import breakeven_text, draft_cells, plan_rows
-
-    table = Table(title=f"plan for {plan.model}: predicted speedup over plain decoding")
+    table = Table(title=f"plan for {escape(plan.model)}: predicted speedup over plain decoding")
     table.add_column("category")
     table.add_column("recommended")
     table.add_column("predicted", justify="right")
     for d in plan.drafts:
-        table.add_column(f"{d}: best k, speedup, a_eff / a*", justify="right")
+        table.add_column(f"{escape(d)}: best k, speedup, a_eff / a*", justify="right")
 
     def cell(c: Any) -> str:
         ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
@@ -127,7 +169,7 @@ def plan_table(plan: Any) -> Table:
 
     for row in plan_rows(plan):
         cells = draft_cells(row, plan.drafts, cell)
-        table.add_row(row["category"], row["recommended"], f"{row['predicted']:.2f}x", *cells)
+        table.add_row(escape(row["category"]), escape(row["recommended"]), f"{row['predicted']:.2f}x", *cells)
     return table
 
 
@@ -136,9 +178,34 @@ def validation_table(validation: dict[str, Any]) -> Table:
     for col in ("category", "draft", "k", "predicted", "measured", "error"):
         table.add_column(col, justify="left" if col in ("category", "draft") else "right")
     for c in validation["checks"]:
-        table.add_row(c["category"], c["draft"], "-" if c["k"] is None else str(c["k"]),
+        table.add_row(escape(c["category"]), escape(c["draft"]), "-" if c["k"] is None else str(c["k"]),
                       f"{c['predicted']:.2f}x", f"{c['measured']:.2f}x", f"{100 * c['error']:.1f}%")
     return table
+
+
+def _profile_for_plan(target: Any, dtype: str, keys: list[str], k_top: int, profile_file: Path | None) -> Profile:
+    """The ``--profile`` file, or the cached profile, measured now (and cached) if it is missing
+    or lacks a draft or a k. The cache folder is checked for writing before measuring."""
+    path = profile_file or default_profile_path(target)
+    profile = Profile.load(path) if (profile_file or path.exists()) else None
+    if profile is not None:
+        profile.check_model(target, dtype)
+        missing = [d for d in keys if not profile.has_draft(d)]
+        if profile_file and missing:
+            raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
+        if profile_file and profile.max_n <= k_top:
+            raise ConfigError(
+                f"the profile {path} covers k <= {profile.max_n - 1}; narrow --ks or measure it again "
+                f"with `draftwise profile --max-n {k_top + 1}`"
+            )
+        if not missing and profile.max_n > k_top:
+            return profile
+    _check_file(path, "profile file")
+    err.print(f"measuring a profile for {target.name} (saved to {path})", highlight=False, markup=False)
+    with progress_bar("profile") as report:
+        profile = measure_profile(target, drafts=keys, max_n=max(16, k_top + 1), progress=report)
+    profile.save(path)
+    return profile
 
 
 def plan_cmd(
@@ -158,40 +225,28 @@ def plan_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
-    from ..cost.breakeven import parse_ks
-    from ..cost.plan import load_prompts, make_plan, sample_prompts
-    from ..cost.profile import Profile, default_profile_path, measure_profile
-    from ..cost.report import plot_plan, render_plan_markdown
-    from ..cost.validate import validate_plan
-    from ..sampling import SamplingConfig
-
     with user_errors():
-        rows = sample_prompts(load_prompts(prompts), per_category)
-        draft_list = _drafts(drafts)
+        questions = select_questions(read_questions(prompts), per_category)
+        specs = parse_drafts(drafts, "--drafts")
         k_list = parse_ks(ks)
-        if temperature < 0:
-            raise ConfigError(f"--temperature {temperature} must be >= 0")
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ConfigError(f"--temperature {temperature} must be a finite number >= 0 (0 = greedy)")
+        if out_dir is not None:
+            out_dir = out_dir.expanduser()
+            if out_dir.exists() and not out_dir.is_dir():
+                raise ConfigError(f"--out {out_dir} is a file; give a folder for plan.json, plan.md and plan.png")
+            check_writable(out_dir, "--out folder")
+        if profile_file is not None:
+            Profile.load(profile_file)  # a missing or malformed profile fails before the model loads
         target = load_with_status(model, dtype.value)
-        from ..drafters import make_drafter
-
-        for d in draft_list:  # unknown specs fail here, before any measuring
-            if not d.startswith("model:"):
-                make_drafter(d, target)
-        path = profile_file or default_profile_path(target)
-        profile = Profile.load(path) if (profile_file or path.exists()) else None
-        if profile is not None:
-            profile.check_model(target, dtype.value)
-            missing = [d for d in draft_list if d not in profile.drafts]
-            if missing and profile_file:
-                raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
-        if profile is None or [d for d in draft_list if d not in profile.drafts] or profile.max_n <= max(k_list):
-            err.print(f"measuring a profile for {target.name} (saved to {path})", highlight=False)
-            with progress_bar("profile") as report:
-                profile = measure_profile(target, drafts=draft_list, max_n=max(16, max(k_list) + 1), progress=report)
-            profile.save(path)
+        for spec in specs:  # unknown specs fail here, before any measuring (a model draft loads later)
+            if spec.kind != "model":
+                make_drafter(spec, target)
+        keys = [str(s) for s in specs]
+        profile = _profile_for_plan(target, dtype.value, keys, max(k_list), profile_file)
         with progress_bar("plan") as report:
             plan = make_plan(
-                target, rows, profile, drafts=draft_list, ks=k_list, max_new_tokens=max_new_tokens,
+                target, questions, profile, drafts=keys, ks=k_list, max_new_tokens=max_new_tokens,
                 sampling=SamplingConfig(temperature=temperature), progress=report,
             )
         plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
@@ -201,30 +256,29 @@ def plan_cmd(
             extra = [best] if best[0] != "none" else []
             with progress_bar("validate") as report:
                 plan.validation = validate_plan(
-                    target, plan, rows, extra=extra, repeats=validate_repeats, progress=report
+                    target, plan, questions, extra=extra, repeats=validate_repeats, progress=report
                 )
         if out_dir is not None:
             plan.save(out_dir / "plan.json")
-            (out_dir / "plan.md").write_text(render_plan_markdown(plan))
-            plot_plan(plan, out_dir / "plan.png")
+            write_text_atomic(out_dir / "plan.md", render_plan_markdown(plan))
+            if plot_available():
+                plot_plan(plan, out_dir / "plan.png")
+            else:
+                err.print(NO_PLOT.format(what="plan.png"), markup=False, highlight=False)
         exported = None
         if export is not None:
-            from ..cost.export import export_config
-
             d, k = plan.recommended["overall"]
-            kind, _, rest = d.partition(":")
-            if kind == "model":  # engines need a real folder, also for model:default
-                from ..drafters.spec import model_draft_source
-
-                d = f"model:{model_draft_source(rest, target)}"
-            exported = export_config(d, k, export.value, model=str(target.folder))
+            spec = DraftSpec.parse(d)
+            if spec.kind == "model":  # engines need a real folder, also for model:default
+                spec = DraftSpec.parse(f"model:{model_draft_source(spec.source or '', target)}")
+            exported = export_config(spec, k, export.value, model=str(target.folder))
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
         return
     out.print(plan_table(plan))
     d, k = plan.recommended["overall"]
     out.print(
-        f"overall: [bold]{'no speculation' if d == 'none' else f'{d} with k={k}'}[/] "
+        f"overall: [bold]{'no speculation' if d == 'none' else escape(f'{d} with k={k}')}[/] "
         f"(predicted {plan.predicted['overall']:.2f}x); routing each category to its own pick: "
         f"{plan.routed_overall:.2f}x. a_eff: acceptance achieved; a*: needed to break even "
         "(green: above it)."
@@ -234,6 +288,7 @@ def plan_cmd(
         out.print(validation_table(v))
         out.print(f"median error {100 * v['median_abs_error']:.1f}% (goal 10%), max {100 * v['max_abs_error']:.1f}% (goal 20%)")
     if out_dir is not None:
-        out.print(f"wrote {out_dir / 'plan.json'}, plan.md, plan.png", highlight=False)
+        out.print(f"wrote {out_dir / 'plan.json'}, plan.md" + (", plan.png" if plot_available() else ""),
+                  highlight=False, markup=False)
     if exported is not None:
         out.print(exported, highlight=False, markup=False)

@@ -1,17 +1,28 @@
-"""The cost model: expected tokens per target pass, predicted speedup, break-even acceptance."""
+"""The cost model and the planner: which draft pays, with what k, on this machine.
+
+The formulas live in :mod:`draftwise.cost.model` (E, speedup, break-even, best k); a machine
+profile in :mod:`~draftwise.cost.profile` (measured by :mod:`~draftwise.cost.measure`); the
+planner in :mod:`~draftwise.cost.plan`; adaptive k in :mod:`~draftwise.cost.adaptive`.
+"""
 
 from .model import (
     breakeven_acceptance,
+    ceiling,
     effective_acceptance,
     expected_committed,
     expected_committed_by_position,
+    optimal_k,
     predicted_speedup,
+    speedup,
 )
 
 __all__ = [
     "breakeven_acceptance",
+    "ceiling",
     "effective_acceptance",
     "expected_committed",
     "expected_committed_by_position",
+    "optimal_k",
     "predicted_speedup",
+    "speedup",
 ]

@@ -1,15 +1,135 @@
-"""``--k auto`` from a measured profile: the cached profile of a model (measured once when
-missing) and the :class:`~draftwise.kpolicy.AdaptiveK` policy built from it."""
+"""``--k auto``: the adaptive k policy, built from a measured profile's data.
+
+:class:`AdaptiveK` implements the core :class:`~draftwise.kpolicy.KPolicy` protocol. Every step
+it picks the k (or no speculation) that maximises expected tokens per second, from an online
+estimate of per-position acceptance and the profile's measured costs. For k = 0..k_max::
+
+    rate(k) = E(k) / (D(k) + step(k + 1, context)),   E(k) = 1 + sum_{i<k} prod_{j<=i} a_j
+
+(:func:`~draftwise.cost.model.expected_committed_by_position`), where ``a_j`` is the conditional
+acceptance at draft position j, estimated from the steps seen so far with exponentially decaying
+counts (recent text matters more: a generation moves between copying and free writing), each
+position shrunk towards the one before it, and ``D`` and ``step`` come from the profile. k = 0 is
+a plain step. The chosen k caps the proposal: prompt lookup may still propose fewer tokens.
+
+When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
+draft still proposes in the *shadow*: its first token is compared with the token the plain step
+commits, so the estimate keeps learning and speculation resumes when the text turns
+repetitive. A costly draft instead gets a one-token probe every ``probe_every`` plain steps.
+
+:func:`auto_policy` builds the policy for a model and draft from the model's cached profile
+(:func:`resolve_profile` measures and caches one the first time).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..kpolicy import AdaptiveK
-from .profile import Profile, default_profile_path, measure_profile
+from ..fsutil import check_writable
+from .measure import measure_profile
+from .model import expected_committed_by_position, tokens_per_second
+from .profile import Profile, default_profile_path
+
+
+class StepCosts(Protocol):
+    """The measured costs :class:`AdaptiveK` reads (a :class:`~draftwise.cost.profile.Profile`)."""
+
+    max_n: int
+
+    def step_time(self, n: int, context: float | None = None) -> float: ...
+
+    def draft_time(self, draft: str, k: int) -> float: ...
+
+
+class AdaptiveK:
+    """Chooses k per step to maximise expected tokens per second (see the module docstring)."""
+
+    def __init__(
+        self,
+        profile: StepCosts,
+        draft: str,
+        *,
+        k_max: int = 8,
+        decay: float = 0.95,
+        prior: tuple[float, float] = (1.0, 2.0),
+        probe_every: int = 16,
+    ) -> None:
+        if k_max < 1:
+            raise ConfigError(f"k_max={k_max} must be >= 1")
+        if not 0 < decay <= 1:
+            raise ConfigError(f"decay={decay} must be in (0, 1]")
+        self.k_max = min(k_max, profile.max_n - 1)
+        self.profile = profile
+        self.draft = draft
+        self.decay = decay
+        self.prior_hits, self.prior_tests = prior
+        self.tested = [0.0] * self.k_max
+        self.hits = [0.0] * self.k_max
+        self.draft_cost = [profile.draft_time(draft, k) for k in range(1, self.k_max + 1)]
+        self.shadow = self.draft_cost[0] < 0.02 * profile.step_time(1)
+        self.probe_every = probe_every
+        self._plain_run = 0
+
+    def rates(self) -> list[float]:
+        """The current conditional acceptance estimate a_j for each draft position j.
+
+        Position 0 starts from the prior; each deeper position starts from the estimate of the
+        one before it (as ``prior_tests`` pseudo-observations), because deep positions are
+        tested only after every earlier one was accepted, so they are seen rarely, and a run of
+        copied text that got that far tends to go on. A flat prior there kept ``auto`` at too
+        small a k on long copies (translation, rag).
+        """
+        out: list[float] = []
+        prior_hits, prior_tests = self.prior_hits, self.prior_tests
+        for h, t in zip(self.hits, self.tested):
+            rate = (h + prior_hits) / (t + prior_tests)
+            out.append(rate)
+            prior_hits = rate * self.prior_tests
+        return out
+
+    def expected_rate(self, k: int, context_len: int, rates: Sequence[float] | None = None) -> float:
+        """Expected committed tokens per second at this k."""
+        rates = self.rates() if rates is None else rates
+        cost = self.profile.step_time(k + 1, context_len) + (self.draft_cost[k - 1] if k else 0.0)
+        return tokens_per_second(expected_committed_by_position(rates, k), cost)
+
+    def choose(self, context_len: int) -> int:
+        rates = self.rates()
+        best_k, best = 0, self.expected_rate(0, context_len, rates)
+        for k in range(1, self.k_max + 1):
+            r = self.expected_rate(k, context_len, rates)
+            if r > best:
+                best_k, best = k, r
+        if best_k == 0 and not self.shadow:
+            self._plain_run += 1
+            if self._plain_run >= self.probe_every:
+                self._plain_run = 0
+                best_k = 1  # a probe keeps a costly draft's estimate alive
+        else:
+            self._plain_run = 0
+        return best_k
+
+    def _update(self, proposed: int, accepted: int) -> None:
+        for j in range(self.k_max):
+            self.tested[j] *= self.decay
+            self.hits[j] *= self.decay
+        for j in range(min(accepted + 1, proposed, self.k_max)):
+            self.tested[j] += 1
+        for j in range(min(accepted, self.k_max)):
+            self.hits[j] += 1
+
+    def observe(self, proposed: int, accepted: int) -> None:
+        """A verified step: ``accepted`` of ``proposed`` tokens."""
+        if proposed:
+            self._update(proposed, accepted)
+
+    def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
+        """A plain step with a shadow proposal: did its first token match what was committed?"""
+        if proposal and committed:
+            self._update(1, int(proposal[0] == committed[0]))
 
 
 def auto_policy(model: Any, draft: DraftSpec | str, *, status: Any = None) -> AdaptiveK:
@@ -18,9 +138,15 @@ def auto_policy(model: Any, draft: DraftSpec | str, *, status: Any = None) -> Ad
     return AdaptiveK(resolve_profile(model, key, status=status), key)
 
 
-def resolve_profile(model: Any, draft: str | Sequence[str], *, max_n: int = 9, status: Any = None) -> Profile:
+def resolve_profile(
+    model: Any, draft: DraftSpec | str | Sequence[DraftSpec | str], *, max_n: int = 9, status: Any = None
+) -> Profile:
     """The model's cached profile, measured now (and cached) if missing or lacking a draft
-    (``draft``: one spec or several; all missing ones are measured in one go)."""
+    (``draft``: one spec or several; all missing ones are measured in one go).
+
+    The cache folder is checked for writing *before* measuring, so a read-only cache fails in
+    a second with one line, not after the measurement.
+    """
     path = default_profile_path(model)
     profile = None
     if path.exists():
@@ -28,11 +154,16 @@ def resolve_profile(model: Any, draft: str | Sequence[str], *, max_n: int = 9, s
             profile = Profile.load(path)
             profile.check_model(model)
         except ConfigError:
-            profile = None
-    wanted = {draft} if isinstance(draft, str) else set(draft)
+            profile = None  # corrupt, or made on another model: measure a fresh one
+    specs = [draft] if isinstance(draft, (str, DraftSpec)) else list(draft)
+    wanted = {str(DraftSpec.parse(d)) for d in specs}
     wanted.discard("none")
     if profile is not None and wanted <= set(profile.drafts) and profile.max_n >= 2:
         return profile
+    try:
+        check_writable(path.parent, "profile cache folder")
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (set DRAFTWISE_CACHE to a writable folder)") from None
     if status is not None:
         status(f"measuring this machine's costs for --k auto (once; cached at {path})")
     drafts = sorted({*(profile.drafts if profile else {}), *wanted})

@@ -6,12 +6,13 @@ full pass on this machine, and predicts the speedup with the cost model:
 
     S = E(a_1..a_k) * T(1) / (k * T_draft(1) + T(k+1))
 
-The best subset is saved next to the converted model, where ``--draft self`` finds it.
+Costs are timed with :func:`~draftwise.cost.timing.time_forward` (the fast-half mean of repeated
+passes, the profile's estimator) and the speedup comes from :mod:`draftwise.cost.model`. The best
+subset is saved (atomically) in the user cache, where ``--draft self`` finds it.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -21,6 +22,7 @@ from ..decode import generate
 from ..drafters.factory import calibration_path
 from ..drafters.self_spec import SelfSpecDrafter
 from ..errors import ConfigError
+from ..fsutil import write_json_atomic
 from ..runtime.native import NativeRuntime
 from .model import expected_committed_by_position, predicted_speedup
 from .timing import time_forward
@@ -102,8 +104,9 @@ def calibrate_self(
 
 
 def save_calibration(model: Any, best: Candidate, k: int, all_results: Sequence[Candidate]) -> str:
+    """Save ``best`` as the model's ``--draft self`` layer set (written atomically: a crash never
+    leaves a half-written calibration for ``--draft self`` to trip on)."""
     path = calibration_path(model)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "model": str(model.folder),
         "layers": best.layers,
@@ -111,5 +114,4 @@ def save_calibration(model: Any, best: Candidate, k: int, all_results: Sequence[
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "candidates": [asdict(c) for c in all_results],
     }
-    path.write_text(json.dumps(payload, indent=2))
-    return str(path)
+    return str(write_json_atomic(path, payload))

@@ -37,80 +37,22 @@ import json
 import shlex
 from typing import Any
 
-from ..drafters.spec import SPEC_HELP, _options
+from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 
 ENGINES = ("vllm", "sglang", "hf")
 
-# draftwise's lookup defaults (drafters/spec.py): n-grams of 3 down to 1 tokens
-_LOOKUP_MAX, _LOOKUP_MIN = 3, 1
-
 _NO_PAY = "draftwise predicts that speculation does not pay here: serve without speculative options"
 
 
-# -- draft specs --------------------------------------------------------------------------
-def _parse_layers(text: str) -> list[int]:
-    """``"0-9,12"`` -> [0, 1, ..., 9, 12]; no model is at hand, so no upper bound is checked."""
-    from ..drafters.self_spec import parse_layers
-
-    return parse_layers(text, 1 << 30)
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """Split a draft spec into its kind and options, checking them as ``make_drafter`` does.
-
-    >>> parse_spec("lookup:max=4,min=2"), parse_spec("self:skip=10-19,22"), parse_spec("model:/m/tiny")
-    (('lookup', {'max': '4', 'min': '2'}), ('self', {'skip': '10-19,22'}), ('model', {'path': '/m/tiny'}))
-    """
-    if not isinstance(spec, str):
-        raise ConfigError(f"draft={spec!r} must be a spec string ({SPEC_HELP})")
-    kind, _, rest = spec.strip().partition(":")
-    if kind == "none" and not rest:
-        return "none", {}
-    if kind == "model":
-        if not rest.strip():
-            raise ConfigError("model: needs a path or name, e.g. model:Qwen/Qwen3-0.6B")
-        return "model", {"path": rest.strip()}
-    allowed = {"lookup": ("max", "min"), "self": ("exit", "layers", "skip")}.get(kind)
-    if allowed is None:
-        raise ConfigError(f"unknown draft spec {spec!r}; use one of: {SPEC_HELP}")
-    opts = _options(rest, allowed, kind)
-    if kind == "lookup":
-        try:
-            lo, hi = int(opts.get("min", _LOOKUP_MIN)), int(opts.get("max", _LOOKUP_MAX))
-        except ValueError:
-            raise ConfigError(f"lookup options must be integers, got {rest!r}") from None
-        if not 1 <= lo <= hi:
-            raise ConfigError(f"lookup needs 1 <= min <= max, got min={lo}, max={hi}")
-    if kind == "self":
-        if len(opts) > 1:
-            raise ConfigError("give one of self:exit=, self:layers= or self:skip=, not several")
-        if "exit" in opts:
-            try:
-                if int(opts["exit"]) < 1:
-                    raise ValueError
-            except ValueError:
-                raise ConfigError(f"self:exit= takes a layer number >= 1, got {opts['exit']!r}") from None
-        for key in ("layers", "skip"):
-            if key in opts:
-                _parse_layers(opts[key])
-    return kind, opts
-
-
-def _early_exit_layer(opts: dict[str, str], num_layers: int | None) -> int | None:
+def _early_exit_layer(spec: DraftSpec, num_layers: int | None) -> int | None:
     """The L of an early exit after layers 0..L-1 equal to this self spec, or None."""
-    if "exit" in opts:
-        return int(opts["exit"])
-    if "layers" in opts:
-        kept = _parse_layers(opts["layers"])
-        return len(kept) if kept == list(range(len(kept))) else None
-    if "skip" in opts:
-        if num_layers is None:
-            return None
-        skipped = set(_parse_layers(opts["skip"]))
-        kept = [i for i in range(num_layers) if i not in skipped]
-        return len(kept) if kept and kept == list(range(len(kept))) else None
-    return num_layers // 2 if num_layers else None  # draftwise's uncalibrated default
+    if spec.exit_layer is None and spec.layers is None and spec.skip is None:
+        return num_layers // 2 if num_layers else None  # draftwise's uncalibrated default
+    if num_layers is None:
+        return spec.early_exit_layer()  # self:skip= needs the depth to tell
+    kept = spec.self_layers(num_layers)  # also checks the layers exist
+    return len(kept) if kept and kept == list(range(len(kept))) else None
 
 
 # -- the engines --------------------------------------------------------------------------
@@ -134,17 +76,17 @@ def _no_layer_skip(engine: str, k: int) -> dict[str, Any]:
     return {"supported": False, "options": {}, "note": closest}
 
 
-def _vllm(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
-    if kind == "lookup":
+def _vllm(spec: DraftSpec, k: int) -> dict[str, Any]:
+    if spec.kind == "lookup":
         cfg = {
             "method": "ngram",
             "num_speculative_tokens": k,
-            "prompt_lookup_max": int(opts.get("max", _LOOKUP_MAX)),
-            "prompt_lookup_min": int(opts.get("min", _LOOKUP_MIN)),
+            "prompt_lookup_max": spec.max_ngram,
+            "prompt_lookup_min": spec.min_ngram,
         }
         return {"supported": True, "options": cfg, "note": ""}
-    if kind == "model":
-        cfg = {"method": "draft_model", "model": opts["path"], "num_speculative_tokens": k}
+    if spec.kind == "model":
+        cfg = {"method": "draft_model", "model": spec.source, "num_speculative_tokens": k}
         return {
             "supported": True,
             "options": cfg,
@@ -154,13 +96,13 @@ def _vllm(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
     return _no_layer_skip("vllm", k)
 
 
-def _sglang(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
-    if kind == "lookup":
+def _sglang(spec: DraftSpec, k: int) -> dict[str, Any]:
+    if spec.kind == "lookup":
         flags: dict[str, Any] = {
             "--speculative-algorithm": "NGRAM",
             "--speculative-num-draft-tokens": k + 1,
-            "--speculative-ngram-min-match-window-size": int(opts.get("min", _LOOKUP_MIN)),
-            "--speculative-ngram-max-match-window-size": int(opts.get("max", _LOOKUP_MAX)),
+            "--speculative-ngram-min-match-window-size": spec.min_ngram,
+            "--speculative-ngram-max-match-window-size": spec.max_ngram,
             "--speculative-ngram-max-bfs-breadth": 1,
         }
         note = (
@@ -168,10 +110,10 @@ def _sglang(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
             "a BFS breadth of 1 keeps one chain, as draftwise verifies (NGRAM is CUDA-only)"
         )
         return {"supported": True, "options": flags, "note": note}
-    if kind == "model":
+    if spec.kind == "model":
         flags = {
             "--speculative-algorithm": "STANDALONE",
-            "--speculative-draft-model-path": opts["path"],
+            "--speculative-draft-model-path": spec.source,
             "--speculative-num-steps": k,
             "--speculative-eagle-topk": 1,
             "--speculative-num-draft-tokens": k + 1,
@@ -181,7 +123,7 @@ def _sglang(kind: str, opts: dict[str, str], k: int) -> dict[str, Any]:
     return _no_layer_skip("sglang", k)
 
 
-def _hf(kind: str, opts: dict[str, str], k: int, num_layers: int | None) -> dict[str, Any]:
+def _hf(spec: DraftSpec, k: int, num_layers: int | None) -> dict[str, Any]:
     # transformers reads an assistant's draft length from the assistant's own generation_config
     # (AssistedCandidateGenerator), so k goes there; a confidence threshold of 0 makes it propose
     # all k, as draftwise does, instead of stopping early (its default is 0.4).
@@ -190,30 +132,30 @@ def _hf(kind: str, opts: dict[str, str], k: int, num_layers: int | None) -> dict
         "num_assistant_tokens_schedule": "constant",
         "assistant_confidence_threshold": 0.0,
     }
-    if kind == "lookup":
-        kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": int(opts.get("max", _LOOKUP_MAX))}
+    if spec.kind == "lookup":
+        kwargs = {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": spec.max_ngram}
         note = ""
-        if int(opts.get("min", _LOOKUP_MIN)) != 1:
+        if spec.min_ngram != 1:
             note = "transformers' prompt lookup always tries n-grams down to 1 token; min is not exported"
         return {"supported": True, "options": kwargs, "note": note}
-    if kind == "model":
+    if spec.kind == "model":
         return {
             "supported": True,
-            "options": {"assistant_model": opts["path"]},
+            "options": {"assistant_model": spec.source},
             "assistant_generation_config": assistant_config,
             "note": "assistant_model is the loaded draft model (same tokenizer as the target)",
         }
-    layer = _early_exit_layer(opts, num_layers)
+    plain_self = str(spec) == "self"
+    layer = _early_exit_layer(spec, num_layers)
     if layer is None:
-        if not opts:
+        if plain_self:
             note = (
                 "draftwise's plain `self` is the calibrated layer set (else the first half of the "
                 "layers), which is not known here: export self:exit=L, or pass num_layers"
             )
         else:
-            what = f"self:{next(iter(opts))}={next(iter(opts.values()))}"
             note = (
-                f"transformers' early exit runs layers 0..L-1 only, which {what} is not (and "
+                f"transformers' early exit runs layers 0..L-1 only, which {spec} is not (and "
                 "self:skip= needs num_layers to tell); closest: assistant_early_exit=L for a prefix "
                 "of the layers your draft keeps"
             )
@@ -222,7 +164,7 @@ def _hf(kind: str, opts: dict[str, str], k: int, num_layers: int | None) -> dict
         "early exit reads the LM head after layer L; it pays only on models trained for it "
         "(e.g. LayerSkip checkpoints)"
     )
-    if not opts:
+    if plain_self:
         note += "; plain `self` exported as the uncalibrated default, the first half of the layers"
     return {
         "supported": True,
@@ -233,7 +175,7 @@ def _hf(kind: str, opts: dict[str, str], k: int, num_layers: int | None) -> dict
 
 
 def export_dict(
-    draft: str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
+    draft: DraftSpec | str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
 ) -> dict[str, Any]:
     """The engine options for draft spec ``draft`` proposing ``k`` tokens, as data.
 
@@ -253,7 +195,8 @@ def export_dict(
     eng = str(engine).strip().lower()
     if eng not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; use one of: {', '.join(ENGINES)}")
-    kind, opts = parse_spec(draft)
+    spec = DraftSpec.parse(draft)
+    kind = spec.kind
     if kind != "none" and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
         raise ConfigError(f"k={k!r} must be an integer >= 1 (tokens proposed per step)")
     if num_layers is not None and (isinstance(num_layers, bool) or num_layers < 1):
@@ -261,12 +204,12 @@ def export_dict(
     if kind == "none":
         body: dict[str, Any] = {"supported": True, "options": {}, "note": _NO_PAY}
     elif eng == "vllm":
-        body = _vllm(kind, opts, k)
+        body = _vllm(spec, k)
     elif eng == "sglang":
-        body = _sglang(kind, opts, k)
+        body = _sglang(spec, k)
     else:
-        body = _hf(kind, opts, k, num_layers)
-    return {"engine": eng, "draft": draft, "k": k, "model": model, **body}
+        body = _hf(spec, k, num_layers)
+    return {"engine": eng, "draft": str(spec), "k": k, "model": model, **body}
 
 
 def _comment(note: str) -> list[str]:
@@ -274,7 +217,7 @@ def _comment(note: str) -> list[str]:
 
 
 def export_config(
-    draft: str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
+    draft: DraftSpec | str, k: int, engine: str, *, model: str | None = None, num_layers: int | None = None
 ) -> str:
     """Text to paste: a command line for vllm and sglang, Python for hf (``# `` lines are notes).
 

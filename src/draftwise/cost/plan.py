@@ -2,6 +2,9 @@
 
 How a prediction is made (greedy decoding, which is deterministic):
 
+The workload is a list of :class:`~draftwise.questions.Question` (``read_questions`` +
+``select_questions``); any category is planned for. Drafts are keyed by their canonical spec.
+
 1. The target decodes each sampled prompt once per draft, speculatively at ``k_max``. The
    committed tokens are the plain greedy output whatever the draft, so one run gives the
    exact token sequence plain decoding would produce.
@@ -12,12 +15,13 @@ How a prediction is made (greedy decoding, which is deterministic):
    - a model or self draft proposes its own greedy chain; in the ``k_max`` run every output
      position was either accepted, rejected, or a bonus token. That per-position record
      ("did the draft, given the true prefix, predict this token?") is replayed for any
-     k <= k_max, bonus positions counting as hits.
+     k <= k_max, bonus positions counting as hits (:mod:`draftwise.cost.replay`).
 
 3. Each replayed step costs ``D(m) + step(m + 1, context)`` from the machine profile (m tokens
    proposed), each committed token ``token_overhead``, and the prefill what it took. Plain
    decoding is the same sum with m = 0. Predicted speedup = mean tokens/s of the method /
-   mean tokens/s of plain decoding over the prompts (Spec-Bench's convention).
+   mean tokens/s of plain decoding over the prompts (Spec-Bench's convention,
+   :func:`~draftwise.cost.model.mean_rate_speedup`).
 
 With sampling (temperature > 0) the output is random, so step 2 uses the measured
 conditional acceptance per draft position instead: E = 1 + sum_i prod_{j<=i} a_j.
@@ -36,154 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from ..decode import generate
+from ..drafters import make_drafter
+from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..plots import write_json
+from ..fsutil import write_json_atomic
+from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
-from .model import breakeven_acceptance, effective_acceptance, expected_committed_by_position
+from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
 from .profile import Profile
+from .replay import Trace, expected_steps, predict_seconds, replay_hits, replay_lookup, trace_generation
 
 PLAN_SCHEMA = "draftwise.plan/1"
 NONE = "none"
-
-
-# -- one traced generation -----------------------------------------------------------------
-@dataclass
-class Trace:
-    """One prompt decoded with one draft at k: the committed tokens and every step."""
-
-    question_id: Any
-    category: str
-    prompt_len: int
-    tokens: list[int]  # committed tokens, an ending EOS included
-    new_tokens: int  # tokens a user sees (the ending EOS excluded)
-    steps: list[tuple[int, int]]  # (proposed, accepted) per step after the prefill
-    prefill_seconds: float
-    seconds: float
-    k: int
-
-    def hits(self) -> list[int | None]:
-        """Per output position: 1 the draft predicted it, 0 it did not, None untested."""
-        out: list[int | None] = [None] * len(self.tokens)
-        pos = 1  # position 0 came from the prefill
-        for m, acc in self.steps:
-            for i in range(min(acc, len(out) - pos)):  # an EOS may end the output mid-step
-                out[pos + i] = 1
-            if acc < m and pos + acc < len(out):
-                out[pos + acc] = 0
-            pos += acc + 1
-        return out
-
-
-def trace_generation(
-    model: Any,
-    prompt_ids: Sequence[int],
-    drafter: Any,
-    k: int,
-    max_new_tokens: int,
-    *,
-    sampling: SamplingConfig | None = None,
-    question_id: Any = None,
-    category: str = "",
-) -> Trace:
-    """Decode like :func:`draftwise.generate` and record each step's (proposed, accepted)."""
-    from ..decode import decode_steps
-
-    cfg = sampling or SamplingConfig()
-    tokens: list[int] = []
-    steps: list[tuple[int, int]] = []
-    new = 0
-    start = time.perf_counter()
-    prefill = 0.0
-    gen = decode_steps(
-        model.runtime, prompt_ids, cfg, cfg.generator(), drafter=drafter, k=k,
-        max_new_tokens=max_new_tokens,
-    )
-    done = False
-    for step in gen:
-        if not prefill:
-            prefill = time.perf_counter() - start
-        else:
-            steps.append((step.num_proposed, step.verdict.accepted))
-        for token in step.verdict.tokens:
-            tokens.append(token)
-            if token in model.eos_token_ids:
-                done = True
-                break
-            new += 1
-            if new >= max_new_tokens:
-                done = True
-                break
-        if done:
-            break
-    gen.close()
-    return Trace(
-        question_id=question_id,
-        category=category,
-        prompt_len=len(prompt_ids),
-        tokens=tokens,
-        new_tokens=new,
-        steps=steps,
-        prefill_seconds=prefill,
-        seconds=time.perf_counter() - start,
-        k=k,
-    )
-
-
-# -- replaying a trace at another k --------------------------------------------------------
-def replay_lookup(
-    make: Callable[[], Any], prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int
-) -> list[tuple[int, int]]:
-    """The (proposed, accepted) steps prompt lookup would take at this k (greedy, exact)."""
-    drafter = make()
-    drafter.start(list(prompt_ids), SamplingConfig(), torch.Generator())
-    context = list(prompt_ids) + list(tokens[:1])
-    pos, steps = 1, []
-    while pos < len(tokens):
-        budget = min(k, max_new_tokens - pos - 1)
-        proposal = drafter.propose(context, budget).tokens if budget > 0 else []
-        acc = 0
-        while acc < len(proposal) and pos + acc < len(tokens) and proposal[acc] == tokens[pos + acc]:
-            acc += 1
-        steps.append((len(proposal), acc))
-        context.extend(tokens[pos : pos + acc + 1])
-        pos += acc + 1
-    return steps
-
-
-def replay_hits(hits: Sequence[int | None], k: int, max_new_tokens: int) -> list[tuple[int, int]]:
-    """The steps a fixed-length draft takes at this k, from its per-position hit record."""
-    pos, steps = 1, []
-    n = len(hits)
-    while pos < n:
-        m = max(min(k, max_new_tokens - pos - 1), 0)
-        acc = 0
-        while acc < m and pos + acc < n and hits[pos + acc] != 0:
-            acc += 1
-        steps.append((m, acc))
-        pos += acc + 1
-    return steps
-
-
-def predict_seconds(
-    profile: Profile,
-    draft: str,
-    steps: Sequence[tuple[int, int]],
-    prompt_len: int,
-    prefill_seconds: float,
-    committed: int,
-) -> float:
-    """Wall time of a generation taking ``steps``, from the profile's costs."""
-    total = prefill_seconds + committed * profile.token_overhead
-    pos = prompt_len + 1
-    for m, acc in steps:
-        d = profile.draft_time(draft, m) if draft != NONE else 0.0
-        if draft.startswith("lookup") and m == 0:
-            d = profile.draft_time(draft, 1)  # the look-up ran and found nothing
-        total += d + profile.step_time(m + 1, pos)
-        pos += acc + 1
-    return total
 
 
 # -- the plan ------------------------------------------------------------------------------
@@ -243,110 +112,98 @@ class Plan:
         }
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict())
+        """Write the plan as JSON, atomically."""
+        return write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Plan:
+    def from_dict(cls, data: Any, *, source: str = "the plan") -> Plan:
+        """Read :meth:`to_dict`'s output; draft names are made canonical (older plans load)."""
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} is not a draftwise plan (a JSON {type(data).__name__}, not an object)")
         if data.get("schema") != PLAN_SCHEMA:
-            raise ConfigError(f"not a draftwise plan (schema {data.get('schema')!r}, want {PLAN_SCHEMA!r})")
+            raise ConfigError(f"{source} is not a draftwise plan (schema {data.get('schema')!r}, want {PLAN_SCHEMA!r})")
+
+        def key(d: Any) -> str:
+            return str(DraftSpec.parse(d))
+
         try:
+            categories = {
+                c: [Candidate(**{**x, "draft": key(x["draft"])}) for x in v] for c, v in data["categories"].items()
+            }
             return cls(
-                model=data["model"],
-                fingerprint=data["fingerprint"],
-                dtype=data["dtype"],
-                greedy=data["greedy"],
-                drafts=list(data["drafts"]),
-                ks=list(data["ks"]),
-                categories={c: [Candidate(**x) for x in v] for c, v in data["categories"].items()},
-                recommended={c: (v["draft"], int(v["k"])) for c, v in data["recommended"].items()},
+                model=str(data["model"]),
+                fingerprint=str(data["fingerprint"]),
+                dtype=str(data["dtype"]),
+                greedy=bool(data["greedy"]),
+                drafts=[key(d) for d in data["drafts"]],
+                ks=[int(k) for k in data["ks"]],
+                categories=categories,
+                recommended={c: (key(v["draft"]), int(v["k"])) for c, v in data["recommended"].items()},
                 predicted={c: float(v["predicted_speedup"]) for c, v in data["recommended"].items()},
                 routed_overall=float(data["routed_overall_speedup"]),
                 prompts=list(data.get("prompts", [])),
                 config=dict(data.get("config", {})),
                 validation=data.get("validation"),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"the plan is incomplete or malformed: {exc!r}") from None
+        except KeyError as exc:
+            raise ConfigError(f"{source} is incomplete: it has no {exc} field; make it again with `draftwise plan`") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{source} is malformed ({exc}); make it again with `draftwise plan`") from None
 
 
 def load_plan(path: str | Path) -> Plan:
-    """Read a plan written by ``draftwise plan --out``."""
-    path = Path(path)
+    """Read a plan written by ``draftwise plan --out`` (the file, or the folder holding plan.json)."""
+    path = Path(path).expanduser()
     if path.is_dir():
         path = path / "plan.json"
     if not path.is_file():
         raise ConfigError(f"no plan at {path}; make one with `draftwise plan --out {path.parent}`")
     try:
-        return Plan.from_dict(json.loads(path.read_text()))
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a plan: it is not UTF-8 text (binary?)") from None
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not JSON: {exc}") from None
-
-
-# -- reading a workload --------------------------------------------------------------------
-def load_prompts(path: str | Path) -> list[dict[str, Any]]:
-    """Spec-Bench JSONL (``{"question_id", "category", "turns": [...]}``) or plain text with one
-    prompt a line (category ``prompts``). Empty files and malformed lines are errors."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"prompt file {path} does not exist")
-    lines = path.read_text(encoding="utf-8").splitlines()
-    if not any(line.strip() for line in lines):
-        raise ConfigError(f"prompt file {path} is empty; give one prompt a line or Spec-Bench JSONL")
-    if path.suffix == ".jsonl" or lines[0].lstrip().startswith("{"):
-        from ..bench.runtime import load_questions
-
-        return [
-            {"question_id": r.get("question_id", i), "category": str(r.get("category", "prompts")),
-             "turns": r["turns"]}
-            for i, r in enumerate(load_questions(path), 1)
-        ]
-    return [
-        {"question_id": i, "category": "prompts", "turns": [line.strip()]}
-        for i, line in enumerate(lines, 1)
-        if line.strip()
-    ]
-
-
-def sample_prompts(rows: Sequence[dict[str, Any]], per_category: int) -> list[dict[str, Any]]:
-    """The first ``per_category`` prompts of each category, in file order."""
-    taken: dict[str, int] = {}
-    out = []
-    for row in rows:
-        c = row["category"]
-        if taken.get(c, 0) < per_category:
-            taken[c] = taken.get(c, 0) + 1
-            out.append(row)
-    return out
+        raise ConfigError(f"{path} is not JSON ({exc}); pass a plan written by `draftwise plan --out`") from None
+    return Plan.from_dict(data, source=str(path))
 
 
 # -- making the plan -----------------------------------------------------------------------
 def _aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
-    """Spec-Bench speedup: mean tokens/s of the method over mean tokens/s of plain decoding."""
-    plain = statistics.mean(p["new_tokens"] / p["plain_s"] for p in per_prompt)
-    mine = statistics.mean(p["new_tokens"] / p["method_s"] for p in per_prompt)
-    return mine / plain
+    """Spec-Bench speedup of predicted times: mean tokens/s of the method over plain's."""
+    return mean_rate_speedup(
+        [p["new_tokens"] / p["method_s"] for p in per_prompt],
+        [p["new_tokens"] / p["plain_s"] for p in per_prompt],
+    )
+
+
+def as_questions(rows: Sequence[Question | dict[str, Any]]) -> list[Question]:
+    """Questions as given, or Spec-Bench rows (``{"question_id", "category", "turns"}``) validated."""
+    return [q if isinstance(q, Question) else parse_question(q, f"prompt {i}") for i, q in enumerate(rows, 1)]
 
 
 def make_plan(
     model: Any,
-    rows: Sequence[dict[str, Any]],
+    questions: Sequence[Question | dict[str, Any]],
     profile: Profile,
     *,
-    drafts: Sequence[str] = ("lookup", "self"),
+    drafts: Sequence[DraftSpec | str] = ("lookup", "self"),
     ks: Sequence[int] | None = None,
     k_run: int = 8,
     max_new_tokens: int = 128,
     sampling: SamplingConfig | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Plan:
-    """Trace ``rows`` (already sampled) with each draft, predict every (draft, k), recommend."""
-    from ..drafters import make_drafter
-
+    """Trace ``questions`` (already sampled: :func:`~draftwise.questions.select_questions`) with
+    each draft, predict every (draft, k), recommend. Spec-Bench rows (dicts) are accepted too."""
     profile.check_model(model)
     cfg = sampling or SamplingConfig()
+    rows = as_questions(questions)
     if not rows:
         raise ConfigError("no prompts to plan on")
-    drafts = [d for d in dict.fromkeys(drafts) if d != NONE]
+    if any(q.category == "overall" for q in rows):
+        raise ConfigError("category 'overall' is reserved for the plan's whole-workload pick; rename it")
+    specs = {str(s): s for s in map(DraftSpec.parse, drafts) if not s.is_none}
+    drafts = list(specs)
     if not drafts:
         raise ConfigError("give at least one draft to plan for (e.g. --drafts lookup,self)")
     k_top = profile.max_n - 1
@@ -355,32 +212,30 @@ def make_plan(
         raise ConfigError(f"k must be >= 1, got {ks[0]}")
     if ks[-1] > k_top:
         raise ConfigError(f"the profile covers k <= {k_top}; k={ks[-1]} needs `draftwise profile --max-n {ks[-1] + 1}`")
-    drafters = {d: make_drafter(d, model) for d in drafts}
+    drafters = {d: make_drafter(spec, model) for d, spec in specs.items()}
     for d in drafts:
         profile.draft_time(d, 1)  # raises if the profile lacks this draft
-    traced = [d for d in drafts if not d.startswith("lookup")] or drafts[:1]
+    traced = [d for d in drafts if specs[d].kind != "lookup"] or drafts[:1]
     if not cfg.greedy:
         traced = drafts  # sampled output is random: every draft needs its own run
     k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
-
-    from ..decode import generate
 
     generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
     per: dict[tuple[str, int], list[dict[str, Any]]] = {}
     prompt_info = []
     total = len(rows) * len(traced)
     for qi, row in enumerate(rows):
-        prompt_ids = model.encode_prompt(row["turns"][0])
+        prompt_ids = model.encode_prompt(row.prompt)
         traces: dict[str, Trace] = {}
         for j, d in enumerate(traced):
             if progress:
-                progress(f"{d} on q{row['question_id']} ({row['category']})", (qi * len(traced) + j) / total)
+                progress(f"{d} on q{row.question_id} ({row.category})", (qi * len(traced) + j) / total)
             traces[d] = trace_generation(
                 model, prompt_ids, drafters[d], k_run, max_new_tokens, sampling=cfg,
-                question_id=row["question_id"], category=row["category"],
+                question_id=row.question_id, category=row.category,
             )
         ref = traces[traced[0]]
-        info = {"question_id": row["question_id"], "category": row["category"],
+        info = {"question_id": row.question_id, "category": row.category,
                 "prompt_tokens": len(prompt_ids), "new_tokens": ref.new_tokens, "equal": True}
         if cfg.greedy:
             info["equal"] = all(t.tokens == ref.tokens for t in traces.values())
@@ -389,16 +244,17 @@ def make_plan(
         plain_s = predict_seconds(profile, NONE, plain_steps, len(prompt_ids), ref.prefill_seconds, len(ref.tokens))
         for d in drafts:
             for k in ks:
-                if cfg.greedy and d.startswith("lookup"):
-                    steps = replay_lookup(lambda d=d: make_drafter(d, model), prompt_ids, ref.tokens, k, max_new_tokens)
+                if cfg.greedy and specs[d].kind == "lookup":
+                    steps = replay_lookup(lambda d=d: make_drafter(specs[d], model), prompt_ids, ref.tokens, k,
+                                          max_new_tokens)
                 elif cfg.greedy:
                     steps = replay_hits(traces[d].hits(), k, max_new_tokens)
                 else:
-                    steps = _expected_steps(traces[d], k)
+                    steps = expected_steps(traces[d], k)
                 tr = traces.get(d, ref)
                 method_s = predict_seconds(profile, d, steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens))
                 per.setdefault((d, k), []).append({
-                    "category": row["category"], "new_tokens": max(tr.new_tokens, 1),
+                    "category": row.category, "new_tokens": max(tr.new_tokens, 1),
                     "plain_s": plain_s, "method_s": method_s,
                     "steps": len(steps) + 1, "committed": len(tr.tokens),
                     "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
@@ -406,7 +262,7 @@ def make_plan(
                 })
     if progress:
         progress("predicting", 1.0)
-    cats = list(dict.fromkeys(r["category"] for r in rows)) + ["overall"]
+    cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
     categories: dict[str, list[Candidate]] = {}
     for c in cats:
         cands = []
@@ -424,7 +280,7 @@ def make_plan(
             recommended[c], predicted[c] = (NONE, 0), 1.0
     routed = []
     for qi, row in enumerate(rows):
-        d, k = recommended[row["category"]]
+        d, k = recommended[row.category]
         if d == NONE:
             item = dict(per[(drafts[0], ks[0])][qi])
             item["method_s"] = item["plain_s"]
@@ -446,26 +302,6 @@ def make_plan(
         config={"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature,
                 "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")},
     )
-
-
-def _expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
-    """Sampling: steps at k as the measured conditional rates predict them (fractional)."""
-    tested = [0] * trace.k
-    accepted = [0] * trace.k
-    proposing = [m for m, _ in trace.steps if m]
-    for m, acc in trace.steps:
-        for i in range(min(acc + 1, m)):
-            tested[i] += 1
-        for i in range(acc):
-            accepted[i] += 1
-    rates = [a / t if t else 0.0 for a, t in zip(accepted, tested)] or [0.0]
-    share = len(proposing) / max(len(trace.steps), 1)  # steps where the draft proposed at all
-    e = expected_committed_by_position(rates, k)
-    per_step = share * e + (1 - share)
-    n_steps = max(round((len(trace.tokens) - 1) / per_step), 1)
-    n_prop = round(n_steps * share)
-    acc_each = round(e - 1)
-    return [(k, acc_each)] * n_prop + [(0, 0)] * (n_steps - n_prop)
 
 
 def _candidate(profile: Profile, draft: str, k: int, items: Sequence[dict[str, Any]]) -> Candidate:

@@ -1,4 +1,5 @@
-"""A machine profile: what a target pass and each draft cost on *this* machine.
+"""A machine profile: what a target pass and each draft cost on *this* machine (the data, its
+file, and reading it; measuring one is :mod:`draftwise.cost.measure`).
 
 ``draftwise profile`` measures, for one model and dtype:
 
@@ -9,19 +10,21 @@
 - ``token_overhead``: per committed token, what a generation spends outside the steps
   (detokenising, stop strings, statistics).
 
-Each value is the mean of the faster half of ``repeats`` timings taken in rounds over n (so
-that drift hits every n alike), made non-decreasing in n (a dip is noise: a longer pass never
-costs less), and a step is never cheaper than its pass.
+Each value is the mean of the faster half of ``repeats`` timings
+(:func:`~draftwise.cost.timing.fast_half_mean`) taken in rounds over n (so that drift hits every
+n alike), made non-decreasing in n (a dip is noise: a longer pass never costs less), and a step
+is never cheaper than its pass.
 
 Times grow with the context (attention reads every cached key), so T and the step are measured
 at two context lengths and interpolated linearly between them (and extrapolated beyond).
 The planner and ``--k auto`` read the profile; a profile made on another model, or in another
-dtype, is refused.
+dtype, is refused. Drafts are keyed by their canonical spec (``str(DraftSpec)``), so
+``lookup:min=1`` and ``lookup`` are one draft.
 
 Example::
 
     from draftwise import load_model
-    from draftwise.cost.profile import measure_profile
+    from draftwise.cost.measure import measure_profile
     model = load_model("default")
     profile = measure_profile(model, drafts=["lookup"], max_n=8, repeats=3)
     print(profile.step_cost_ratio("lookup", 4))   # a lookup step with k=4, in plain steps
@@ -31,23 +34,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import platform
-import statistics
-import time
-from collections.abc import Callable, Sequence
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ..drafters.base import Draft
+from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..plots import write_json
-from ..sampling import SamplingConfig
-from ..verify import verify_greedy
-from .timing import time_pass
+from ..fsutil import write_json_atomic
+from ..loaders import cache_dir
 
 SCHEMA = "draftwise.profile/1"
 
@@ -107,16 +102,22 @@ class Profile:
         """Per-step overhead beyond the pass itself."""
         return max(self.step_time(n, context) - self.forward_time(n, context), 0.0)
 
-    def draft_time(self, spec: str, k: int) -> float:
+    def has_draft(self, spec: DraftSpec | str) -> bool:
+        """Whether this profile measured ``spec`` (``none`` costs nothing, so always)."""
+        key = str(DraftSpec.parse(spec))
+        return key == "none" or key in self.drafts
+
+    def draft_time(self, spec: DraftSpec | str, k: int) -> float:
         """D(k) of a profiled draft (0 for ``none``)."""
-        if spec == "none" or k == 0:
+        key = spec if isinstance(spec, str) and spec in self.drafts else str(DraftSpec.parse(spec))
+        if key == "none" or k == 0:
             return 0.0
-        if spec not in self.drafts:
+        if key not in self.drafts:
             raise ConfigError(
-                f"the profile has no costs for draft {spec!r} (it has: "
-                f"{', '.join(self.drafts) or 'none'}); run `draftwise profile --draft {spec}`"
+                f"the profile has no costs for draft {key!r} (it has: "
+                f"{', '.join(self.drafts) or 'none'}); run `draftwise profile --draft {key}`"
             )
-        costs = self.drafts[spec]
+        costs = self.drafts[key]
         if k > len(costs):  # past the measured k, each more token costs what the last one did
             return costs[-1] + (k - len(costs)) * (costs[-1] - (costs[-2] if len(costs) > 1 else 0.0))
         return costs[k - 1]
@@ -125,11 +126,11 @@ class Profile:
         """v(k) = T(k+1) / T(1), whole steps."""
         return self.step_time(k + 1, context) / self.step_time(1, context)
 
-    def draft_ratio(self, spec: str, k: int, context: float | None = None) -> float:
+    def draft_ratio(self, spec: DraftSpec | str, k: int, context: float | None = None) -> float:
         """c = D(k) / (k T(1)): the draft's cost per proposed token, in plain steps."""
         return self.draft_time(spec, k) / (k * self.step_time(1, context))
 
-    def step_cost_ratio(self, spec: str, k: int, context: float | None = None) -> float:
+    def step_cost_ratio(self, spec: DraftSpec | str, k: int, context: float | None = None) -> float:
         """R(k) = (D(k) + step(k+1)) / step(1): one speculative step in plain steps."""
         return (self.draft_time(spec, k) + self.step_time(k + 1, context)) / self.step_time(1, context)
 
@@ -157,233 +158,86 @@ class Profile:
         return out
 
     def save(self, path: str | Path) -> Path:
-        return write_json(path, self.to_dict())
+        """Write the profile as JSON, atomically (a crash never leaves half a profile)."""
+        return write_json_atomic(path, self.to_dict())
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Profile:
+    def from_dict(cls, data: Any, *, source: str = "the profile") -> Profile:
+        """Read :meth:`to_dict`'s output, checking every field; errors name ``source``.
+
+        Older profiles keyed drafts by the spec as typed; keys are made canonical here, so a
+        profile keyed ``lookup``, ``self`` or ``model:default`` still loads.
+        """
+        if not isinstance(data, dict):
+            raise ConfigError(f"{source} is not a draftwise profile (a JSON {type(data).__name__}, not an object)")
         if data.get("schema") != SCHEMA:
-            raise ConfigError(f"not a draftwise profile (schema {data.get('schema')!r}, want {SCHEMA!r})")
+            raise ConfigError(f"{source} is not a draftwise profile (schema {data.get('schema')!r}, want {SCHEMA!r})")
         try:
+            forward = _curves(data["forward"], "forward")
+            step = _curves(data["step"], "step")
+            drafts_in = data.get("drafts", {})
+            if not isinstance(drafts_in, dict):
+                raise ValueError("'drafts' must map draft specs to lists of seconds")
+            drafts = {str(DraftSpec.parse(s)): _seconds(v, f"drafts[{s!r}]") for s, v in drafts_in.items()}
+            lengths = {len(v) for v in [*forward.values(), *step.values()]}
+            if set(forward) != set(step) or len(lengths) != 1:
+                raise ValueError("'forward' and 'step' must cover the same contexts and the same n")
+            overhead = float(data.get("token_overhead", 0.0))
+            if not math.isfinite(overhead) or overhead < 0:
+                raise ValueError(f"token_overhead={overhead} must be a finite number >= 0")
+            for key in ("model", "fingerprint", "dtype", "runtime"):
+                if not isinstance(data[key], str):
+                    raise ValueError(f"{key!r} must be a string")
             return cls(
                 model=data["model"],
                 fingerprint=data["fingerprint"],
                 dtype=data["dtype"],
                 runtime=data["runtime"],
-                forward={int(c): [float(x) for x in v] for c, v in data["forward"].items()},
-                step={int(c): [float(x) for x in v] for c, v in data["step"].items()},
-                drafts={s: [float(x) for x in v] for s, v in data.get("drafts", {}).items()},
-                token_overhead=float(data.get("token_overhead", 0.0)),
+                forward=forward,
+                step=step,
+                drafts=drafts,
+                token_overhead=overhead,
                 machine=dict(data.get("machine", {})),
                 created=str(data.get("created", "")),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ConfigError(f"the profile is incomplete or malformed: {exc!r}") from None
+        except KeyError as exc:
+            raise ConfigError(f"{source} is incomplete: it has no {exc} field; measure it again with `draftwise profile`") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise ConfigError(f"{source} is malformed: {exc}; measure it again with `draftwise profile`") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
-        path = Path(path)
+        """Read a profile file; a missing, binary, non-JSON or wrongly shaped file is a ConfigError."""
+        path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"no profile at {path}; make one with `draftwise profile --out {path}`")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path} is not a profile: it is not UTF-8 text (binary?)") from None
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not JSON: {exc}") from None
-        return cls.from_dict(data)
+            raise ConfigError(f"{path} is not JSON ({exc}); pass a profile written by `draftwise profile`") from None
+        return cls.from_dict(data, source=str(path))
+
+
+def _seconds(values: Any, what: str) -> list[float]:
+    """A non-empty list of finite, non-negative times."""
+    if not isinstance(values, list) or not values:
+        raise ValueError(f"{what} must be a non-empty list of seconds")
+    out = [float(x) for x in values]
+    if not all(math.isfinite(x) and x >= 0 for x in out):
+        raise ValueError(f"{what} holds a negative or non-finite time")
+    return out
+
+
+def _curves(data: Any, what: str) -> dict[int, list[float]]:
+    """``{"128": [seconds, ...], ...}`` -> ``{128: [...]}``, at least one context."""
+    if not isinstance(data, dict) or not data:
+        raise ValueError(f"{what!r} must map context lengths to lists of seconds")
+    return {int(c): _seconds(v, f"{what}[{c}]") for c, v in data.items()}
 
 
 def default_profile_path(model: Any) -> Path:
     """Where ``draftwise profile`` saves a model's profile unless told otherwise."""
-    from ..loaders import cache_dir
-
     dtype = str(model.dtype).replace("torch.", "")
     return cache_dir() / "profiles" / f"{Path(model.folder).name}-{dtype}.json"
-
-
-# -- measuring ---------------------------------------------------------------------------
-def monotone(values: Sequence[float]) -> list[float]:
-    """The closest non-decreasing sequence (pool adjacent violators): a pass over more tokens
-    never costs less, so a dip in the medians is noise, averaged away with its neighbours.
-
-    >>> monotone([3.0, 1.0, 2.0, 5.0])
-    [2.0, 2.0, 2.0, 5.0]
-    """
-    blocks: list[list[float]] = []  # [sum, count]
-    for v in values:
-        blocks.append([v, 1])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
-            total, count = blocks.pop()
-            blocks[-1][0] += total
-            blocks[-1][1] += count
-    return [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
-
-
-def fast_half_mean(times: Sequence[float]) -> float:
-    """The mean of the faster half of ``times``. A shared machine only ever adds time (another
-    process, a page fault), so the slow half is mostly noise; this is steadier than the median
-    and keeps ratios like T(k+1)/T(1), which every prediction divides by, from drifting.
-
-    >>> fast_half_mean([1.0, 9.0, 2.0, 3.0])
-    1.5
-    """
-    ordered = sorted(times)
-    half = ordered[: max(1, (len(ordered) + 1) // 2)]
-    return sum(half) / len(half)
-
-
-def _synthetic(n: int, seed: int) -> list[int]:
-    return [(i * 7919 + seed * 104729) % 2000 + 10 for i in range(n)]
-
-
-class _Constant:
-    """Proposes the same token k times: a step that verifies k tokens and commits one."""
-
-    name = "constant"
-
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def propose(self, context: Sequence[int], k: int) -> Draft:
-        return Draft([self.token] * k)
-
-
-def _time_step(runtime: Any, context: list[int], n: int) -> float:
-    """One speculative step feeding n tokens, as decode_steps runs it, then undone."""
-    base = runtime.length
-    t0 = time.perf_counter()
-    draft = _Constant(context[-2]).propose(context, n - 1)
-    rows = runtime.forward([context[-1], *draft.tokens])
-    verdict = verify_greedy(draft.tokens, rows)
-    runtime.rollback(base + 1 + verdict.accepted)
-    elapsed = time.perf_counter() - t0
-    runtime.rollback(base)
-    return elapsed
-
-
-def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: int) -> float:
-    """Median D(k). A draft with its own cache sees the context grow one token a call (it
-    catches that token up, as after a rejected step); self-speculation, which shares the
-    target's cache, proposes from the same context each time."""
-    from ..drafters.self_spec import SelfSpecDrafter
-
-    shares_cache = isinstance(drafter, SelfSpecDrafter)
-    context = list(prompt)
-    runtime.rollback(0)
-    runtime.prefill(context[:-1])
-    drafter.start(context[:-1], SamplingConfig(), torch.Generator().manual_seed(0))
-    drafter.propose(context, k)  # warm up (a model draft catches up on the prompt here)
-    times = []
-    for r in range(repeats):
-        if not shares_cache:
-            drafter.observe(0)
-            context.append(_synthetic(1, r + 5)[0])
-        t0 = time.perf_counter()
-        drafter.propose(context, k)
-        times.append(time.perf_counter() - t0)
-    return fast_half_mean(times)
-
-
-def _token_overhead(model: Any, context: int, profile: Profile) -> float:
-    """What a plain generation spends per token beyond its steps (detokenising and so on)."""
-    from ..decode import generate
-
-    n = 24
-    res = generate(model, _synthetic(context, 7), max_new_tokens=n)
-    per_step = (res.seconds - res.prefill_seconds) / max(res.new_tokens - 1, 1)
-    return max(per_step - profile.step_time(1, context + n / 2), 0.0)
-
-
-def measure_profile(
-    model: Any,
-    *,
-    drafts: Sequence[str] = ("lookup",),
-    max_n: int = 16,
-    contexts: Sequence[int] = (128, 1024),
-    repeats: int = 5,
-    progress: Callable[[str, float], None] | bool = True,
-) -> Profile:
-    """Measure T(n) and step(n) for n = 1..max_n at each context, D(k) for k = 1..max_n - 1
-    of each draft spec, and the per-token overhead. ``progress`` is a callback
-    ``(description, fraction done)``, or True for a rich progress bar on stderr."""
-    from ..drafters import make_drafter
-
-    if max_n < 2:
-        raise ConfigError(f"max_n={max_n} must be >= 2 (a speculative step feeds at least 2 tokens)")
-    if repeats < 1:
-        raise ConfigError(f"repeats={repeats} must be >= 1")
-    contexts = sorted(set(int(c) for c in contexts))
-    limit = model.runtime.max_context
-    if not contexts or contexts[0] < 2 or contexts[-1] + max_n + repeats + 2 > limit:
-        raise ConfigError(f"contexts {contexts} must be >= 2 and leave room for {max_n} tokens in {limit}")
-    drafters = {spec: make_drafter(spec, model) for spec in drafts if spec != "none"}
-    total = len(contexts) * repeats + len(drafters) * (max_n - 1) + 1
-    done = 0
-
-    bar = None
-    if progress is True:
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        task = bar.add_task("profile", total=total)
-        bar.start()
-
-        def report(desc: str, frac: float) -> None:
-            bar.update(task, completed=frac * total, description=desc)
-
-    elif callable(progress):
-        report = progress
-    else:
-
-        def report(desc: str, frac: float) -> None:
-            pass
-
-    rt = model.runtime
-    forward: dict[int, list[float]] = {}
-    step: dict[int, list[float]] = {}
-    try:
-        for c in contexts:
-            context = _synthetic(c, 1)
-            rt.rollback(0)
-            rt.prefill(context[:-1])  # the last token is fed by each step, as in decoding
-            _time_step(rt, context, 2)  # warm up
-            f_times: list[list[float]] = [[] for _ in range(max_n)]
-            s_times: list[list[float]] = [[] for _ in range(max_n)]
-            for _ in range(repeats):  # rounds over n, so drift hits every n alike
-                for n in range(1, max_n + 1):
-                    f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
-                    s_times[n - 1].append(_time_step(rt, context, n))
-                done += 1
-                report(f"target passes, context {c}", done / total)
-            forward[c] = monotone([fast_half_mean(t) for t in f_times])
-            # a step contains the pass, so it never costs less than the pass alone
-            step[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward[c])])
-        profile = Profile(
-            model=model.name,
-            fingerprint=model_fingerprint(model),
-            dtype=str(model.dtype).replace("torch.", ""),
-            runtime=type(rt).__name__,
-            forward=forward,
-            step=step,
-            machine={
-                "threads": torch.get_num_threads(),
-                "cpu": platform.processor() or platform.machine(),
-                "cores": os.cpu_count(),
-                "torch": torch.__version__,
-            },
-            created=time.strftime("%Y-%m-%dT%H:%M:%S"),
-        )
-        prompt = _synthetic(contexts[0], 2)
-        for spec, drafter in drafters.items():
-            costs = []
-            for k in range(1, max_n):
-                costs.append(_time_draft(drafter, rt, prompt, k, repeats))
-                done += 1
-                report(f"draft {spec}, k={k}", done / total)
-            profile.drafts[spec] = costs
-        rt.rollback(0)
-        profile.token_overhead = _token_overhead(model, contexts[0], profile)
-        report("done", 1.0)
-    finally:
-        if bar is not None:
-            bar.stop()
-        rt.rollback(0)
-    return profile

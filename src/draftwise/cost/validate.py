@@ -13,17 +13,22 @@ import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..decode import generate
+from ..drafters import make_drafter
+from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
+from ..questions import Question
 from ..sampling import SamplingConfig
-from .plan import NONE, Plan
+from .model import mean_rate_speedup
+from .plan import NONE, Plan, as_questions
 
 
 def validate_plan(
     model: Any,
     plan: Plan,
-    rows: Sequence[dict[str, Any]],
+    questions: Sequence[Question | dict[str, Any]],
     *,
-    extra: Sequence[tuple[str, int]] = (),
+    extra: Sequence[tuple[DraftSpec | str, int]] = (),
     repeats: int = 1,
     progress: Callable[[str, float], None] | None = None,
 ) -> dict[str, Any]:
@@ -32,12 +37,11 @@ def validate_plan(
     Each generation runs ``repeats`` times back to back and keeps its best time."""
     if repeats < 1:
         raise ConfigError(f"repeats={repeats} must be >= 1")
-    from ..decode import generate
-    from ..drafters import make_drafter
-
+    rows = as_questions(questions)
+    extra = [(str(DraftSpec.parse(d)), k) for d, k in extra]
     cfg = SamplingConfig(temperature=float(plan.config.get("temperature", 0.0)))
     max_new = int(plan.config.get("max_new_tokens", 128))
-    settings = {plan.choose(r["category"]) for r in rows} | set(extra)
+    settings = {plan.choose(r.category) for r in rows} | set(extra)
     settings.discard((NONE, 0))
     drafters = {s: make_drafter(s[0], model) for s in settings}
     generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
@@ -45,8 +49,8 @@ def validate_plan(
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
     plain_tps: list[dict[str, Any]] = []
     for qi, row in enumerate(rows):
-        prompt_ids = model.encode_prompt(row["turns"][0])
-        rec = plan.choose(row["category"])
+        prompt_ids = model.encode_prompt(row.prompt)
+        rec = plan.choose(row.category)
         mine = [s for s in settings if s == rec or s in extra]
         order: list[tuple[str, int]] = [(NONE, 0), *sorted(mine)]
         shift = qi % len(order)
@@ -54,23 +58,23 @@ def validate_plan(
         results = {}
         for j, s in enumerate(order):
             if progress:
-                progress(f"{s[0]}@k={s[1]} on q{row['question_id']}", (qi + j / len(order)) / len(rows))
+                progress(f"{s[0]}@k={s[1]} on q{row.question_id}", (qi + j / len(order)) / len(rows))
             results[s] = max(  # best of `repeats`: a shared machine only ever adds time
                 generate(model, prompt_ids, max_new_tokens=max_new, sampling=cfg,
                          draft=drafters.get(s), k=max(s[1], 1)).tokens_per_second
                 for _ in range(repeats)
             )
-        plain_tps.append({"category": row["category"], "tps": results[(NONE, 0)]})
+        plain_tps.append({"category": row.category, "tps": results[(NONE, 0)]})
         for s in mine:
             measured.setdefault(s, []).append(
-                {"category": row["category"], "plain": results[(NONE, 0)], "method": results[s],
+                {"category": row.category, "plain": results[(NONE, 0)], "method": results[s],
                  "recommended": s == rec}
             )
     if progress:
         progress("done", 1.0)
 
     checks = []
-    cats = list(dict.fromkeys(r["category"] for r in rows))
+    cats = list(dict.fromkeys(r.category for r in rows))
     for c in cats:
         d, k = plan.choose(c)
         if d == NONE:
@@ -84,7 +88,7 @@ def validate_plan(
     by_prompt_method = [x["method"] for x in routed] + [
         p["tps"] for p in plain_tps if plan.choose(p["category"])[0] == NONE
     ]
-    routed_measured = statistics.mean(by_prompt_method) / statistics.mean(by_prompt_plain)
+    routed_measured = mean_rate_speedup(by_prompt_method, by_prompt_plain)
     checks.append({"category": "overall (routed)", "draft": "per category", "k": None,
                    "predicted": plan.routed_overall, "measured": routed_measured,
                    "error": abs(plan.routed_overall - routed_measured) / routed_measured, "prompts": len(rows)})
@@ -103,6 +107,6 @@ def validate_plan(
 
 
 def _check(category: str, draft: str, k: int, predicted: float, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    measured = statistics.mean(x["method"] for x in items) / statistics.mean(x["plain"] for x in items)
+    measured = mean_rate_speedup([x["method"] for x in items], [x["plain"] for x in items])
     return {"category": category, "draft": draft, "k": k, "predicted": predicted, "measured": measured,
             "error": abs(predicted - measured) / measured, "prompts": len(items)}

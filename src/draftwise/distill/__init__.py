@@ -17,14 +17,16 @@ Example::
     generate(target, "Tell me a story.", draft="model:drafts/smol4", k=4)
 
 Rooms: :mod:`.data` (prompts, split, cached continuations, token counts), :mod:`.student`
-(the draft's shape, initialisation and loss), :mod:`.train` (the run and its files),
-:mod:`.evaluate` (speculative vs plain on held-out prompts), :mod:`.pack` (a draft's trained
-layers alone, the form in which a draft ships, and ``--draft model:default``).
+(the draft's shape, initialisation and loss), :mod:`.options` (checking and merging the options),
+:mod:`.loop` (the training steps), :mod:`.checkpoint` (saving and safely loading ``.pt`` files),
+:mod:`.outputs` (the output folder: claimed safely, files without machine paths), :mod:`.train`
+(the run from start to end), :mod:`.evaluate` (speculative vs plain on held-out prompts),
+:mod:`.pack` (a draft's trained layers alone, the form in which a draft ships).
 """
 
+from ..drafters.packs import default_draft_folder, unpack_draft
 from .data import split_questions
 from .evaluate import EvalReport, breakeven_for_cost, evaluate_draft
-from ..drafters.packs import default_draft_folder, unpack_draft
 from .pack import pack_draft
 from .student import build_draft, evenly_spaced_layers, kl_loss
 from .train import DistillResult, StepLog, distill

@@ -1,6 +1,7 @@
 """Training data for distillation, made locally: prompts, their split, the target's continuations.
 
-- Prompts are the first turns of a Spec-Bench-format file (default: the dev questions).
+- Prompts are the first turns of the questions of a workload file
+  (:func:`draftwise.questions.read_questions`; default: the dev questions shipped with draftwise).
 - The split is deterministic: within each category, in file order, every 4th question
   (positions 3, 7, 11, ...) is held out for evaluation; training never sees it.
 - Each training sequence is a chat-templated prompt plus one of the target's own continuations
@@ -17,38 +18,46 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from ..bench.runtime import PromptSpec, select_prompts
+from ..questions import Question, spread_questions
 
 HOLDOUT_EVERY = 4
+Item = TypeVar("Item")
 
 
-def split_questions(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _category(item: Any) -> str:
+    if isinstance(item, Question):
+        return item.category
+    return str(item.get("category", "uncategorised"))
+
+
+def split_questions(items: Sequence[Item]) -> tuple[list[Item], list[Item]]:
     """(train, held_out): within each category, positions 3, 7, 11, ... are held out.
 
-    >>> rows = [{"question_id": i, "category": c, "turns": [f"q{i}"]}
-    ...         for i, c in enumerate("aaaaabbbb")]
-    >>> train, held = split_questions(rows)
-    >>> [r["question_id"] for r in held], len(train)
+    ``items`` are :class:`~draftwise.questions.Question` objects or rows with a ``"category"``.
+
+    >>> qs = [Question(i, c, (f"q{i}",)) for i, c in enumerate("aaaaabbbb")]
+    >>> train, held = split_questions(qs)
+    >>> [q.question_id for q in held], len(train)
     ([3, 8], 7)
     """
     seen: dict[str, int] = {}
-    train: list[dict[str, Any]] = []
-    held: list[dict[str, Any]] = []
-    for row in rows:
-        category = str(row.get("category", "uncategorised"))
+    train: list[Item] = []
+    held: list[Item] = []
+    for item in items:
+        category = _category(item)
         position = seen.get(category, 0)
         seen[category] = position + 1
-        (held if position % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else train).append(row)
+        (held if position % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else train).append(item)
     return train, held
 
 
-def ordered_prompts(rows: Sequence[dict[str, Any]]) -> list[PromptSpec]:
-    """All rows as prompts, round-robin over categories (so any prefix covers every category)."""
-    return select_prompts(rows, len(rows)) if rows else []
+def ordered_prompts(questions: Sequence[Question]) -> list[Question]:
+    """All questions, round-robin over categories (so any prefix covers every category)."""
+    return spread_questions(questions, len(questions)) if questions else []
 
 
 def _key(target_name: str, text: str, gen_tokens: int, gen_temperature: float, seed: int) -> str:
@@ -103,7 +112,7 @@ def _generate_batch(
 
 def make_sequences(
     target: Any,
-    prompts: Sequence[PromptSpec],
+    prompts: Sequence[Question],
     data_dir: Path,
     *,
     gen_tokens: int,
@@ -134,9 +143,9 @@ def make_sequences(
                 continue  # a line cut short by an interruption: generate it again
     jobs = []  # (key, prompt ids, temperature, question id) of every sequence
     for i, prompt in enumerate(prompts):
-        prompt_ids = list(target.encode_prompt(prompt.text))
+        prompt_ids = list(target.encode_prompt(prompt.prompt))
         for j, temp in enumerate(gen_temperatures):
-            key = _key(target.name, prompt.text, gen_tokens, float(temp), seed + i + 100_003 * j)
+            key = _key(target.name, prompt.prompt, gen_tokens, float(temp), seed + i + 100_003 * j)
             jobs.append((key, prompt_ids, float(temp), prompt.question_id))
     todo = [job for job in jobs if job[0] not in cached]
     total, done = len(jobs), len(jobs) - len(todo)

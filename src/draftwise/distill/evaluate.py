@@ -13,10 +13,17 @@ prompt to the next, so a shared machine's noise hits both alike. Reported:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from ..cost.model import breakeven_acceptance, leviathan_speedup
+from ..cost.timing import time_forward
+from ..decode import generate
+from ..drafters import make_drafter
+from ..errors import ConfigError
 
 
 def breakeven_for_cost(c: float, k: int) -> float | None:
@@ -25,25 +32,7 @@ def breakeven_for_cost(c: float, k: int) -> float | None:
     >>> round(breakeven_for_cost(0.1, 4), 4), breakeven_for_cost(0.0, 4), breakeven_for_cost(1.0, 4)
     (0.2871, 0.0, None)
     """
-    try:  # the cost model's own solver, where this version of draftwise has it
-        from ..cost.breakeven import breakeven_acceptance  # type: ignore[import-not-found]
-
-        return breakeven_acceptance(k, k * c + 1)  # type: ignore[no-any-return]
-    except ImportError:  # pragma: no cover - older draftwise
-        pass
-    target = k * c + 1
-    if target <= 1:
-        return 0.0
-    if target >= k + 1:
-        return None
-    lo, hi = 0.0, 1.0  # E(a, k) = 1 + a + ... + a^k rises from 1 to k + 1
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if sum(mid**i for i in range(k + 1)) < target:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
+    return breakeven_acceptance(k, k * c + 1)
 
 
 @dataclass
@@ -90,8 +79,9 @@ class EvalReport:
     @property
     def predicted_speedup(self) -> float:
         """Leviathan's model at the measured a and c: E(a, k) / (k c + 1)."""
-        a = min(self.acceptance, 1 - 1e-9)
-        return (1 - a ** (self.k + 1)) / (1 - a) / (self.k * self.cost_ratio + 1)
+        if not math.isfinite(self.cost_ratio):
+            return 0.0  # not timed (yet)
+        return leviathan_speedup(min(self.acceptance, 1 - 1e-9), self.k, self.cost_ratio)
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
@@ -116,11 +106,6 @@ def evaluate_draft(
         report = evaluate_draft(load_model("default"), "drafts/smol4", held_out, k=4)
         report.acceptance, report.speedup, report.breakeven_acceptance
     """
-    from ..cost.timing import time_forward
-    from ..decode import generate
-    from ..drafters import make_drafter
-    from ..errors import ConfigError
-
     if not prompts:
         raise ConfigError("evaluate_draft needs at least one prompt")
     drafter = make_drafter(f"model:{draft_dir}", target)

@@ -12,12 +12,17 @@ import torch
 
 from ..drafters.packs import EMBEDDINGS, EXTRA_FILES, META_FILE, PACK_FORMAT, PACK_WEIGHTS
 from ..errors import ConfigError
+from .outputs import portable_meta, write_eval, write_meta
 
 __all__ = ["PACK_WEIGHTS", "pack_draft"]
 
 
 def pack_draft(draft_dir: str | Path, dest: str | Path, *, dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write the pack of the distilled draft in ``draft_dir`` to ``dest`` (created; must be empty)."""
+    """Write the pack of the distilled draft in ``draft_dir`` to ``dest`` (created; must be empty).
+
+    The pack's ``draftwise_draft.json`` and ``eval.json`` name files and folders, never a
+    machine's paths (an older distill output's are cut to their names), since a pack ships.
+    """
     from safetensors.torch import load_file, save_file
 
     src, out = Path(draft_dir), Path(dest)
@@ -37,8 +42,10 @@ def pack_draft(draft_dir: str | Path, dest: str | Path, *, dtype: torch.dtype = 
     kept = {name: t.to(dtype).contiguous() for name, t in state.items() if name not in EMBEDDINGS}
     save_file(kept, str(out / PACK_WEIGHTS), metadata={"format": PACK_FORMAT})
     shutil.copy(src / "config.json", out / "config.json")
-    shutil.copy(meta_path, out / META_FILE)
+    write_meta(out, portable_meta(meta))
     for name in EXTRA_FILES:
-        if (src / name).is_file():
+        if name == "eval.json" and (src / name).is_file():
+            write_eval(out, json.loads((src / name).read_text(encoding="utf-8")), name=src.name)
+        elif (src / name).is_file():
             shutil.copy(src / name, out / name)
     return out

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..runtime.native import load_state_dict
 
 
 def evenly_spaced_layers(n: int, total: int) -> list[int]:
@@ -79,8 +80,6 @@ def build_draft(
     trained draft is then described by its layers alone, which is what ships.
     """
     from transformers import AutoModelForCausalLM
-
-    from ..runtime.native import load_state_dict
 
     cfg = draft_config(target.config, layers, hidden_size=hidden_size, init_layers=init_layers)
     torch.manual_seed(seed)

@@ -8,7 +8,7 @@ models) throw away keys older than the window, so ``crop`` raises once the windo
 reaching further back silently loses keys. Every layer here therefore keeps the K/V of *all*
 positions, in a buffer that grows by doubling, and a rollback just shortens the buffers: O(1),
 no recomputation, and the logits equal a fresh run. Memory is that of a full-attention cache.
-The sliding layers stay sliding for attention: :class:`_WindowLayer` reports the same
+The sliding layers stay sliding for attention: :class:`WindowLayer` reports the same
 ``is_sliding`` flag and mask sizes as ``DynamicSlidingWindowLayer`` and hands attention only the
 last ``window - 1 + n`` positions, so transformers still builds the sliding mask from
 ``config.sliding_window`` and a sliding layer costs O(window) per token, not O(length).
@@ -29,164 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.cache_utils import (
-    Cache,
-    DummyLayer,
-    DynamicCache,
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-)
+from transformers.cache_utils import Cache, DummyLayer, DynamicCache
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError
-
-_MIN_CAPACITY = 256
-
-
-class _KVBuffer:
-    """One layer's K/V for every position, in buffers of spare capacity that double when full."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit  # no need to grow past the runtime's max_context
-        self.length = 0
-        self._keys: torch.Tensor | None = None
-        self._values: torch.Tensor | None = None
-
-    def append(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store ``[batch, heads, n, dim]`` new states; return views of all positions."""
-        end = self.length + keys.shape[-2]
-        if self._keys is None or self._values is None or end > self._keys.shape[-2]:
-            self._grow(keys, values, end)
-        assert self._keys is not None and self._values is not None
-        self._keys[..., self.length : end, :] = keys
-        self._values[..., self.length : end, :] = values
-        self.length = end
-        return self.views()
-
-    def views(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self._keys is not None and self._values is not None
-        return self._keys[..., : self.length, :], self._values[..., : self.length, :]
-
-    def truncate(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
-        capacity = 0 if self._keys is None else self._keys.shape[-2]
-        new = max(needed, min(max(2 * capacity, _MIN_CAPACITY), self.limit))
-        self._keys = self._enlarge(self._keys, keys, new)
-        self._values = self._enlarge(self._values, values, new)
-
-    def _enlarge(self, old: torch.Tensor | None, like: torch.Tensor, capacity: int) -> torch.Tensor:
-        buf = like.new_empty((*like.shape[:-2], capacity, like.shape[-1]))
-        if old is not None and self.length:
-            buf[..., : self.length, :] = old[..., : self.length, :]
-        return buf
-
-
-def _crop_target(length: int, tokens_to_remove: int) -> int:
-    """transformers 5.24's ``crop(n)``: ``n <= 0`` drops ``-n`` positions; ``n > 0`` is refused."""
-    if tokens_to_remove > 0:
-        raise ValueError(f"crop({tokens_to_remove}): pass minus the number of positions to drop")
-    return length + tokens_to_remove
-
-
-class _FullLayer(DynamicLayer):
-    """A full-attention layer on a :class:`_KVBuffer`."""
-
-    def __init__(self, limit: int) -> None:
-        super().__init__()
-        self._kv = _KVBuffer(limit)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        self.keys, self.values = self._kv.append(key_states, value_states)
-        return self.keys, self.values
-
-    def get_seq_length(self) -> int:
-        return self._kv.length
-
-    def truncate(self, length: int) -> None:
-        if self.is_initialized:
-            self._kv.truncate(length)
-            self.keys, self.values = self._kv.views()
-
-    def crop(self, tokens_to_remove: int) -> None:
-        self.truncate(_crop_target(self._kv.length, tokens_to_remove))
-
-    def reset(self) -> None:
-        self.truncate(0)  # keep the buffers for the next sequence
-
-
-class _WindowLayer(DynamicSlidingWindowLayer):
-    """A sliding-window layer that keeps every position, so that it can roll back past the window.
-
-    ``get_mask_sizes`` is inherited from ``DynamicSlidingWindowLayer`` (it reads
-    ``cumulative_length``); ``update`` returns exactly the positions those sizes describe: the
-    last ``sliding_window - 1`` cached ones plus the new ones.
-    """
-
-    def __init__(self, sliding_window: int, limit: int) -> None:
-        super().__init__(sliding_window=sliding_window)
-        self._kv = _KVBuffer(limit)
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
-        self._sliding_window_tensor = self._sliding_window_tensor.to(self.device)
-        self.is_initialized = True
-
-    def update(
-        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        keys, values = self._kv.append(key_states, value_states)
-        self.cumulative_length = self._kv.length
-        self.keys, self.values = keys, values
-        visible = self.sliding_window - 1 + key_states.shape[-2]
-        return keys[..., -visible:, :], values[..., -visible:, :]
-
-    def get_seq_length(self) -> int:
-        return self._kv.length
-
-    def truncate(self, length: int) -> None:
-        if self.is_initialized:
-            self._kv.truncate(length)
-            self.keys, self.values = self._kv.views()
-            self.cumulative_length = self._kv.length
-
-    def crop(self, tokens_to_remove: int) -> None:
-        self.truncate(_crop_target(self._kv.length, tokens_to_remove))
-
-    def reset(self) -> None:
-        self.truncate(0)
-
-
-_LayerSpec = tuple[str, int]  # ("full", 0) | ("window", sliding_window) | ("dummy", 0)
-
-
-def _layer_specs(cache: Any) -> list[_LayerSpec] | None:
-    """How to rebuild ``cache`` with rollback-exact layers, or None if it holds another kind."""
-    if type(cache) is not DynamicCache or getattr(cache, "offloading", False):
-        return None
-    specs: list[_LayerSpec] = []
-    for layer in cache.layers:
-        kind = type(layer)  # exact types: subclasses (model-specific layers) may hold more state
-        if kind is DynamicLayer:
-            specs.append(("full", 0))
-        elif kind is DynamicSlidingWindowLayer and isinstance(layer, DynamicSlidingWindowLayer):
-            specs.append(("window", int(layer.sliding_window)))
-        elif kind is DummyLayer:
-            specs.append(("dummy", 0))
-        else:
-            return None
-    return specs or None
-
+from .hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
 
 class HFRuntime:
     """A Hugging Face causal LM with a single-sequence, exactly rollback-able KV cache."""
@@ -333,9 +179,9 @@ class HFRuntime:
         layers: list[Any] = []
         for kind, window in self._specs:
             if kind == "full":
-                layers.append(_FullLayer(self._max_context))
+                layers.append(FullLayer(self._max_context))
             elif kind == "window":
-                layers.append(_WindowLayer(window, self._max_context))
+                layers.append(WindowLayer(window, self._max_context))
             else:
                 layers.append(DummyLayer())
         cache = DynamicCache()
@@ -346,7 +192,7 @@ class HFRuntime:
     def _truncate(self, length: int) -> None:
         assert self._cache is not None
         for layer in self._cache.layers:
-            if isinstance(layer, (_FullLayer, _WindowLayer)):
+            if isinstance(layer, (FullLayer, WindowLayer)):
                 layer.truncate(length)
 
     def _reset(self) -> None:
@@ -388,7 +234,7 @@ class HFRuntime:
         return out.logits[0, -keep:].float()
 
     @torch.inference_mode()
-    def _probe(self) -> list[_LayerSpec] | None:
+    def _probe(self) -> list[LayerSpec] | None:
         """Run one token to see which cache the model builds; return its layers' rebuild plan."""
         self._cache = None
         try:
@@ -399,7 +245,7 @@ class HFRuntime:
             raise ModelLoadError(
                 f"{type(self._model).__name__} failed a one-token forward: {exc}"
             ) from exc
-        specs = _layer_specs(self._cache)
+        specs = layer_specs(self._cache)
         self._tokens = []
         self._cache = None
         return specs

@@ -1,0 +1,117 @@
+"""What a run leaves for people: ``summary.md`` (one table per group) and two plots."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from ..plots import pyplot, save_figure
+from .methods import BASELINE, is_peer
+
+
+def _fmt(value: Any, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def _equality_lines(eq: Mapping[str, Any]) -> list[str]:
+    if not eq.get("checked"):
+        return [f"Equality not checked: {eq.get('reason', '')}."]
+    parts = [f"{m}: {c['equal']}/{c['total']}" for m, c in eq["methods"].items()]
+    lines = ["Turns equal to `none` token for token: " + (", ".join(parts) or "-") + "."]
+    for mm in eq["mismatches"]:
+        lines.append(
+            f"- q{mm['question_id']} {mm['method']} turn {mm['turn']}: first differs at token "
+            f"{mm['position']}, top-2 logit margin {mm['margin']:.4f}"
+            + (" (after an earlier mismatch)" if mm["after_earlier_mismatch"] else "")
+        )
+    return lines
+
+
+def render_markdown(summary: Mapping[str, Any]) -> str:
+    """``summary.md``: one table per group (methods as rows), the equality line, the command."""
+    cfg, run = summary["config"], summary["run"]
+    sampling = "greedy" if cfg["temperature"] == 0 else f"temperature {cfg['temperature']}"
+    lines = [
+        f"# draftwise bench: {cfg['model']} ({cfg['dtype']}), {sampling}, "
+        f"up to {cfg['max_new_tokens']} new tokens, k={cfg['k']}",
+        "",
+        f"{run['questions_finished']} of {run['questions_total']} questions finished"
+        + (f" (stopped: {run['stopped']})" if run["stopped"] else "")
+        + f"; methods interleaved question by question; {cfg['date']}.",
+        "",
+        "speedup = mean tokens/s / mean tokens/s of `none` (draftwise plain decoding) over the "
+        "same questions; #MAT = committed tokens per target pass (bonus included).",
+    ]
+    if any(is_peer(m) for m in cfg["methods"]):
+        lines += ["", "Peers (`hf*`: Hugging Face `generate` on the same weights) are also "
+                  "measured against draftwise `none`, not against `hf`."]
+    for group, table in summary["groups"].items():
+        lines += ["", f"## {group}", "",
+                  "| method | tok/s | speedup | #MAT | acceptance | draft share | questions |",
+                  "|---|---|---|---|---|---|---|"]
+        for m, row in table.items():
+            lines.append(
+                f"| {m} | {_fmt(row['tokens_per_s'], '.1f')} | {_fmt(row['speedup'], '.2f', 'x')} | "
+                f"{_fmt(row['mat'], '.2f')} | {_fmt(row['acceptance'], '.2f')} | "
+                f"{_fmt(row['draft_time_share'], '.2f')} | {row['questions']} |"
+            )
+    lines += ["", *_equality_lines(summary["equality"])]
+    if run.get("skipped"):
+        lines += ["", "Skipped (too long for the context): "
+                  + ", ".join(str(s["question_id"]) for s in run["skipped"]) + "."]
+    lines += ["", f"Command: `{cfg['command']}`", ""]
+    return "\n".join(lines)
+
+
+def _speedup_plot(plt: Any, summary: Mapping[str, Any], out_dir: Path) -> bool:
+    groups = list(summary["groups"])
+    methods = [m for m in summary["config"]["methods"] if m != BASELINE]
+    if not groups or not methods:
+        return False
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.2 * len(groups) * max(1, len(methods)) ** 0.5), 4))
+    width = 0.8 / len(methods)
+    for j, m in enumerate(methods):
+        ys = [summary["groups"][g].get(m, {}).get("speedup") or 0.0 for g in groups]
+        ax.bar([i + (j - (len(methods) - 1) / 2) * width for i in range(len(groups))], ys, width, label=m)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(groups)), groups, rotation=20)
+    ax.set_ylabel("speedup over draftwise plain decoding")
+    ax.legend(fontsize="small")
+    save_figure(fig, out_dir / "speedup.png", dpi=120)
+    return True
+
+
+def _position_plot(plt: Any, summary: Mapping[str, Any], out_dir: Path) -> bool:
+    from matplotlib.ticker import MaxNLocator
+
+    positions = summary["acceptance_by_position"]
+    if not positions:
+        return False
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for m, row in positions.items():
+        xs = [i + 1 for i, r in enumerate(row["rate"]) if r is not None]
+        ys = [r for r in row["rate"] if r is not None]
+        ax.plot(xs, ys, marker="o", label=m)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance (given earlier positions accepted)")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize="small")
+    save_figure(fig, out_dir / "acceptance_by_position.png", dpi=120)
+    return True
+
+
+def write_plots(summary: Mapping[str, Any], out_dir: Path) -> list[str]:
+    """``speedup.png`` (grouped bars per group) and ``acceptance_by_position.png``; returns the
+    file names written (none when matplotlib is missing)."""
+    try:
+        plt = pyplot()
+    except ImportError:
+        return []
+    written = []
+    if _speedup_plot(plt, summary, out_dir):
+        written.append("speedup.png")
+    if _position_plot(plt, summary, out_dir):
+        written.append("acceptance_by_position.png")
+    return written

@@ -1,0 +1,149 @@
+"""Running one method on one question: prompts, drafters, the plan's choice for ``auto``.
+
+Multi-turn questions are conversations: turn ``i``'s prompt holds the method's *own* earlier
+answers (through the chat template, or as raw text for a model without one), as in Spec-Bench.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from .. import decode
+from ..chat import encode_conversation
+from ..cost.adaptive import auto_policy
+from ..cost.plan import load_plan
+from ..drafters.factory import make_drafter
+from ..drafters.spec import DraftSpec, KValue, parse_k
+from ..errors import ConfigError
+from ..questions import Question
+from ..sampling import SamplingConfig
+from .answers import TurnResult
+from .hf_peer import HFPeer, hf_methods
+from .methods import AUTO, BASELINE, DraftItem, Method, parse_methods
+
+OVERALL = "overall"
+
+
+def build_prompt(model: Any, turns: Sequence[str], answers: Sequence[str]) -> list[int]:
+    """Token ids of a conversation up to the next answer (``len(turns) == len(answers) + 1``)."""
+    return encode_conversation(model.tokenizer, turns, answers)
+
+
+def build_methods(model: Any, drafts: str | Sequence[DraftItem], k: KValue, peers: Sequence[str]) -> list[Method]:
+    """The baseline, one method per draft (its drafter built once, here) and the peers' methods."""
+    methods = [Method(BASELINE, "draftwise", BASELINE, 1)]
+    for name, spec, mk in parse_methods(drafts, k):
+        if spec == AUTO:
+            methods.append(Method(name, "auto", AUTO, mk))
+        else:
+            methods.append(Method(name, "draftwise", str(spec), mk, drafter=make_drafter(spec, model)))
+    if "hf" in peers:
+        methods += hf_methods(model, methods, parse_k(k))
+    return methods
+
+
+def load_plan_for_auto(plan: Any, out_dir: Path | None) -> Any:
+    """The plan ``--drafts auto`` follows: a plan object (anything with ``choose``), a path to
+    ``plan.json`` or its folder, or by default ``OUT/plan.json``."""
+    if plan is not None and hasattr(plan, "choose"):
+        return plan
+    path = Path(plan).expanduser() if plan is not None else (out_dir / "plan.json" if out_dir else None)
+    if path is not None and path.is_dir():
+        path = path / "plan.json"
+    if path is None or not path.is_file():
+        where = f" ({path} does not exist)" if path is not None else ""
+        raise ConfigError(
+            f"--drafts auto needs a plan: run `draftwise plan ... --out DIR` first or pass --plan FILE{where}"
+        )
+    return load_plan(path)
+
+
+def plan_choice(plan: Any, category: str) -> tuple[str, Any, str]:
+    """``(draft spec, k, what it came from)``: the plan's pick for ``category`` when the plan has
+    seen that category, else its overall pick (a workload may hold categories the plan never
+    saw). A plan object without a ``recommended`` table is asked through ``choose``."""
+    recommended = getattr(plan, "recommended", None)
+    if isinstance(recommended, Mapping):
+        key = category if category in recommended else OVERALL
+        if key not in recommended:
+            raise ConfigError(
+                f"the plan has no choice for category {category!r} and no overall choice; make it again with `draftwise plan`"
+            )
+        spec, k = recommended[key]
+        return str(spec), k, key
+    spec, k = plan.choose(category)
+    return str(spec), k, category
+
+
+class Runner:
+    """Runs methods on questions; keeps the drafters ``auto`` builds and the HF peer."""
+
+    def __init__(self, model: Any, max_new_tokens: int, sampling: SamplingConfig, plan: Any = None) -> None:
+        self.model = model
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.plan = plan
+        self.auto_drafters: dict[str, Any] = {}
+        self.peer: HFPeer | None = None
+
+    def _auto(self, category: str) -> tuple[str, Any, KValue, str]:
+        spec_text, k, source = plan_choice(self.plan, category)
+        spec = str(DraftSpec.parse(spec_text))
+        if spec not in self.auto_drafters:
+            self.auto_drafters[spec] = make_drafter(spec, self.model)
+        drafter = self.auto_drafters[spec]
+        if drafter is None:  # the plan says no speculation pays here: plain decoding (k unused)
+            return spec, None, 1, source
+        return spec, drafter, parse_k(k), source
+
+    def turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
+        """One generation of ``method`` from ``prompt_ids``."""
+        if method.kind == "hf":
+            if self.peer is None:
+                self.peer = HFPeer(self.model)
+            return self.peer.generate(method, prompt_ids, self.max_new_tokens, self.sampling)
+        spec, drafter, k = method.spec, method.drafter, method.k
+        extra: dict[str, Any] = {}
+        if method.kind == "auto":
+            spec, drafter, k, extra["plan_choice_for"] = self._auto(category)
+        policy: Any = 1
+        if drafter is not None:
+            policy = auto_policy(self.model, spec) if k == "auto" else k
+        res = decode.generate(
+            self.model, prompt_ids, max_new_tokens=self.max_new_tokens, sampling=self.sampling,
+            draft=drafter, k=policy,
+        )
+        st = res.stats
+        stats = {
+            "draft": spec,
+            "k": k if drafter is not None else 0,
+            **extra,
+            "target_passes": st.target_passes,
+            "committed": st.committed,
+            "proposed": st.proposed,
+            "accepted": st.accepted,
+            "draft_seconds": st.draft_seconds,
+            "verify_seconds": st.verify_seconds,
+            "tested_at": list(st.tested_at),
+            "accepted_at": list(st.accepted_at),
+            "finish_reason": res.finish_reason,
+        }
+        return TurnResult(res.text, list(res.token_ids), res.seconds, stats, list(st.accept_lengths))
+
+    def question(self, method: Method, q: Question) -> list[TurnResult]:
+        """All turns of ``q``, each answer going into the next turn's history."""
+        answers: list[str] = []
+        results: list[TurnResult] = []
+        for i in range(len(q.turns)):
+            r = self.turn(method, build_prompt(self.model, q.turns[: i + 1], answers), q.category)
+            answers.append(r.text)
+            results.append(r)
+        return results
+
+    def fits(self, q: Question) -> bool:
+        """Whether ``q`` fits in the context whatever the answers (a conservative estimate)."""
+        n = len(q.turns)
+        prompt = build_prompt(self.model, q.turns, [""] * (n - 1))
+        return len(prompt) + n * (self.max_new_tokens + 8) <= self.model.runtime.max_context

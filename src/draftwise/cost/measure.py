@@ -1,0 +1,205 @@
+"""Measuring a machine profile (``draftwise profile``): T(n) and the whole step at two context
+lengths, D(k) of each draft, and the per-token overhead; see :mod:`draftwise.cost.profile` for
+what each value means and :mod:`draftwise.cost.timing` for the estimator every value uses.
+
+Example::
+
+    from draftwise import load_model
+    from draftwise.cost.measure import measure_profile
+    model = load_model("default")
+    profile = measure_profile(model, drafts=["lookup"], max_n=8, repeats=3)
+    profile.save("profile.json")
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..decode import generate
+from ..drafters import make_drafter
+from ..drafters.base import Draft
+from ..drafters.self_spec import SelfSpecDrafter
+from ..drafters.spec import DraftSpec
+from ..errors import ConfigError
+from ..sampling import SamplingConfig
+from ..verify import verify_greedy
+from .profile import Profile, model_fingerprint
+from .timing import fast_half_mean, time_pass
+
+
+def monotone(values: Sequence[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): a pass over more tokens
+    never costs less, so a dip in the measured times is noise, averaged away with its neighbours.
+
+    >>> monotone([3.0, 1.0, 2.0, 5.0])
+    [2.0, 2.0, 2.0, 5.0]
+    """
+    blocks: list[list[float]] = []  # [sum, count]
+    for v in values:
+        blocks.append([v, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    return [b[0] / b[1] for b in blocks for _ in range(int(b[1]))]
+
+
+def _synthetic(n: int, seed: int) -> list[int]:
+    return [(i * 7919 + seed * 104729) % 2000 + 10 for i in range(n)]
+
+
+class _Constant:
+    """Proposes the same token k times: a step that verifies k tokens and commits one."""
+
+    name = "constant"
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        return Draft([self.token] * k)
+
+
+def _time_step(runtime: Any, context: list[int], n: int) -> float:
+    """One speculative step feeding n tokens, as decode_steps runs it, then undone."""
+    base = runtime.length
+    t0 = time.perf_counter()
+    draft = _Constant(context[-2]).propose(context, n - 1)
+    rows = runtime.forward([context[-1], *draft.tokens])
+    verdict = verify_greedy(draft.tokens, rows)
+    runtime.rollback(base + 1 + verdict.accepted)
+    elapsed = time.perf_counter() - t0
+    runtime.rollback(base)
+    return elapsed
+
+
+def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: int) -> float:
+    """D(k), the fast-half mean of ``repeats`` proposals. A draft with its own cache sees the context grow one token a call (it
+    catches that token up, as after a rejected step); self-speculation, which shares the
+    target's cache, proposes from the same context each time."""
+    shares_cache = isinstance(drafter, SelfSpecDrafter)
+    context = list(prompt)
+    runtime.rollback(0)
+    runtime.prefill(context[:-1])
+    drafter.start(context[:-1], SamplingConfig(), torch.Generator().manual_seed(0))
+    drafter.propose(context, k)  # warm up (a model draft catches up on the prompt here)
+    times = []
+    for r in range(repeats):
+        if not shares_cache:
+            drafter.observe(0)
+            context.append(_synthetic(1, r + 5)[0])
+        t0 = time.perf_counter()
+        drafter.propose(context, k)
+        times.append(time.perf_counter() - t0)
+    return fast_half_mean(times)
+
+
+def _token_overhead(model: Any, context: int, profile: Profile) -> float:
+    """What a plain generation spends per token beyond its steps (detokenising and so on)."""
+    n = 24
+    res = generate(model, _synthetic(context, 7), max_new_tokens=n)
+    per_step = (res.seconds - res.prefill_seconds) / max(res.new_tokens - 1, 1)
+    return max(per_step - profile.step_time(1, context + n / 2), 0.0)
+
+
+def measure_profile(
+    model: Any,
+    *,
+    drafts: Sequence[DraftSpec | str] = ("lookup",),
+    max_n: int = 16,
+    contexts: Sequence[int] = (128, 1024),
+    repeats: int = 5,
+    progress: Callable[[str, float], None] | bool = True,
+) -> Profile:
+    """Measure T(n) and step(n) for n = 1..max_n at each context, D(k) for k = 1..max_n - 1
+    of each draft spec, and the per-token overhead. ``progress`` is a callback
+    ``(description, fraction done)``, or True for a rich progress bar on stderr. Drafts are
+    keyed by their canonical spec."""
+    if max_n < 2:
+        raise ConfigError(f"max_n={max_n} must be >= 2 (a speculative step feeds at least 2 tokens)")
+    if repeats < 1:
+        raise ConfigError(f"repeats={repeats} must be >= 1")
+    contexts = sorted(set(int(c) for c in contexts))
+    limit = model.runtime.max_context
+    if not contexts or contexts[0] < 2 or contexts[-1] + max_n + repeats + 2 > limit:
+        raise ConfigError(f"contexts {contexts} must be >= 2 and leave room for {max_n} tokens in {limit}")
+    specs = {str(spec): spec for spec in map(DraftSpec.parse, drafts) if not spec.is_none}
+    drafters = {key: make_drafter(spec, model) for key, spec in specs.items()}
+    total = len(contexts) * repeats + len(drafters) * (max_n - 1) + 1
+    done = 0
+
+    bar = None
+    if progress is True:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        task = bar.add_task("profile", total=total)
+        bar.start()
+
+        def report(desc: str, frac: float) -> None:
+            bar.update(task, completed=frac * total, description=desc)
+
+    elif callable(progress):
+        report = progress
+    else:
+
+        def report(desc: str, frac: float) -> None:
+            pass
+
+    rt = model.runtime
+    forward: dict[int, list[float]] = {}
+    step: dict[int, list[float]] = {}
+    try:
+        for c in contexts:
+            context = _synthetic(c, 1)
+            rt.rollback(0)
+            rt.prefill(context[:-1])  # the last token is fed by each step, as in decoding
+            _time_step(rt, context, 2)  # warm up
+            f_times: list[list[float]] = [[] for _ in range(max_n)]
+            s_times: list[list[float]] = [[] for _ in range(max_n)]
+            for _ in range(repeats):  # rounds over n, so drift hits every n alike
+                for n in range(1, max_n + 1):
+                    f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
+                    s_times[n - 1].append(_time_step(rt, context, n))
+                done += 1
+                report(f"target passes, context {c}", done / total)
+            forward[c] = monotone([fast_half_mean(t) for t in f_times])
+            # a step contains the pass, so it never costs less than the pass alone
+            step[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward[c])])
+        profile = Profile(
+            model=model.name,
+            fingerprint=model_fingerprint(model),
+            dtype=str(model.dtype).replace("torch.", ""),
+            runtime=type(rt).__name__,
+            forward=forward,
+            step=step,
+            machine={
+                "threads": torch.get_num_threads(),
+                "cpu": platform.processor() or platform.machine(),
+                "cores": os.cpu_count(),
+                "torch": torch.__version__,
+            },
+            created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        )
+        prompt = _synthetic(contexts[0], 2)
+        for spec, drafter in drafters.items():
+            costs = []
+            for k in range(1, max_n):
+                costs.append(_time_draft(drafter, rt, prompt, k, repeats))
+                done += 1
+                report(f"draft {spec}, k={k}", done / total)
+            profile.drafts[spec] = costs
+        rt.rollback(0)
+        profile.token_overhead = _token_overhead(model, contexts[0], profile)
+        report("done", 1.0)
+    finally:
+        if bar is not None:
+            bar.stop()
+        rt.rollback(0)
+    return profile

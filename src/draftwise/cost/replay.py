@@ -1,0 +1,188 @@
+"""Replaying decoding offline: a traced generation, its steps at any other k, and their cost.
+
+The planner (:mod:`draftwise.cost.plan`) decodes each prompt once per draft, speculatively at
+``k_max``, and then asks what every other k would have done:
+
+- prompt lookup is a pure function of the context, so its steps at any k are replayed exactly
+  on the committed tokens (:func:`replay_lookup`, no model pass at all);
+- a model or self draft proposes its own greedy chain, so the per-position record of the
+  ``k_max`` run ("did the draft, given the true prefix, predict this token?") gives its steps
+  at any k <= k_max (:func:`replay_hits`, bonus positions counting as hits);
+- with sampling the output is random, so :func:`expected_steps` uses the measured conditional
+  acceptance per position instead.
+
+:func:`predict_seconds` prices a list of steps with a machine profile.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..decode import decode_steps
+from ..drafters.spec import DraftSpec
+from ..sampling import SamplingConfig
+from .model import expected_committed_by_position
+from .profile import Profile
+
+
+# -- one traced generation -----------------------------------------------------------------
+@dataclass
+class Trace:
+    """One prompt decoded with one draft at k: the committed tokens and every step."""
+
+    question_id: Any
+    category: str
+    prompt_len: int
+    tokens: list[int]  # committed tokens, an ending EOS included
+    new_tokens: int  # tokens a user sees (the ending EOS excluded)
+    steps: list[tuple[int, int]]  # (proposed, accepted) per step after the prefill
+    prefill_seconds: float
+    seconds: float
+    k: int
+
+    def hits(self) -> list[int | None]:
+        """Per output position: 1 the draft predicted it, 0 it did not, None untested."""
+        out: list[int | None] = [None] * len(self.tokens)
+        pos = 1  # position 0 came from the prefill
+        for m, acc in self.steps:
+            for i in range(min(acc, len(out) - pos)):  # an EOS may end the output mid-step
+                out[pos + i] = 1
+            if acc < m and pos + acc < len(out):
+                out[pos + acc] = 0
+            pos += acc + 1
+        return out
+
+
+def trace_generation(
+    model: Any,
+    prompt_ids: Sequence[int],
+    drafter: Any,
+    k: int,
+    max_new_tokens: int,
+    *,
+    sampling: SamplingConfig | None = None,
+    question_id: Any = None,
+    category: str = "",
+) -> Trace:
+    """Decode like :func:`draftwise.decode.generate` and record each step's (proposed, accepted)."""
+    cfg = sampling or SamplingConfig()
+    tokens: list[int] = []
+    steps: list[tuple[int, int]] = []
+    new = 0
+    start = time.perf_counter()
+    prefill = 0.0
+    gen = decode_steps(
+        model.runtime, prompt_ids, cfg, cfg.generator(), drafter=drafter, k=k,
+        max_new_tokens=max_new_tokens,
+    )
+    done = False
+    for step in gen:
+        if not prefill:
+            prefill = time.perf_counter() - start
+        else:
+            steps.append((step.num_proposed, step.verdict.accepted))
+        for token in step.verdict.tokens:
+            tokens.append(token)
+            if token in model.eos_token_ids:
+                done = True
+                break
+            new += 1
+            if new >= max_new_tokens:
+                done = True
+                break
+        if done:
+            break
+    gen.close()
+    return Trace(
+        question_id=question_id,
+        category=category,
+        prompt_len=len(prompt_ids),
+        tokens=tokens,
+        new_tokens=new,
+        steps=steps,
+        prefill_seconds=prefill,
+        seconds=time.perf_counter() - start,
+        k=k,
+    )
+
+
+# -- replaying a trace at another k --------------------------------------------------------
+def replay_lookup(
+    make: Callable[[], Any], prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int
+) -> list[tuple[int, int]]:
+    """The (proposed, accepted) steps prompt lookup would take at this k (greedy, exact)."""
+    drafter = make()
+    drafter.start(list(prompt_ids), SamplingConfig(), torch.Generator())
+    context = list(prompt_ids) + list(tokens[:1])
+    pos, steps = 1, []
+    while pos < len(tokens):
+        budget = min(k, max_new_tokens - pos - 1)
+        proposal = drafter.propose(context, budget).tokens if budget > 0 else []
+        acc = 0
+        while acc < len(proposal) and pos + acc < len(tokens) and proposal[acc] == tokens[pos + acc]:
+            acc += 1
+        steps.append((len(proposal), acc))
+        context.extend(tokens[pos : pos + acc + 1])
+        pos += acc + 1
+    return steps
+
+
+def replay_hits(hits: Sequence[int | None], k: int, max_new_tokens: int) -> list[tuple[int, int]]:
+    """The steps a fixed-length draft takes at this k, from its per-position hit record."""
+    pos, steps = 1, []
+    n = len(hits)
+    while pos < n:
+        m = max(min(k, max_new_tokens - pos - 1), 0)
+        acc = 0
+        while acc < m and pos + acc < n and hits[pos + acc] != 0:
+            acc += 1
+        steps.append((m, acc))
+        pos += acc + 1
+    return steps
+
+
+def predict_seconds(
+    profile: Profile,
+    draft: DraftSpec | str,
+    steps: Sequence[tuple[int, int]],
+    prompt_len: int,
+    prefill_seconds: float,
+    committed: int,
+) -> float:
+    """Wall time of a generation taking ``steps``, from the profile's costs."""
+    spec = DraftSpec.parse(draft)
+    key = str(spec)
+    total = prefill_seconds + committed * profile.token_overhead
+    pos = prompt_len + 1
+    for m, acc in steps:
+        d = profile.draft_time(key, m) if not spec.is_none else 0.0
+        if spec.kind == "lookup" and m == 0:
+            d = profile.draft_time(key, 1)  # the look-up ran and found nothing
+        total += d + profile.step_time(m + 1, pos)
+        pos += acc + 1
+    return total
+
+
+def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
+    """Sampling: steps at k as the measured conditional rates predict them (fractional)."""
+    tested = [0] * trace.k
+    accepted = [0] * trace.k
+    proposing = [m for m, _ in trace.steps if m]
+    for m, acc in trace.steps:
+        for i in range(min(acc + 1, m)):
+            tested[i] += 1
+        for i in range(acc):
+            accepted[i] += 1
+    rates = [a / t if t else 0.0 for a, t in zip(accepted, tested)] or [0.0]
+    share = len(proposing) / max(len(trace.steps), 1)  # steps where the draft proposed at all
+    e = expected_committed_by_position(rates, k)
+    per_step = share * e + (1 - share)
+    n_steps = max(round((len(trace.tokens) - 1) / per_step), 1)
+    n_prop = round(n_steps * share)
+    acc_each = round(e - 1)
+    return [(k, acc_each)] * n_prop + [(0, 0)] * (n_steps - n_prop)

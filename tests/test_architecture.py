@@ -1,0 +1,159 @@
+"""The architecture as tests: the import layers, the file-size limit, a package that stands alone.
+
+- ``lint-imports`` checks the contracts in ``pyproject.toml`` (layers from the CLI down to the
+  core, and no import cycle between sibling modules at any depth); see ``docs/architecture.md``.
+- No source file under ``src/draftwise`` is longer than :data:`MAX_LINES`: a file a reader can
+  hold in their head.
+- Nothing the package ships or documents points outside the package: no ``../shared`` and no
+  machine's absolute path (a build machine's home, cache or work folder). A line that must show
+  one on purpose (a doctest of the code that removes them) says ``path-check: ignore``.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "draftwise"
+MAX_LINES = 400
+
+#: a path that only exists on one machine: ``/home/<user>``, ``/root/``, ``/Users/<user>``,
+#: ``/work/``, ``C:\\Users\\``. The look-behind skips URLs (``https://x.org/home/...``) and
+#: relative or home-relative paths (``~/.cache``, ``a/work/b``).
+MACHINE_PATH = re.compile(r"(?<![\w.~/-])(?:/(?:home|Users)/[\w.-]+|/root/|/work/|[A-Za-z]:\\Users\\)")
+OUTSIDE_REPO = re.compile(r"\.\./shared|shared/DESIGN\.md|shared/STYLE\.md")
+#: a line that shows such a path on purpose (a doctest of the code that strips machine paths)
+#: carries this marker and is not reported
+ALLOW_MARKER = "path-check: ignore"
+
+#: generated or third-party folders that are not the project's own text
+SKIP_DIRS = {"__pycache__", ".pytest_cache", ".hypothesis"}
+
+
+def _lint_imports() -> Path:
+    """The ``lint-imports`` console script of the Python running the tests (the venv's)."""
+    exe = Path(sys.executable).parent / "lint-imports"
+    if exe.exists():
+        return exe
+    found = shutil.which("lint-imports")
+    if found is None:
+        pytest.fail("lint-imports is not installed: `pip install -e '.[dev]'` (import-linter is a dev dependency)")
+    return Path(found)
+
+
+def test_import_contracts_hold() -> None:
+    """The layers and the no-cycle contract of pyproject.toml are kept."""
+    proc = subprocess.run(
+        [str(_lint_imports()), "--config", str(ROOT / "pyproject.toml")],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    report = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and re.search(r"\b0 broken\b", report), report[-6000:]
+    kept = re.search(r"Contracts: (\d+) kept", report)
+    assert kept and int(kept.group(1)) >= 2, f"expected the layers and the cycles contracts:\n{report}"
+
+
+def _sources() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if not SKIP_DIRS.intersection(p.parts))
+
+
+def test_no_source_file_over_the_limit() -> None:
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").splitlines()) for p in _sources()}
+    assert sizes, f"no sources found under {PACKAGE}"
+    largest = max(sizes, key=sizes.__getitem__)
+    over = {p: n for p, n in sorted(sizes.items(), key=lambda x: -x[1]) if n > MAX_LINES}
+    assert not over, (
+        f"{len(over)} source file(s) over {MAX_LINES} lines (largest: {largest}, {sizes[largest]} lines): "
+        + ", ".join(f"{p} ({n})" for p, n in over.items())
+    )
+
+
+def _text_files() -> list[Path]:
+    """Every text file of the package source, the README and the docs (binaries skipped)."""
+    files = [ROOT / "README.md"]
+    for folder in (ROOT / "src", ROOT / "docs"):
+        files += [
+            p for p in folder.rglob("*")
+            if p.is_file() and not SKIP_DIRS.intersection(p.parts)
+            and not any(part.endswith(".egg-info") for part in p.parts)
+        ]
+    out = []
+    for p in files:
+        data = p.read_bytes()
+        if b"\0" in data[:8192]:
+            continue  # a binary (safetensors weights)
+        out.append(p)
+    return out
+
+
+def _offending_lines(pattern: re.Pattern[str]) -> list[str]:
+    hits = []
+    for p in _text_files():
+        text = p.read_bytes().decode("utf-8", errors="replace")
+        for n, line in enumerate(text.splitlines(), 1):
+            m = pattern.search(line)
+            if m and ALLOW_MARKER not in line:
+                start = max(m.start() - 40, 0)
+                hits.append(f"{p.relative_to(ROOT).as_posix()}:{n}: ...{line[start:m.end() + 40]}...")
+    return hits
+
+
+def test_package_and_docs_do_not_refer_outside_the_repository() -> None:
+    hits = _offending_lines(OUTSIDE_REPO)
+    assert not hits, "references to files outside the repository:\n" + "\n".join(hits)
+
+
+def test_no_machine_paths_in_package_and_docs() -> None:
+    hits = _offending_lines(MACHINE_PATH)
+    assert not hits, "absolute paths of one machine:\n" + "\n".join(hits)
+
+
+@pytest.mark.parametrize(
+    ("line", "bad"),
+    [
+        ('"prompts": "/work/shared/data/q.jsonl"', True),
+        ('"folder": "/root/.cache/draftwise/converted/x"', True),
+        ("see /home/alice/runs/smol4", True),
+        ("C:\\Users\\bob\\draftwise", True),
+        ("~/.cache/draftwise/profiles", False),
+        ("https://example.org/home/index.html", False),
+        ("out/work/x and src/draftwise/work/", False),
+    ],
+)
+def test_machine_path_pattern(line: str, bad: bool) -> None:
+    """The pattern the check above uses catches machine paths and spares ordinary ones."""
+    assert bool(MACHINE_PATH.search(line)) is bad
+
+
+#: a path in backticks in the docs: ``src/draftwise/verify.py``, ``cost/model.py``, ``bench/``
+DOC_PATH = re.compile(r"`([\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.jsonl|\.toml))`")
+#: a relative markdown link: ``[the planner](planner.md)``
+DOC_LINK = re.compile(r"\]\(([^)#:\s]+)\)")
+
+
+def test_paths_named_in_the_docs_exist() -> None:
+    """Every file or folder the README and docs/ name in backticks, and every relative link,
+    exists (relative to the repository or to ``src/draftwise``): docs that name a moved or
+    deleted module fail here instead of misleading a reader."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        for n, line in enumerate(text.splitlines(), 1):
+            for m in DOC_PATH.finditer(line):
+                name = m.group(1)
+                if "/" not in name.rstrip("/") and not name.endswith("/"):
+                    continue  # a bare file name ("model.py") is named in the context around it
+                if name.startswith("out/"):
+                    continue  # where commands write their output
+                if not any((base / name).exists() for base in (ROOT, PACKAGE, doc.parent)):
+                    missing.append(f"{doc.relative_to(ROOT)}:{n}: `{name}`")
+            for m in DOC_LINK.finditer(line):
+                if not (doc.parent / m.group(1)).exists():
+                    missing.append(f"{doc.relative_to(ROOT)}:{n}: link ({m.group(1)})")
+    assert not missing, "the docs name paths that do not exist:\n" + "\n".join(missing)

@@ -1,0 +1,202 @@
+"""Bad input to ``profile``, ``plan`` and ``breakeven`` (one line, exit 2, before any measuring),
+unwritable output places, atomic files, and canonical draft keys in profiles and plans."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import draftwise
+from draftwise.cli import app
+from draftwise.cost import adaptive
+from draftwise.cost.plan import Plan, load_plan, make_plan
+from draftwise.cost.profile import SCHEMA, Profile, model_fingerprint
+from draftwise.errors import ConfigError
+from draftwise.questions import Question
+
+PNG = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+GOOD = {
+    "schema": SCHEMA, "model": "m", "fingerprint": "0" * 16, "dtype": "float32", "runtime": "NativeRuntime",
+    "forward": {"64": [0.01, 0.011, 0.012]}, "step": {"64": [0.011, 0.012, 0.013]},
+    "drafts": {"lookup": [1e-5, 2e-5]},
+}
+
+# (file content, what the one-line error says)
+BAD_PROFILES = [
+    (PNG, "not UTF-8"),
+    (b"\x00\x01garbage", "is not JSON"),
+    (b"", "is not JSON"),
+    (b"[1, 2, 3]", "a JSON list, not an object"),
+    (b'"a profile"', "a JSON str, not an object"),
+    (json.dumps({"schema": "other"}).encode(), "not a draftwise profile (schema 'other'"),
+    (json.dumps({"schema": SCHEMA}).encode(), "is incomplete: it has no 'forward' field"),
+    (json.dumps({**GOOD, "forward": [0.01, 0.02]}).encode(), "'forward' must map context lengths"),
+    (json.dumps({**GOOD, "step": {"64": "fast"}}).encode(), "step[64] must be a non-empty list"),
+    (json.dumps({**GOOD, "step": {"64": [0.01, -1, 0.02]}}).encode(), "negative or non-finite"),
+    (json.dumps({**GOOD, "step": {"64": [0.01]}}).encode(), "same contexts and the same n"),
+    (json.dumps({**GOOD, "drafts": {"lookup": []}}).encode(), "drafts['lookup'] must be a non-empty list"),
+    (json.dumps({**GOOD, "drafts": {"beam": [0.1]}}).encode(), "unknown draft spec 'beam'"),
+    (json.dumps({**GOOD, "drafts": ["lookup"]}).encode(), "'drafts' must map draft specs"),
+    (json.dumps({**GOOD, "model": 7}).encode(), "'model' must be a string"),
+]
+
+
+def one_line_error(result, needle: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output and result.output.strip().count("\n") == 0, result.output
+
+
+@pytest.mark.parametrize("content, needle", BAD_PROFILES)
+def test_bad_profile_file_is_one_line_for_breakeven_and_plan(tmp_path, content, needle):
+    bad = tmp_path / "profile.json"
+    bad.write_bytes(content)
+    with pytest.raises(ConfigError, match="profile"):
+        Profile.load(bad)
+    one_line_error(CliRunner().invoke(app, ["breakeven", "--profile", str(bad)]), needle)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    # the profile is read before the model: a model that does not exist is never reached
+    r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--profile", str(bad),
+                                 "--model", str(tmp_path / "no-such-model")])
+    one_line_error(r, needle)
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (PNG, "not UTF-8"),
+        (b"hello\x00world\n", "looks binary"),
+        (b'{"question_id": 1, "category": "code", "turns": "write a sort"}\n', "'turns' must be a non-empty list"),
+        (b'{"question_id": 1, "category": 5, "turns": ["x"]}\n', "'category' must be a non-empty string"),
+        (b'[1, 2]\n', "p.jsonl:1"),
+        (b'{"question_id": 1, "category": "a", "turns": ["x"]}\n{oops\n', "p.jsonl:2 is not valid JSON"),
+        (b"\n\n", "empty"),
+    ],
+)
+def test_bad_prompt_file_is_one_line_for_plan(tmp_path, content, needle):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_bytes(content)
+    r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tmp_path / "no-such-model")])
+    one_line_error(r, needle)
+
+
+def test_unwritable_outputs_fail_before_the_model_loads(tmp_path):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("hello\n")
+    nowhere = str(tmp_path / "no-such-model")  # reaching the model would be a different error
+    runner = CliRunner()
+    cases = [
+        (["profile", "--model", nowhere, "--out", str(a_file / "p.json")], "cannot write to the folder of --out"),
+        (["profile", "--model", nowhere, "--out", str(tmp_path)], "is a folder"),
+        (["profile", "--model", nowhere, "--plot", str(a_file / "t.png")], "cannot write to the folder of --plot"),
+        (["profile", "--model", nowhere, "--draft", "lookup,beam"], "unknown draft spec 'beam'"),
+        (["plan", "--prompts", str(prompts), "--model", nowhere, "--out", str(a_file)], "is a file"),
+        (["plan", "--prompts", str(prompts), "--model", nowhere, "--out", str(a_file / "sub")],
+         "cannot write to the --out folder"),
+        (["breakeven", "--plot", str(a_file / "s.png")], "cannot write to the folder of --plot"),
+        (["breakeven", "--plot", str(tmp_path)], "is a folder"),
+    ]
+    for args, needle in cases:
+        one_line_error(runner.invoke(app, args), needle)
+
+
+def _explode(*args, **kwargs):
+    raise AssertionError("measured although the cache cannot be written")
+
+
+def test_k_auto_with_an_unwritable_cache_fails_before_measuring(tiny, tmp_path, monkeypatch):
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(a_file))  # a cache folder that cannot be made
+    monkeypatch.setattr(adaptive, "measure_profile", _explode)
+    with pytest.raises(ConfigError, match="cannot write to the profile cache folder .*DRAFTWISE_CACHE"):
+        draftwise.generate(tiny, "hello", draft="lookup", k="auto", max_new_tokens=4)
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root writes to read-only folders")
+def test_k_auto_with_a_read_only_cache_fails_before_measuring(tiny, tmp_path, monkeypatch):
+    cache = tmp_path / "cache"
+    (cache / "profiles").mkdir(parents=True)
+    os.chmod(cache / "profiles", 0o500)
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(cache))
+    monkeypatch.setattr(adaptive, "measure_profile", _explode)
+    try:
+        with pytest.raises(ConfigError, match="cannot write"):
+            draftwise.generate(tiny, "hello", draft="lookup", k="auto", max_new_tokens=4)
+    finally:
+        os.chmod(cache / "profiles", 0o700)
+
+
+def test_a_complete_cached_profile_needs_no_writable_cache(tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    prof = Profile(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
+                   forward={64: [0.01] * 9}, step={64: [0.01] * 9}, drafts={"lookup": [1e-5] * 8})
+    prof.save(adaptive.default_profile_path(tiny))
+    monkeypatch.setattr(adaptive, "measure_profile", _explode)
+
+    def unwritable(*args, **kwargs):
+        raise ConfigError("cannot write")
+
+    monkeypatch.setattr(adaptive, "check_writable", unwritable)
+    assert adaptive.resolve_profile(tiny, "lookup:min=1").drafts == prof.drafts
+    with pytest.raises(ConfigError, match="cannot write"):  # a missing draft must be measured
+        adaptive.resolve_profile(tiny, "self")
+
+
+def test_old_profile_keys_load_as_canonical_specs(tmp_path):
+    data = {**GOOD, "drafts": {"lookup:min=1": [1e-5, 2e-5], "self": [0.004, 0.008], "model:default": [0.002, 0.004]}}
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(data))
+    prof = Profile.load(path)
+    assert set(prof.drafts) == {"lookup", "self", "model:default"}
+    assert prof.draft_time("lookup:max=3,min=1", 2) == prof.draft_time("lookup", 2) == 2e-5
+    assert prof.has_draft("lookup:min=1") and prof.has_draft("none") and not prof.has_draft("lookup:max=4")
+    with pytest.raises(ConfigError, match="no costs for draft 'lookup:max=4'"):
+        prof.draft_time("lookup:max=4", 1)
+
+
+def test_profile_and_plan_are_written_atomically(tiny, tmp_path):
+    prof = Profile.from_dict(GOOD)
+    path = tmp_path / "p.json"
+    path.write_text("old")
+    prof.save(path)
+    assert Profile.load(path).to_dict() == prof.to_dict()
+    prof = Profile(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
+                   forward={64: [0.01] * 5}, step={64: [0.01 * (1 + 0.05 * n) for n in range(5)]},
+                   drafts={"lookup": [1e-5] * 4})
+    plan = make_plan(tiny, [Question(1, "code", ("a b a b a b",))], prof, drafts=["lookup"], ks=[2], max_new_tokens=8)
+    plan.save(tmp_path / "plan.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.json", "plan.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize(
+    "content, needle",
+    [(PNG, "not UTF-8"), (b"{", "is not JSON"), (b"[]", "a JSON list"), (b'{"schema": "draftwise.plan/1"}', "is incomplete: it has no")],
+)
+def test_bad_plan_files(tmp_path, content, needle):
+    path = tmp_path / "plan.json"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=needle):
+        load_plan(tmp_path)
+
+
+def test_plan_draft_names_load_canonical(tiny, tmp_path):
+    prof = Profile(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
+                   forward={64: [0.01] * 5}, step={64: [0.01] * 5}, drafts={"lookup": [1e-5] * 4})
+    plan = make_plan(tiny, [Question(1, "copy", ("x y x y x y x y",))], prof, drafts=["lookup"], ks=[2],
+                     max_new_tokens=8)
+    data = plan.to_dict()
+    data["drafts"] = ["lookup:max=3,min=1"]
+    for cands in data["categories"].values():
+        for c in cands:
+            c["draft"] = "lookup:min=1"
+    back = Plan.from_dict(json.loads(json.dumps(data)))
+    assert back.drafts == ["lookup"] and {c.draft for c in back.categories["overall"]} == {"lookup"}
+    assert Path(plan.save(tmp_path / "x" / "plan.json")).is_file()
