@@ -71,3 +71,51 @@ def test_generate_on_the_default_model():
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout.strip().splitlines()[-1])
     assert payload["runtime"] == "NativeRuntime" and payload["text"]
+
+
+def test_stop_escapes_are_read_as_the_readme_shows(tiny_chat_folder, monkeypatch):
+    import draftwise.cli.generate as gen
+
+    seen = {}
+    real = gen.start_stream
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(gen, "start_stream", spy)
+    res = run("generate", "hello", "--model", str(tiny_chat_folder), "-n", "2",
+              "--stop", r"\n\n", "--stop", r"a\\nb", "--stop", r"C:\x")
+    assert res.exit_code == 0, res.output
+    assert seen["stop"] == ("\n\n", "a\\nb", "C:\\x")
+
+
+def test_options_are_checked_before_the_model_loads(monkeypatch):
+    import draftwise.cli.generate as gen
+
+    monkeypatch.setattr(gen, "load_with_status", lambda *a, **kw: pytest.fail("loaded the model"))
+    for args in (["--k", "0"], ["--draft", "lookahead"], ["--stop", ""], ["--seed", "-1"]):
+        res = run("generate", "hello", *args)
+        assert res.exit_code == 2 and res.output.startswith("error: "), (args, res.output)
+
+
+def test_demo_replaces_its_own_output_and_refuses_other_folders(tiny_chat_folder, one_thread, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "demo"
+    args = ["demo", "--model", str(tiny_chat_folder), "--num-questions", "2", "-n", "2", "--out", str(out)]
+    first = run(*args)
+    assert first.exit_code == 0, first.output
+    summary = json.loads((out / "bench" / "summary.json").read_text())
+    assert summary["run"]["questions_finished"] == 2  # --num-questions
+    assert {"translation", "mt_bench"} <= set(summary["groups"])  # spread over the groups
+    (out / "stale.txt").write_text("from the first run")
+    again = run(*args)  # its own folder: replaced
+    assert again.exit_code == 0, again.output
+    assert not (out / "stale.txt").exists() and (out / "bench" / "summary.md").is_file()
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    res = run(*args[:-1], str(mine))
+    assert res.exit_code == 2 and "did not make" in res.output
+    assert (mine / "notes.txt").read_text() == "keep me"

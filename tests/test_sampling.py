@@ -79,3 +79,40 @@ def test_seeded_sampling_is_reproducible_and_follows_probs():
 def test_bad_values_name_the_fix(kw, match):
     with pytest.raises(ConfigError, match=match):
         SamplingConfig(**kw)
+
+
+def test_a_tiny_temperature_gives_the_argmax_limit_not_nan():
+    ties = torch.tensor([1.0, 3.0, 3.0, float("-inf")])
+    # 1e-30 is divided by; 1e-40 and 5e-324 are below float32's range and use the limit directly
+    for t in (1e-30, 1e-40, 5e-324):
+        assert probs(temperature=t) == pytest.approx([0, 0, 1])
+        assert logits_to_probs(ties, SamplingConfig(temperature=t)).tolist() == pytest.approx([0, 0.5, 0.5, 0])
+    cfg = SamplingConfig(temperature=1e-40, seed=0)
+    assert next_token(LOGITS, cfg, cfg.generator()) == 2
+
+
+def test_seeds_cover_torchs_range_and_no_more():
+    top = SamplingConfig(temperature=1.0, seed=2**64 - 1)
+    assert top.generator().initial_seed() == 2**64 - 1
+    for bad in (2**64, -1, True, 1.5):
+        with pytest.raises(ConfigError, match=r"seed=.* from 0 to 2\*\*64 - 1"):
+            SamplingConfig(seed=bad)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(temperature=float("nan")), "temperature=nan must be a number"),
+        (dict(temperature=float("inf")), "finite"),
+        (dict(temperature="0.7"), "must be a number"),
+        (dict(top_p=float("nan")), "top_p=nan must be a number"),
+        (dict(top_p=float("inf")), "top_p=inf"),
+        (dict(top_k=float("nan")), "top_k=nan must be a whole number"),
+        (dict(top_k=float("inf")), "top_k=inf must be a whole number"),
+        (dict(top_k=2.0), "top_k=2.0 must be a whole number"),
+    ],
+)
+def test_non_numbers_are_not_called_negative(kw, match):
+    with pytest.raises(ConfigError, match=match) as info:
+        SamplingConfig(**kw)
+    assert "negative" not in str(info.value)

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftwise.text import TextAssembler
+from draftwise.errors import ConfigError
+from draftwise.text import TextAssembler, decode_escapes
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +64,24 @@ def test_streamed_pieces_reassemble_the_text(tokenizer, text):
     asm, pieces = pieces_one_by_one(tokenizer, ids)
     assert "".join(pieces) == tokenizer.decode(ids)
     assert all("\ufffd" not in p for p in pieces)
+
+
+@pytest.mark.parametrize(
+    "typed, meant",
+    [
+        (r"\n\n", "\n\n"),
+        (r"a\tb", "a\tb"),
+        (r"\r\n", "\r\n"),
+        (r"a\\nb", "a\\nb"),  # an escaped backslash, then a plain n
+        (r"C:\x\y", r"C:\x\y"),  # other backslashes are kept
+        ("日本\\n語", "日本\n語"),  # non-ASCII text is untouched
+        ("trailing\\", "trailing\\"),
+    ],
+)
+def test_decode_escapes(typed, meant):
+    assert decode_escapes(typed) == meant
+
+
+def test_an_empty_stop_string_is_a_config_error():
+    with pytest.raises(ConfigError, match="non-empty"):
+        TextAssembler(object(), stop=("",))

@@ -89,7 +89,7 @@ def decode_steps(
     the proposal, ``[last, x_1..x_m]``, and gets m + 1 rows of logits back. Without a drafter
     (or when it proposes nothing) a pass is a plain decode step. ``max_new_tokens`` only caps
     how many tokens are proposed, so no pass does work the budget will throw away. ``k`` is a
-    number or a policy that picks it each step (:class:`draftwise.kpolicy.AdaptiveK`).
+    number or a policy that picks it each step (:class:`draftwise.cost.adaptive.AdaptiveK`).
     """
     stats = stats if stats is not None else SpecStats()
     clock = time.perf_counter

@@ -1,0 +1,100 @@
+"""``draftwise serve``: the OpenAI-compatible server (needs the ``serve`` extra)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import math
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..cost.plan import load_plan
+from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k
+from ..errors import ConfigError
+from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, user_errors, warn
+
+SERVE_EXTRA = "draftwise serve needs FastAPI and uvicorn: pip install 'draftwise[serve]'"
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    model: ModelOpt = "default",
+    dtype: DTypeOpt = DType.float32,
+    runtime: RuntimeOpt = RuntimeChoice.auto,
+    draft: Annotated[str, typer.Option("--draft", "-d", help=f"The default draft: {SPEC_HELP}, or 'auto' "
+                                       "(the plan's choice for each request's category).")] = "none",
+    k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto'.")] = "4",
+    plan: Annotated[Path | None, typer.Option("--plan", help="A plan from `draftwise plan --out` for --draft "
+                                              "auto (default: one made at start-up on the dev questions).")] = None,
+    host: Annotated[str, typer.Option("--host", help="Address to bind; keep 127.0.0.1 unless behind a proxy.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="DRAFTWISE_API_KEY",
+                                                help="Require 'Authorization: Bearer KEY' (all but /health).")] = None,
+    max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests that may wait; more get 429.")] = 128,
+    max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
+                                                   "included) before a request is ended.")] = 600.0,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1024, help="Largest request body.")] = 1 << 20,
+    served_model_name: Annotated[str | None, typer.Option("--served-model-name", help="The name clients send "
+                                                          "as 'model' (default: the model's name).")] = None,
+    log_level: Annotated[str, typer.Option("--log-level", help="debug, info, warning or error.")] = "info",
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API, with lossless speculative decoding."""
+    with user_errors():  # every option is checked before the model loads
+        try:  # the server's packages are an optional extra: import them only when serving
+            import uvicorn
+
+            from ..server.app import ServerSettings, create_app
+            from ..server.speculation import AUTO, Speculation, startup_plan
+        except ImportError as exc:
+            raise ConfigError(f"{SERVE_EXTRA} ({exc})") from None
+        spec = AUTO if draft.strip() == "auto" else DraftSpec.parse(draft)
+        k_value = parse_k(k)
+        loaded_plan = load_plan(plan) if plan is not None else None
+        if loaded_plan is not None and spec != AUTO:
+            warn("--plan is used only with --draft auto; requests may still ask for it with draft 'auto'")
+        if not (math.isfinite(request_timeout) and request_timeout > 0):
+            raise ConfigError(f"--request-timeout {request_timeout} must be a number of seconds > 0")
+        if log_level.lower() not in ("debug", "info", "warning", "error"):
+            raise ConfigError(f"--log-level {log_level!r} is not one of debug, info, warning, error")
+        if not _is_loopback(host) and not api_key:
+            warn(f"--host {host} is reachable from other machines and no --api-key is set: anyone who can "
+                 "reach it can use the model")
+        _setup_logging(log_level.lower())
+        loaded = load_with_status(model, dtype.value, runtime.value)
+        if spec == AUTO and loaded_plan is None:
+            err.print("making a plan on the dev questions (pass --plan to skip this) ...")
+            loaded_plan = startup_plan(loaded)
+        if loaded_plan is not None and loaded_plan.model != loaded.name:
+            warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
+        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan)
+        speculation.warm_up()
+        settings = ServerSettings(
+            model_name=served_model_name or loaded.name, api_key=api_key or None, max_queue=max_queue,
+            max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
+        )
+        app = create_app(loaded, speculation, settings)
+    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value})",
+              highlight=False, markup=False)
+    uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+def _setup_logging(level: str) -> None:
+    """One line per request on stderr from the ``draftwise.server`` logger."""
+    logger = logging.getLogger("draftwise.server")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s draftwise: %(message)s"))
+        logger.addHandler(handler)
+    logger.setLevel(level.upper())
+    logger.propagate = False

@@ -1,0 +1,273 @@
+"""The FastAPI app: OpenAI's endpoints in front of one :class:`~draftwise.server.worker.Worker`.
+
+``/v1/chat/completions`` and ``/v1/completions`` (streamed as server-sent events in OpenAI's
+chunk format, ending ``data: [DONE]``, or not), ``/v1/models``, ``/health`` and ``/metrics``.
+
+Everything that can be refused is refused before the request queues: the body's schema
+(:mod:`~draftwise.server.protocol`, HTTP 400 naming the parameter), the model name (404), the
+prompt over the context or ``max_tokens`` over the cap (400), speculation the server cannot
+run (400), a full queue (429). The gate in front of the app checks the API key (401, every
+path but ``/health``, constant-time compare) and the body size (413) before a body is parsed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..chat import encode_conversation
+from ..decode import check_token_ids
+from ..errors import ConfigError
+from ..sampling import SamplingConfig
+from .metrics import ServerMetrics
+from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_error_body
+from .responses import Envelope
+from .speculation import Speculation
+from .worker import Event, Job, JobHandle, QueueFull, Worker
+
+_ERROR_STATUS = {"timeout": 504, "internal": 500, "invalid": 400, "cancelled": 503}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
+_ERROR_TYPE = {504: "timeout_error", 500: "server_error", 503: "server_error", 400: "invalid_request_error"}
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``draftwise serve`` fixes at start-up besides the model and its speculation."""
+
+    model_name: str
+    api_key: str | None = None
+    max_queue: int = 128
+    max_tokens_cap: int = 1024
+    request_timeout_s: float = 600.0
+    max_body_bytes: int = 1 << 20
+
+
+class Gate:
+    """ASGI middleware: the API key (401) and the body size limit (413), before any parsing."""
+
+    def __init__(self, app: Any, *, settings: ServerSettings, metrics: ServerMetrics) -> None:
+        self.app, self.settings, self.metrics = app, settings, metrics
+        self._key = settings.api_key.encode() if settings.api_key else None
+
+    async def _refuse(self, send: Any, status: int, message: str, code: str, extra: list[Any] = ()) -> None:
+        self.metrics.reject(status)
+        body = json.dumps(error_body(message, type="authentication_error" if status == 401 else
+                                     "invalid_request_error", code=code)).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), *extra]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self._key is not None and scope.get("path") != "/health":
+            auth = headers.get(b"authorization", b"")
+            scheme, _, token = auth.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(token.strip(), self._key):
+                return await self._refuse(send, 401, "missing or wrong API key: send 'Authorization: Bearer KEY'",
+                                          "invalid_api_key", [(b"www-authenticate", b"Bearer")])
+        limit = self.settings.max_body_bytes
+        declared = headers.get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > limit:
+            return await self._refuse(send, 413, f"the body is over {limit} bytes", "body_too_large")
+        seen = 0
+
+        async def counting_receive() -> Any:  # a chunked body has no content-length: count it
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > limit:  # FastAPI passes an HTTPException from the body read through
+                    raise HTTPException(413, f"the body is over {limit} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)
+
+
+def create_app(model: Any, speculation: Speculation, settings: ServerSettings) -> FastAPI:
+    """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it."""
+    metrics = ServerMetrics(settings.model_name)
+    worker = Worker(model, speculation, metrics, max_queue=settings.max_queue)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        worker.start()
+        yield
+        await asyncio.to_thread(worker.stop)
+
+    app = FastAPI(title="draftwise", version="1", lifespan=lifespan,
+                  description="OpenAI-compatible server with lossless speculative decoding.")
+    app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
+
+    def refuse(exc: APIError) -> JSONResponse:
+        metrics.reject(exc.status)
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return refuse(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        metrics.reject(400)
+        return JSONResponse(validation_error_body(list(exc.errors())), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        metrics.reject(exc.status_code)
+        code = _HTTP_CODES.get(exc.status_code, str(exc.status_code))
+        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not worker.alive:
+            return JSONResponse({"status": "worker stopped"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        return Response(metrics.render(), media_type=metrics.content_type)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{
+            "id": settings.model_name, "object": "model", "created": 0, "owned_by": "draftwise",
+            "max_model_len": model.runtime.max_context,
+        }]}
+
+    def prompt_ids_chat(body: ChatCompletionRequest) -> list[int]:
+        tok = model.tokenizer
+        if not getattr(tok, "chat_template", None):
+            raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
+        roles = [m.role for m in body.messages]
+        texts = [m.text for m in body.messages]
+        if roles[::2] == ["user"] * len(roles[::2]) and roles[1::2] == ["assistant"] * len(roles[1::2]) \
+                and roles[-1] == "user":  # what `draftwise generate` builds: the same ids, token for token
+            return encode_conversation(tok, texts[::2], texts[1::2], chat=True)
+        ids = tok.apply_chat_template(body.openai_messages(), add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+
+    def prompt_ids_text(body: CompletionRequest) -> list[int]:
+        if isinstance(body.prompt, str):
+            return encode_conversation(model.tokenizer, [body.prompt], chat=False)
+        try:
+            return check_token_ids(body.prompt, model.runtime.vocab_size)
+        except ConfigError as exc:
+            raise APIError(400, str(exc), param="prompt", code="invalid_value") from None
+
+    def make_job(body: ChatCompletionRequest | CompletionRequest, ids: list[int], request_id: str) -> Job:
+        if body.model is not None and body.model != settings.model_name:
+            raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
+                           f"'{settings.model_name}' (see /v1/models)", param="model", code="model_not_found")
+        where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        if not ids:
+            raise APIError(400, "the prompt is empty; send some text", param=where)
+        context, cap = model.runtime.max_context, settings.max_tokens_cap
+        name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
+        limit = body.token_limit
+        if limit is not None and limit > cap:
+            raise APIError(400, f"{name}={limit} is over this server's cap of {cap} tokens (--max-tokens-cap)",
+                           param=name, code="invalid_value")
+        room = context - len(ids)
+        if room < 1 or (limit is not None and limit > room):
+            raise APIError(400, f"the prompt has {len(ids)} tokens and {name} is {limit}: more than the "
+                           f"context of {context} tokens; shorten the prompt or lower {name}",
+                           param=where if limit is None else name, code="context_length_exceeded")
+        try:
+            sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
+                                      seed=body.seed)
+        except ConfigError as exc:
+            raise APIError(400, str(exc), code="invalid_value") from None
+        return Job(request_id=request_id, prompt_ids=ids, max_tokens=min(limit or cap, room),
+                   sampling=sampling, stop=body.stop_list, choice=speculation.choose(body.speculative),
+                   timeout_s=settings.request_timeout_s)
+
+    def submit(job: Job) -> JobHandle:
+        try:
+            return worker.submit(job)
+        except QueueFull as exc:
+            raise APIError(429, str(exc), type="rate_limit_error", code="queue_full") from None
+
+    def failure(ev: Event) -> APIError:
+        status = _ERROR_STATUS.get(ev.code, 500)
+        return APIError(status, ev.error, type=_ERROR_TYPE.get(status, "server_error"), code=ev.code)
+
+    async def respond(body: Any, ids: list[int], kind: str, request: Request) -> Any:
+        request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        job = make_job(body, ids, request_id)
+        handle = submit(job)
+        env = Envelope(request_id, kind, settings.model_name)  # type: ignore[arg-type]
+        if body.stream:
+            return EventSourceResponse(_stream(handle, env, body, failure), ping=15, sep="\n")
+        return await _collect(handle, env, body, request, failure)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        return await respond(body, prompt_ids_chat(body), "chat", request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await respond(body, prompt_ids_text(body), "text", request)
+
+    app.add_middleware(Gate, settings=settings, metrics=metrics)
+    return app
+
+
+async def _stream(handle: JobHandle, env: Envelope, body: Any, failure: Any) -> AsyncIterator[str]:
+    """The SSE events of one request; leaving early (a client hung up) cancels its generation."""
+    try:
+        if env.kind == "chat":
+            yield json.dumps(env.chunk(None, role=True))
+        async for ev in handle:
+            if ev.kind == "text":
+                yield json.dumps(env.chunk(ev.text), ensure_ascii=False)
+            elif ev.kind == "done":
+                assert ev.result is not None and ev.stats is not None
+                yield json.dumps(env.final_chunk(ev.result, ev.stats, handle.job.choice,
+                                                 token_ids=body.return_token_ids), ensure_ascii=False)
+                if body.include_usage:
+                    yield json.dumps(env.usage_chunk(ev.result))
+            elif ev.kind == "error":
+                yield json.dumps(failure(ev).body())
+        yield "[DONE]"
+    finally:
+        handle.cancel()  # no effect once the job is done
+
+
+async def _collect(handle: JobHandle, env: Envelope, body: Any, request: Request, failure: Any) -> Any:
+    """Wait for the whole answer, cancelling the generation if the client hangs up meanwhile."""
+    pending: asyncio.Future[Event] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(handle.next())
+            done, _ = await asyncio.wait({pending}, timeout=0.5)
+            if not done:
+                if await request.is_disconnected():
+                    return Response(status_code=499)  # nobody reads it: the client is gone
+                continue
+            ev, pending = pending.result(), None
+            if ev.kind == "done":
+                assert ev.result is not None and ev.stats is not None
+                return JSONResponse(env.full(ev.result, ev.stats, handle.job.choice, token_ids=body.return_token_ids))
+            if ev.kind == "error":
+                raise failure(ev)
+    finally:
+        if pending is not None:
+            pending.cancel()
+        handle.cancel()

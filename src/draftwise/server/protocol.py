@@ -1,0 +1,280 @@
+"""The request bodies of the OpenAI-compatible API, as pydantic models that refuse what they
+cannot honour.
+
+Every parameter is honoured or refused, never silently ignored: an unknown field, ``n > 1``,
+``logprobs``, a non-empty ``logit_bias`` or a non-zero penalty is a validation error that names
+the parameter, and the app turns it into HTTP 400 in OpenAI's error schema
+(:func:`validation_error_body`). As in vLLM's ``entrypoints/openai/protocol.py``, the models
+are the one place a request is checked; handlers never re-validate by hand.
+
+Extensions beyond OpenAI's API: ``top_k`` (as in vLLM), ``return_token_ids`` (vLLM's name:
+the generated ids come back in each choice) and ``speculative`` (how this request speculates).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..drafters.spec import DraftSpec, parse_k
+from ..errors import ConfigError
+from ..sampling import MAX_SEED
+
+#: OpenAI allows at most four stop sequences
+MAX_STOP = 4
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's schema: ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(
+        self, status: int, message: str, *, param: str | None = None, code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.type = status, message, param, code, type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
+
+
+def error_body(message: str, *, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def _param_path(loc: tuple[Any, ...]) -> str | None:
+    """``("body", "messages", 0, "content")`` -> ``"messages[0].content"``."""
+    parts = list(loc[1:] if loc and loc[0] == "body" else loc)
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or None
+
+
+def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The first pydantic/FastAPI validation error as one OpenAI error naming its parameter."""
+    e = errors[0] if errors else {"type": "invalid", "loc": (), "msg": "invalid request"}
+    kind, param = e.get("type", ""), _param_path(tuple(e.get("loc", ())))
+    msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+    if kind == "json_invalid":
+        return error_body("the request body is not valid JSON", code="invalid_json")
+    if kind == "missing" and param is None:
+        return error_body("the request has no body; send a JSON object", code="missing_body")
+    if kind == "extra_forbidden":
+        return error_body(f"unsupported parameter: '{param}' is not implemented by this server; remove it",
+                          param=param, code="unsupported_parameter")
+    if kind == "missing":
+        return error_body(f"'{param}' is required", param=param, code="missing_required_parameter")
+    code = "unsupported_parameter" if "not supported" in msg else "invalid_value"
+    return error_body(f"invalid '{param}': {msg}" if param else msg, param=param, code=code)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class Speculative(_Strict):
+    """Per-request speculation: ``{"draft": "lookup", "k": 4}``, ``{"draft": "none"}``,
+    ``{"k": "auto"}``; ``draft: "auto"`` (or ``category`` alone) asks the server's plan."""
+
+    draft: str | None = Field(None, description="A draft spec (none, lookup, self, model:...) or 'auto'.")
+    k: int | str | None = Field(None, description="Tokens proposed per step (>= 1) or 'auto'.")
+    category: str | None = Field(
+        None, max_length=64, description="Workload category the plan routes by (default: 'overall')."
+    )
+
+    @field_validator("draft")
+    @classmethod
+    def _draft(cls, v: str | None) -> str | None:
+        if v is None or v.strip() == "auto":
+            return None if v is None else "auto"
+        try:
+            return str(DraftSpec.parse(v))
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("k", mode="wrap")
+    @classmethod
+    def _k(cls, v: Any, handler: Any) -> int | str | None:
+        if v is None:
+            return None
+        try:
+            return parse_k(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+
+def _no_union_noise(what: str):  # type: ignore[no-untyped-def]
+    """A wrap validator that reports a union's mismatch as one line instead of one per branch."""
+
+    def check(cls: Any, v: Any, handler: Any) -> Any:
+        try:
+            return handler(v)
+        except ValidationError as exc:
+            inner = exc.errors()[0]
+            if inner.get("type") == "value_error":  # our own message: keep it
+                raise ValueError(str(inner["msg"]).removeprefix("Value error, ")) from None
+            raise ValueError(f"must be {what}") from None
+
+    return classmethod(check)
+
+
+StopList = Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP)]
+
+
+class _Sampling(_Strict):
+    """What completions and chat completions share."""
+
+    model: str | None = Field(None, max_length=256, description="The served model's name (optional).")
+    max_tokens: int | None = Field(None, ge=1, description="New tokens at most (default: the server's cap).")
+    temperature: float = Field(1.0, ge=0.0, le=2.0, allow_inf_nan=False, description="0 = greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(0, ge=-1, description="Extension: keep the k most likely tokens (0 or -1 = off).")
+    seed: int | None = Field(None, ge=0, le=MAX_SEED)
+    stop: Annotated[str, Field(min_length=1)] | StopList | None = Field(None, description="Up to 4 stop strings.")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, description="Only 1 is supported.")
+    logit_bias: dict[str, float] | None = Field(None, description="Not supported (only empty).")
+    presence_penalty: float = Field(0.0, description="Not supported (only 0).")
+    frequency_penalty: float = Field(0.0, description="Not supported (only 0).")
+    user: str | None = Field(None, max_length=256, description="An end-user id, logged.")
+    speculative: Speculative | None = None
+    return_token_ids: bool = Field(False, description="Extension: return the generated token ids.")
+
+    _stop = field_validator("stop", mode="wrap")(_no_union_noise("a non-empty string or a list of up to 4"))
+
+    @field_validator("n")
+    @classmethod
+    def _n(cls, v: int) -> int:
+        if v != 1:
+            raise ValueError(f"n={v} is not supported: this server returns one choice; send n=1 or omit it")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: dict[str, float] | None) -> None:
+        if v:
+            raise ValueError("logit_bias is not supported by this server; omit it")
+        return None
+
+    @field_validator("presence_penalty", "frequency_penalty")
+    @classmethod
+    def _penalty(cls, v: float) -> float:
+        if v != 0:
+            raise ValueError("penalties are not supported by this server (they would change the output); omit it")
+        return v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        return 0 if v == -1 else v  # vLLM's "off"
+
+    @property
+    def stop_list(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart]
+
+    _content = field_validator("content", mode="wrap")(_no_union_noise("a string or a list of text parts"))
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1, description="OpenAI's newer name for max_tokens.")
+    logprobs: bool = Field(False, description="Not supported (only false).")
+    top_logprobs: int | None = Field(None, description="Not supported.")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("logprobs are not supported by this server; omit it")
+        return v
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs(cls, v: int | None) -> None:
+        if v:
+            raise ValueError("top_logprobs is not supported by this server; omit it")
+        return None
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def openai_messages(self) -> list[dict[str, str]]:
+        """The messages for a chat template (``developer`` is OpenAI's new name for ``system``)."""
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text} for m in self.messages]
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str] = Field(
+        ..., description="Text, token ids, or a list holding one text (batches are not supported)."
+    )
+    logprobs: int | None = Field(None, description="Not supported.")
+    echo: bool = Field(False, description="Not supported (only false).")
+    suffix: str | None = Field(None, description="Not supported.")
+    best_of: int | None = Field(None, description="Not supported (only 1).")
+
+    _prompt = field_validator("prompt", mode="wrap")(
+        _no_union_noise("a string, a list of token ids, or a list with one string")
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list) and not v:
+            raise ValueError("the prompt is empty; send text or at least one token id")
+        if isinstance(v, list) and isinstance(v[0], str):
+            if len(v) != 1:
+                raise ValueError(f"{len(v)} prompts in one request: batches are not supported; send one")
+            return v[0]
+        return v
+
+    @field_validator("logprobs", "suffix")
+    @classmethod
+    def _unsupported(cls, v: Any, info: Any) -> None:
+        if v:
+            raise ValueError(f"{info.field_name} is not supported by this server; omit it")
+        return None
+
+    @field_validator("echo")
+    @classmethod
+    def _echo(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("echo is not supported by this server; omit it")
+        return v
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of(cls, v: int | None) -> None:
+        if v not in (None, 1):
+            raise ValueError(f"best_of={v} is not supported: send 1 or omit it")
+        return None

@@ -1,0 +1,249 @@
+"""One model worker: a thread that owns the model and runs queued jobs one at a time.
+
+The event loop never touches the model. A handler submits a :class:`Job` and gets a
+:class:`JobHandle`, an async iterator of :class:`Event` s (``start``, ``text``, then ``done``
+or ``error``) that the worker posts into the handle's asyncio queue from its thread.
+
+- The queue is a bounded FIFO: :meth:`Worker.submit` raises :class:`QueueFull` (HTTP 429)
+  when ``max_queue`` jobs already wait.
+- :meth:`JobHandle.cancel` (a client hung up) and the job's deadline (the per-request timeout)
+  are checked after every decode step that produced text; the generation is then closed, so
+  the worker moves on to the next job within one step. A job cancelled while queued is skipped.
+- Whatever a job raises is its own ``error`` event; the worker thread never dies of a request.
+
+Batching: the worker takes work with :meth:`Worker._next_batch` and runs it with
+:meth:`Worker._run_batch`. Today a batch is one job; a batched decode loop replaces
+``_run_batch`` (and lets ``_next_batch`` take several) without changing the handle protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..api import stream
+from ..decode import GenerationResult
+from ..errors import DraftwiseError
+from ..metrics import SpecStats
+from ..sampling import SamplingConfig
+from .metrics import ServerMetrics
+from .speculation import Choice, Speculation
+
+log = logging.getLogger("draftwise.server")
+EventKind = Literal["start", "text", "done", "error"]
+
+
+class QueueFull(Exception):
+    """The worker's queue holds ``max_queue`` jobs already."""
+
+
+@dataclass
+class Job:
+    """One generation request, validated and tokenized (nothing here can be refused later)."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    sampling: SamplingConfig
+    stop: tuple[str, ...]
+    choice: Choice
+    timeout_s: float
+    arrived: float = field(default_factory=time.monotonic)
+
+    @property
+    def deadline(self) -> float:
+        return self.arrived + self.timeout_s
+
+
+@dataclass
+class Event:
+    kind: EventKind
+    text: str = ""
+    result: GenerationResult | None = None
+    stats: SpecStats | None = None
+    error: str = ""
+    code: str = ""  # error events: "timeout", "cancelled" or "internal"
+
+
+class JobHandle:
+    """The handler's side of a job: iterate for events; :meth:`cancel` when the client is gone."""
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop) -> None:
+        self.job = job
+        self._loop = loop
+        self._events: asyncio.Queue[Event] = asyncio.Queue()
+        self._cancelled = threading.Event()
+        self.finished = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def post(self, event: Event) -> None:
+        """Called from the worker thread; a closed loop (server shutting down) drops it."""
+        try:
+            self._loop.call_soon_threadsafe(self._events.put_nowait, event)
+        except RuntimeError:
+            pass
+
+    async def next(self) -> Event:
+        return await self._events.get()
+
+    async def __aiter__(self) -> AsyncIterator[Event]:
+        while True:
+            event = await self._events.get()
+            yield event
+            if event.kind in ("done", "error"):
+                return
+
+
+class Worker:
+    """The model's only user. ``start()`` it once; ``submit`` from the event loop."""
+
+    def __init__(self, model: Any, speculation: Speculation, metrics: ServerMetrics, *, max_queue: int) -> None:
+        self.model = model
+        self.speculation = speculation
+        self.metrics = metrics
+        self.max_queue = max_queue
+        self._queue: queue.Queue[JobHandle | None] = queue.Queue(maxsize=max_queue)
+        self._thread = threading.Thread(target=self._loop, name="draftwise-worker", daemon=True)
+        self.running = 0
+        self.served = 0
+        self._current: JobHandle | None = None
+        metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Cancel what waits, let the running job end at its next step, and join the thread."""
+        while True:
+            try:
+                handle = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if handle is not None:
+                handle.cancel()
+                handle.post(Event("error", error="the server is shutting down", code="cancelled"))
+        current = self._current
+        if current is not None:
+            current.cancel()
+        try:
+            self._queue.put(None, timeout=timeout)
+        except queue.Full:  # pragma: no cover - filled again while stopping: the thread is a daemon
+            return
+        self._thread.join(timeout)
+
+    def submit(self, job: Job) -> JobHandle:
+        handle = JobHandle(job, asyncio.get_running_loop())
+        try:
+            self._queue.put_nowait(handle)
+        except queue.Full:
+            raise QueueFull(f"the queue is full ({self.max_queue} requests waiting); retry later") from None
+        return handle
+
+    # -- the thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            self._run_batch(batch)
+
+    def _next_batch(self) -> list[JobHandle] | None:
+        handle = self._queue.get()
+        return None if handle is None else [handle]
+
+    def _run_batch(self, batch: list[JobHandle]) -> None:
+        for handle in batch:
+            self.running += 1
+            self._current = handle
+            try:
+                self._run(handle)
+            except Exception:  # a bug, not a user error: log it, answer 500, keep serving
+                log.exception("request %s failed", handle.job.request_id)
+                handle.post(Event("error", error="internal error while generating; see the server log",
+                                  code="internal"))
+                now = time.monotonic()
+                self._end(handle, "error", now, None, None, SpecStats(), None)
+            finally:
+                self.running -= 1
+                self.served += 1
+                self._current = None
+                handle.finished.set()
+
+    def _run(self, handle: JobHandle) -> None:
+        job, m = handle.job, self.metrics
+        started = time.monotonic()
+        if handle.cancelled:
+            return self._end(handle, "abort", started, started, None, SpecStats(), None)
+        if started > job.deadline:
+            handle.post(Event("error", error=f"timed out after {job.timeout_s:g} s in the queue", code="timeout"))
+            return self._end(handle, "timeout", started, started, None, SpecStats(), None)
+        m.observe_start(started - job.arrived)
+        handle.post(Event("start"))
+        try:
+            drafter, k = self.speculation.build(job.choice)
+            s = stream(self.model, job.prompt_ids, max_new_tokens=job.max_tokens, sampling=job.sampling,
+                       stop=job.stop, draft=drafter, k=k)
+        except DraftwiseError as exc:
+            handle.post(Event("error", error=str(exc), code="invalid"))
+            return self._end(handle, "error", started, started, None, SpecStats(), None)
+        pieces = iter(s)
+        first = last = None
+        reason = None
+        for piece in pieces:
+            now = time.monotonic()
+            if first is None:
+                first = now
+                m.observe_first(now - job.arrived)
+            else:
+                m.observe_gap(now - last)  # type: ignore[operator]
+            last = now
+            handle.post(Event("text", text=piece))
+            if handle.cancelled:
+                reason = "abort"
+            elif now > job.deadline:
+                reason = "timeout"
+                handle.post(Event("error", error=f"timed out after {job.timeout_s:g} s", code="timeout"))
+            if reason:
+                pieces.close()  # type: ignore[attr-defined]  # stops the decode loop at this step
+                return self._end(handle, reason, started, first, None, s.stats, s)
+        result = s.result
+        assert result is not None
+        handle.post(Event("done", result=result, stats=s.stats))
+        self._end(handle, "stop" if result.finish_reason != "length" else "length", started,
+                  first or time.monotonic(), result, s.stats, s)
+
+    def _end(self, handle: JobHandle, reason: str, started: float, first: float | None,
+             result: GenerationResult | None, stats: SpecStats, s: Any) -> None:
+        """Metrics and the one log line of a request that reached the worker."""
+        job, now = handle.job, time.monotonic()
+        new = result.new_tokens if result else max(stats.committed, 0)
+        gen_s = result.seconds if result else now - started
+        self.metrics.observe_end(reason=reason, draft=str(job.choice.draft), prompt_tokens=len(job.prompt_ids),
+                                 new_tokens=new, e2e_s=now - job.arrived, generation_s=gen_s, stats=stats)
+        log.info(
+            "%s draft=%s by=%s prompt=%d tokens=%d tok/s=%.1f acceptance=%s finish=%s queue=%.2fs e2e=%.2fs",
+            job.request_id, job.choice.label, job.choice.chosen_by, len(job.prompt_ids), new,
+            new / gen_s if gen_s > 0 else 0.0,
+            f"{stats.acceptance_rate:.2f}" if stats.proposed else "-", reason, started - job.arrived,
+            now - job.arrived,
+        )
