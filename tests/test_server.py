@@ -94,7 +94,8 @@ def test_sampling_seed_and_stop_are_honoured(tiny, live):
     a = c.chat.completions.create(**args, extra_body={"top_k": 20, "return_token_ids": True})
     b = c.chat.completions.create(**args, extra_body={"top_k": 20, "return_token_ids": True})
     assert a.choices[0].token_ids == b.choices[0].token_ids  # same seed, same tokens
-    ref = generate(tiny, TEXT, max_new_tokens=30, sampling=SamplingConfig(temperature=0.9, top_p=0.9, top_k=20, seed=7))
+    cfg = SamplingConfig(temperature=0.9, top_p=0.9, top_k=20, seed=7)
+    ref = generate(tiny, TEXT, max_new_tokens=30, sampling=cfg, draft="lookup", k=4)  # the server's default
     assert a.choices[0].token_ids == ref.token_ids  # the server samples as the library does
     greedy = generate(tiny, TEXT, max_new_tokens=30).text
     stop = greedy[len(greedy) // 2:len(greedy) // 2 + 3]

@@ -18,7 +18,7 @@ Example (loads the embedded default model)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from . import decode
 from .cost.adaptive import auto_policy
@@ -28,7 +28,6 @@ from .drafters.spec import DraftSpec
 from .errors import ConfigError
 from .kpolicy import KPolicy
 from .loaders import Model, load_model
-from .sampling import SamplingConfig
 
 KArg = int | Literal["auto"] | KPolicy
 
@@ -52,12 +51,9 @@ def stream(
     model: Model | str,
     prompt: str | Sequence[int],
     *,
-    max_new_tokens: int = 128,
-    sampling: SamplingConfig | None = None,
-    stop: Sequence[str] = (),
-    chat: bool | None = None,
     draft: Drafter | DraftSpec | str | None = None,
     k: KArg = 4,
+    **options: Any,
 ) -> Stream:
     """Start a generation and return a :class:`~draftwise.decode.Stream` of text pieces.
 
@@ -66,37 +62,28 @@ def stream(
     spec: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
     :class:`draftwise.drafters.DraftSpec`); ``k`` is how many tokens it proposes per step, or
     ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
-    acceptance seen so far (:mod:`draftwise.kpolicy`).
+    acceptance seen so far (:mod:`draftwise.cost.adaptive`). The other options
+    (``max_new_tokens=128``, ``sampling``, ``stop``, ``chat``) are those of
+    :func:`draftwise.decode.stream`.
     """
     if isinstance(model, str):
         model = load_model(model)
-    return decode.stream(
-        model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
-        draft=draft, k=_policy(model, draft, k),
-    )
+    return decode.stream(model, prompt, draft=draft, k=_policy(model, draft, k), **options)
 
 
 def generate(
     model: Model | str,
     prompt: str | Sequence[int],
     *,
-    max_new_tokens: int = 128,
-    sampling: SamplingConfig | None = None,
-    stop: Sequence[str] = (),
-    chat: bool | None = None,
     draft: Drafter | DraftSpec | str | None = None,
     k: KArg = 4,
+    **options: Any,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
 
     The output is exactly what plain decoding of the target gives (greedy: token for token;
     sampling: in distribution), whatever the draft; the draft only changes the speed.
     """
-    s = stream(
-        model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
-        draft=draft, k=k,
-    )
-    for _ in s:
-        pass
-    assert s.result is not None
-    return s.result
+    if isinstance(model, str):
+        model = load_model(model)
+    return decode.generate(model, prompt, draft=draft, k=_policy(model, draft, k), **options)

@@ -29,7 +29,7 @@ from ..cost.breakeven import (
 )
 from ..cost.parsing import parse_acceptances, parse_draft_kinds, parse_floats, parse_ks
 from ..cost.profile import Profile
-from ..cost.report import plot_available
+from ..plots import plotting_available
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import check_writable
@@ -193,7 +193,7 @@ def breakeven(
             if plot.is_dir():
                 raise ConfigError(f"--plot {plot} is a folder; give a file path such as {plot / 'speedup.png'}")
             check_writable(plot.expanduser().parent, "folder of --plot")
-            if not plot_available():
+            if not plotting_available():
                 err.print("matplotlib is not installed, so the plot was skipped (pip install 'draftwise[plot]')",
                           markup=False, highlight=False)
                 plot = None

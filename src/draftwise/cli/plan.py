@@ -23,11 +23,11 @@ from ..cost.measure import measure_profile
 from ..cost.parsing import parse_ks
 from ..cost.plan import make_plan
 from ..cost.profile import Profile, default_profile_path
+from ..plots import plotting_available
 from ..cost.report import (
     breakeven_text,
     draft_cells,
     plan_rows,
-    plot_available,
     plot_plan,
     plot_profile,
     render_plan_markdown,
@@ -133,7 +133,7 @@ def profile_cmd(
             out_file = _check_file(out_file, "--out")
         if plot is not None:
             plot = _check_file(plot, "--plot")
-            if not plot_available():
+            if not plotting_available():
                 err.print(NO_PLOT.format(what=f"the plot {plot}"), markup=False, highlight=False)
                 plot = None
         target = load_with_status(model, dtype.value)
@@ -261,7 +261,7 @@ def plan_cmd(
         if out_dir is not None:
             plan.save(out_dir / "plan.json")
             write_text_atomic(out_dir / "plan.md", render_plan_markdown(plan))
-            if plot_available():
+            if plotting_available():
                 plot_plan(plan, out_dir / "plan.png")
             else:
                 err.print(NO_PLOT.format(what="plan.png"), markup=False, highlight=False)
@@ -288,7 +288,7 @@ def plan_cmd(
         out.print(validation_table(v))
         out.print(f"median error {100 * v['median_abs_error']:.1f}% (goal 10%), max {100 * v['max_abs_error']:.1f}% (goal 20%)")
     if out_dir is not None:
-        out.print(f"wrote {out_dir / 'plan.json'}, plan.md" + (", plan.png" if plot_available() else ""),
+        out.print(f"wrote {out_dir / 'plan.json'}, plan.md" + (", plan.png" if plotting_available() else ""),
                   highlight=False, markup=False)
     if exported is not None:
         out.print(exported, highlight=False, markup=False)

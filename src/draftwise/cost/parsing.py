@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from ..drafters.spec import int_ranges
 from ..errors import ConfigError
 from .breakeven import DRAFT_KIND_COSTS
 
@@ -70,14 +71,13 @@ def parse_ks(text: str) -> list[int]:
     ([4], [1, 2, 3, 4], [2, 4, 8])
     """
     ks: set[int] = set()
-    for part in str(text).split(","):
-        part = part.strip()
-        lo_s, sep, hi_s = part.partition("-")
-        try:
-            lo = int(lo_s)
-            hi = int(hi_s) if sep else lo
-        except ValueError:
-            raise ConfigError(f"--k {text!r}: {part!r} is not a k, a range like 1-8, or a list like 2,4,8") from None
+    try:
+        ranges = int_ranges(text)
+    except ValueError as exc:
+        raise ConfigError(f"--k {text!r}: {exc.args[0]!r} is not a k, a range like 1-8, or a list like 2,4,8") from None
+    if not ranges:
+        raise ConfigError(f"--k {text!r}: give a k, a range like 1-8, or a list like 2,4,8")
+    for part, lo, hi in ranges:
         if lo < 1 or hi < lo:
             raise ConfigError(f"--k {text!r}: k must be >= 1 and ranges low-high with low <= high")
         if hi > MAX_K:

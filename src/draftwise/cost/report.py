@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -10,11 +9,6 @@ from typing import Any
 from ..plots import pyplot, save_figure
 from .plan import NONE, Candidate, Plan
 from .profile import Profile
-
-
-def plot_available() -> bool:
-    """Whether matplotlib is installed: without it a command skips its plots and writes the rest."""
-    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _pct(x: float | None) -> str:

@@ -44,14 +44,16 @@ def _clip(text: str, limit: int = 60) -> str:
     return repr(text if len(text) <= limit else text[:limit] + "...")
 
 
-def parse_layer_list(text: str) -> tuple[int, ...]:
-    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``: sorted, unique, each >= 0 (no upper bound here).
+def int_ranges(text: str) -> list[tuple[str, int, int]]:
+    """``"0-3, 7"`` -> ``[("0-3", 0, 3), ("7", 7, 7)]``: each comma-separated part with its
+    bounds (empty parts skipped). A part that is not ``N`` or ``N-M`` raises ``ValueError(part)``;
+    callers check the bounds and word the error for their option.
 
-    >>> parse_layer_list("7, 0-3")
-    (0, 1, 2, 3, 7)
+    >>> int_ranges("0-3, 7")
+    [('0-3', 0, 3), ('7', 7, 7)]
     """
-    out: set[int] = set()
-    for part in text.split(","):
+    out: list[tuple[str, int, int]] = []
+    for part in str(text).split(","):
         part = part.strip()
         if not part:
             continue
@@ -60,7 +62,23 @@ def parse_layer_list(text: str) -> tuple[int, ...]:
             lo = int(lo_text)
             hi = int(hi_text) if dash else lo
         except ValueError:
-            raise ConfigError(f"cannot read layer list {_clip(text)}; write it like '0-3,7'") from None
+            raise ValueError(part) from None
+        out.append((part, lo, hi))
+    return out
+
+
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``: sorted, unique, each >= 0 (no upper bound here).
+
+    >>> parse_layer_list("7, 0-3")
+    (0, 1, 2, 3, 7)
+    """
+    try:
+        ranges = int_ranges(text)
+    except ValueError:
+        raise ConfigError(f"cannot read layer list {_clip(text)}; write it like '0-3,7'") from None
+    out: set[int] = set()
+    for part, lo, hi in ranges:
         if lo < 0 or hi < lo or hi - lo > 100_000:
             raise ConfigError(f"layer range {_clip(part)} is not a range of layer numbers like '0-3'")
         out.update(range(lo, hi + 1))
