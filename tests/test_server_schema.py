@@ -27,6 +27,8 @@ def test_no_input_makes_a_server_error(tiny):
         for result in schema.get_all_operations():
             op = result.ok()
             for mode in schemathesis.GenerationMode:
+                if mode is schemathesis.GenerationMode.NEGATIVE and op.method.upper() == "GET":
+                    continue  # nothing to make invalid: no parameters, no body
 
                 @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=True,
                           suppress_health_check=list(HealthCheck))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, bench_runtime, breakeven, calibrate, demo, distill, generate, plan
+from . import bench, bench_runtime, breakeven, calibrate, demo, distill, generate, plan, serve
 
 app = typer.Typer(
     help="Lossless speculative decoding that tells you which draft pays.",
@@ -30,6 +30,7 @@ app.command("calibrate-self")(calibrate.calibrate_self_cmd)
 app.command("distill")(distill.distill_cmd)
 app.command("pack-draft")(distill.pack_draft_cmd)
 app.command("demo")(demo.demo)
+app.command("serve")(serve.serve)
 
 
 def main() -> None:  # pragma: no cover - console entry point
