@@ -38,7 +38,7 @@ from ..drafters.factory import model_draft_source
 from ..drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
 from ..errors import ConfigError
 from ..fsutil import check_writable, write_text_atomic
-from ..questions import read_questions, select_questions
+from ..questions import DEFAULT_QUESTIONS, read_questions, select_questions
 from ..sampling import SamplingConfig
 from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
 
@@ -209,7 +209,14 @@ def _profile_for_plan(target: Any, dtype: str, keys: list[str], k_top: int, prof
 
 
 def plan_cmd(
-    prompts: Annotated[Path, typer.Option("--prompts", help="Spec-Bench JSONL, or text with one prompt a line.")],
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            "--prompts",
+            help="Your workload: Spec-Bench JSONL, or text with one prompt a line "
+            "(default: the Spec-Bench dev questions shipped with draftwise).",
+        ),
+    ] = None,
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
     drafts: Annotated[str, typer.Option("--drafts", help="Comma-separated draft specs.")] = "lookup,self",
@@ -226,7 +233,7 @@ def plan_cmd(
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
     with user_errors():
-        questions = select_questions(read_questions(prompts), per_category)
+        questions = select_questions(read_questions(prompts or DEFAULT_QUESTIONS), per_category)
         specs = parse_drafts(drafts, "--drafts")
         k_list = parse_ks(ks)
         if not (math.isfinite(temperature) and temperature >= 0):
@@ -250,7 +257,7 @@ def plan_cmd(
                 sampling=SamplingConfig(temperature=temperature), progress=report,
             )
         plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
-        plan.config["prompts_file"] = str(prompts)
+        plan.config["prompts_file"] = str(prompts) if prompts else "the Spec-Bench dev questions (draftwise.questions.DEFAULT_QUESTIONS)"
         if validate:
             best = plan.recommended["overall"]
             extra = [best] if best[0] != "none" else []
