@@ -90,3 +90,22 @@ def test_default_model_answers_and_stops_at_eos(default_model):
     res = generate(default_model, "What is the capital of France? Answer in one word.", max_new_tokens=32)
     assert "Paris" in res.text
     assert res.finish_reason == "eos"
+
+
+def test_by_step_gives_one_piece_per_pass_and_close_stops(tiny):
+    eos_free = dataclasses.replace(tiny, eos_token_ids=frozenset())
+    prompt = "a b c d a b c d a b c d a b c d"
+    full = generate(eos_free, prompt, max_new_tokens=40, draft="lookup", k=4)
+    s = stream(eos_free, prompt, max_new_tokens=40, draft="lookup", k=4)
+    pieces = list(s.by_step())
+    assert "".join(pieces) == full.text == s.result.text
+    assert len(pieces) <= s.stats.target_passes + 1  # one piece per pass (+ the final flush)
+    assert s.stats.committed > s.stats.target_passes  # passes did commit several tokens
+    assert len(pieces) < len(full.token_ids)
+    cut = stream(eos_free, prompt, max_new_tokens=40)
+    next(iter(cut.by_step()))
+    passes = cut.stats.target_passes
+    cut.close()
+    assert cut.result is None and cut.stats.target_passes == passes  # nothing ran after close
+    with pytest.raises(StopIteration):
+        next(cut)

@@ -168,7 +168,8 @@ class Stream:
         self.k = k
         self.stats = SpecStats()
         self.result: GenerationResult | None = None
-        self._iter = self._run()
+        self._steps = self._run()
+        self._iter = (piece for pieces in self._steps for piece in pieces)
 
     def __iter__(self) -> Iterator[str]:
         return self._iter
@@ -176,7 +177,18 @@ class Stream:
     def __next__(self) -> str:
         return next(self._iter)
 
-    def _run(self) -> Iterator[str]:
+    def by_step(self) -> Iterator[str]:
+        """The text of each target pass, one piece per pass (a pass may commit several tokens),
+        for consumers with a cost per piece, such as a server sending one chunk per piece.
+        Iterate this *or* the stream itself, not both."""
+        return ("".join(pieces) for pieces in self._steps if pieces)
+
+    def close(self) -> None:
+        """Stop the generation now (the decode loop ends at this step); ``result`` stays None and
+        ``stats`` holds what was done so far."""
+        self._steps.close()
+
+    def _run(self) -> Iterator[list[str]]:
         model, stats = self.model, self.stats
         assembler = TextAssembler(model.tokenizer, self.stop)
         ids: list[int] = []
@@ -193,32 +205,37 @@ class Stream:
             max_new_tokens=self.max_new_tokens,
             stats=stats,
         )
-        for step in steps:
-            if not prefill_s:
-                prefill_s = time.perf_counter() - start
-            kept = 0
-            for token in step.verdict.tokens:  # a step may commit several tokens
-                kept += 1
-                if token in model.eos_token_ids:
-                    finish = "eos"
+        pieces: list[str] = []
+        try:
+            for step in steps:
+                if not prefill_s:
+                    prefill_s = time.perf_counter() - start
+                pieces = []
+                kept = 0
+                for token in step.verdict.tokens:  # a step may commit several tokens
+                    kept += 1
+                    if token in model.eos_token_ids:
+                        finish = "eos"
+                        break
+                    ids.append(token)
+                    piece = assembler.push([token])
+                    if piece:
+                        pieces.append(piece)
+                    if assembler.stopped:
+                        finish = "stop"
+                        break
+                    if len(ids) >= self.max_new_tokens:
+                        finish = "length"
+                        break
+                stats.record(step.num_proposed, step.verdict, kept)
+                if finish is not None:
                     break
-                ids.append(token)
-                piece = assembler.push([token])
-                if piece:
-                    yield piece
-                if assembler.stopped:
-                    finish = "stop"
-                    break
-                if len(ids) >= self.max_new_tokens:
-                    finish = "length"
-                    break
-            stats.record(step.num_proposed, step.verdict, kept)
-            if finish is not None:
-                break
-        steps.close()
+                yield pieces
+        finally:
+            steps.close()
         piece = assembler.finish()
         if piece:
-            yield piece
+            pieces.append(piece)
         assert finish is not None
         self.result = GenerationResult(
             text=assembler.text,
@@ -231,6 +248,7 @@ class Stream:
             draft=getattr(self.drafter, "name", "none"),
             k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
         )
+        yield pieces
 
 
 def stream(

@@ -206,17 +206,19 @@ class Worker:
         except DraftwiseError as exc:
             handle.post(Event("error", error=str(exc), code="invalid"))
             return self._end(handle, "error", started, started, None, SpecStats(), None)
-        pieces = iter(s)
         first = last = None
         reason = None
-        for piece in pieces:
+        committed = 0
+        for piece in s.by_step():  # one chunk per target pass: a pass may commit several tokens
             now = time.monotonic()
             if first is None:
                 first = now
                 m.observe_first(now - job.arrived)
             else:
-                m.observe_gap(now - last)  # type: ignore[operator]
-            last = now
+                gap, tokens = now - last, max(s.stats.committed - committed, 1)  # type: ignore[operator]
+                for _ in range(tokens):  # inter-token latency: the pass's time shared by its tokens
+                    m.observe_gap(gap / tokens)
+            committed, last = s.stats.committed, now
             handle.post(Event("text", text=piece))
             if handle.cancelled:
                 reason = "abort"
@@ -224,7 +226,7 @@ class Worker:
                 reason = "timeout"
                 handle.post(Event("error", error=f"timed out after {job.timeout_s:g} s", code="timeout"))
             if reason:
-                pieces.close()  # type: ignore[attr-defined]  # stops the decode loop at this step
+                s.close()  # stops the decode loop at this step
                 return self._end(handle, reason, started, first, None, s.stats, s)
         result = s.result
         assert result is not None

@@ -1,0 +1,268 @@
+"""Load test of ``draftwise serve``: N concurrent streaming clients x R requests each on the
+dev-question mix, speculation ``none`` against ``auto``, against one server.
+
+    python benchmarks/load_test.py --clients 64 --requests 4 --max-tokens 64 \
+        --plan benchmarks/results/plan/plan.json --out benchmarks/results/serve
+
+1. References: each prompt (the first turn of ``--prompts`` dev questions spread over the
+   categories) is decoded greedily in this process with ``draftwise.api.generate``, exactly
+   what ``draftwise generate -n MAX_TOKENS`` runs.
+2. One server is started (``draftwise serve --draft auto --plan PLAN``) unless ``--url`` names
+   a running one. Each phase sends every client's R requests (client i's j-th request is
+   prompt ``(i * R + j) % P``): phase ``none`` with ``"speculative": {"draft": "none"}``, phase
+   ``auto`` with ``"speculative": {"category": CATEGORY}`` (the plan's choice for it). Whole
+   phases alternate, so each phase's aggregate tokens/s is its own.
+3. Per request: time to first token (client-side, queue included), end-to-end latency, the
+   server's own prefill time (``timings.prompt_ms``: TTFT without the queue), tokens, errors.
+   A request is *lost* if its stream ends without a final chunk or an error.
+
+Writes ``run.json`` (every request), ``summary.json``, ``summary.md`` and ``load_test.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from draftwise.api import generate
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.loaders import load_model
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
+
+MODES = ("none", "auto")
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-th percentile (nearest rank; q in [0, 100]) of ``values``; NaN if empty."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+
+
+def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int) -> float:
+    model = load_model(model_name)
+    t0 = time.perf_counter()
+    for p in prompts:
+        p["reference"] = generate(model, p["prompt"], max_new_tokens=max_tokens).token_ids
+    return time.perf_counter() - t0
+
+
+async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any], mode: str, max_tokens: int,
+                      client_id: int) -> dict[str, Any]:
+    spec = {"draft": "none"} if mode == "none" else {"category": prompt["category"]}
+    body = {"messages": [{"role": "user", "content": prompt["prompt"]}], "max_tokens": max_tokens,
+            "temperature": 0, "stream": True, "return_token_ids": True, "speculative": spec}
+    rec: dict[str, Any] = {"mode": mode, "client": client_id, "question_id": prompt["question_id"],
+                           "category": prompt["category"], "error": None, "lost": False}
+    t0 = time.perf_counter()
+    final = None
+    try:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                rec["error"] = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return rec
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    rec["error"] = chunk["error"]["message"]
+                    break
+                delta = chunk["choices"][0].get("delta", {}) if chunk["choices"] else {}
+                if delta.get("content") and "ttft" not in rec:
+                    rec["ttft"] = time.perf_counter() - t0
+                if chunk["choices"] and chunk["choices"][0].get("finish_reason"):
+                    final = chunk
+    except (httpx.HTTPError, json.JSONDecodeError) as exc:
+        rec["error"] = f"{type(exc).__name__}: {exc}"
+    rec["e2e"] = time.perf_counter() - t0
+    if final is None and rec["error"] is None:
+        rec["lost"] = True
+    if final is not None:
+        ids = final["choices"][0].get("token_ids", [])
+        rec.update(tokens=final["usage"]["completion_tokens"], equal=ids == prompt["reference"],
+                   prefill_s=final["timings"]["prompt_ms"] / 1000, draft=final["speculative"]["draft"],
+                   k=final["speculative"]["k"], mat=final["speculative"]["mean_committed_per_pass"])
+        rec.setdefault("ttft", rec["e2e"])  # an empty answer: its first token is its end
+    return rec
+
+
+async def phase(url: str, prompts: list[dict[str, Any]], mode: str, clients: int, requests: int,
+                max_tokens: int) -> tuple[list[dict[str, Any]], float]:
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+
+        async def run_client(i: int) -> list[dict[str, Any]]:
+            out = []
+            for j in range(requests):  # bounded: R requests, one after the other
+                out.append(await one_request(client, url, prompts[(i * requests + j) % len(prompts)], mode,
+                                             max_tokens, i))
+            return out
+
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(run_client(i) for i in range(clients)))
+        return [r for rs in results for r in rs], time.perf_counter() - t0
+
+
+def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
+    ok = [r for r in records if r["error"] is None and not r["lost"]]
+    tokens = sum(r["tokens"] for r in ok)
+    return {
+        "requests": len(records), "ok": len(ok), "errors": sum(r["error"] is not None for r in records),
+        "lost": sum(r["lost"] for r in records), "equal": sum(bool(r.get("equal")) for r in ok),
+        "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+        "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
+        "e2e_p50_s": pct([r["e2e"] for r in ok], 50), "e2e_p99_s": pct([r["e2e"] for r in ok], 99),
+        "prefill_p50_s": pct([r["prefill_s"] for r in ok], 50),
+        "mean_committed_per_pass": statistics.mean(r["mat"] for r in ok) if ok else float("nan"),
+        "drafts": {d: sum(r.get("draft") == d for r in ok) for d in sorted({r.get("draft") for r in ok} - {None})},
+    }
+
+
+def render(summary: dict[str, Any]) -> str:
+    s, cfg = summary["phases"], summary["config"]
+    lines = [
+        "# draftwise serve: load test", "",
+        f"{cfg['clients']} concurrent streaming clients x {cfg['requests']} requests each per phase, greedy, "
+        f"max_tokens={cfg['max_tokens']}, {cfg['prompts']} dev questions (first turns, spread over the "
+        f"categories); model {cfg['model']}; server `{cfg['server']}`; {cfg['date']}.", "",
+        f"Command: `{cfg['command']}`", "",
+        "| speculation | requests | errors | lost | equal to `draftwise generate` | tokens/s | TTFT p50 | "
+        "TTFT p99 | e2e p50 | e2e p99 | server TTFT p50 (prefill) | tokens/pass |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mode in MODES:
+        p = s[mode]
+        lines.append(
+            f"| {mode} | {p['requests']} | {p['errors']} | {p['lost']} | {p['equal']}/{p['ok']} | "
+            f"{p['tokens_per_s']:.1f} | {p['ttft_p50_s']:.2f} s | {p['ttft_p99_s']:.2f} s | {p['e2e_p50_s']:.2f} s | "
+            f"{p['e2e_p99_s']:.2f} s | {p['prefill_p50_s'] * 1000:.1f} ms | {p['mean_committed_per_pass']:.2f} |")
+    g = summary["goals"]
+    lines += ["", f"auto / none aggregate tokens/s: **{g['speedup']:.2f}x** (goal >= 1.3x). "
+              f"Server-side TTFT p50 (prefill, no queue): auto {g['prefill_overhead'] * 100:+.1f}% vs none "
+              f"(goal <= +5%); client TTFT p50 (queue included): auto {g['ttft_overhead'] * 100:+.1f}%.",
+              f"The plan's drafts in the auto phase: {s['auto']['drafts']}.", "",
+              "TTFT as clients see it is mostly queue time: one request is served at a time, so a faster "
+              "phase also waits less. The server-side TTFT isolates what speculation adds to the first token."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(summary: dict[str, Any], records: list[dict[str, Any]], path: Path) -> None:
+    try:
+        from draftwise.plots import pyplot, save_figure
+
+        plt = pyplot()
+    except ImportError:
+        print("no matplotlib: load_test.png not written", file=sys.stderr)
+        return
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    tps = [summary["phases"][m]["tokens_per_s"] for m in MODES]
+    axes[0].bar(MODES, tps, color=["#999999", "#2a7ab9"])
+    axes[0].set_title("aggregate tokens/s")
+    for ax, key, title in ((axes[1], "ttft", "time to first token (s)"), (axes[2], "e2e", "end-to-end latency (s)")):
+        for mode, colour in zip(MODES, ("#999999", "#2a7ab9")):
+            v = sorted(r[key] for r in records if r["mode"] == mode and key in r and r["error"] is None)
+            ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=mode, color=colour)
+        ax.set_title(title)
+        ax.set_ylabel("fraction of requests")
+        ax.legend()
+    fig.tight_layout()
+    save_figure(fig, path)
+
+
+def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+    exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
+    cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--port", str(args.port),
+           "--max-queue", str(max(128, args.clients * 2)), "--max-tokens-cap", str(args.max_tokens),
+           "--request-timeout", "3600"]
+    log = open(Path(args.out) / "server.log", "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{args.port}"
+    for _ in range(600):  # bounded: 5 minutes for the model to load
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}); see {log.name}")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return proc, url, cmd
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit("the server did not start in 5 minutes")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--clients", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=4, help="requests per client per phase")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=32, help="dev questions in the mix")
+    ap.add_argument("--plan", default="benchmarks/results/plan/plan.json")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--url", default=None, help="use this running server (started with --draft auto)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve"))
+    args = ap.parse_args()
+    if min(args.clients, args.requests, args.max_tokens, args.prompts) < 1:
+        ap.error("--clients, --requests, --max-tokens and --prompts must be >= 1")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    qs = spread_questions(read_questions(DEFAULT_QUESTIONS), args.prompts)
+    prompts = [{"question_id": q.question_id, "category": q.category, "prompt": q.prompt} for q in qs]
+    print(f"references: {len(prompts)} prompts, greedy, {args.max_tokens} tokens ...", flush=True)
+    ref_s = references(args.model, prompts, args.max_tokens)
+    proc, url, cmd = (None, args.url, ["(external)"]) if args.url else start_server(args)
+    try:
+        asyncio.run(phase(url, prompts[:2], "auto", 2, 1, args.max_tokens))  # warm-up, not counted
+        records: list[dict[str, Any]] = []
+        phases = {}
+        for mode in MODES:
+            print(f"phase {mode}: {args.clients} clients x {args.requests} requests ...", flush=True)
+            recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens))
+            records += recs
+            phases[mode] = summarize(recs, wall)
+            print(json.dumps(phases[mode]), flush=True)
+        metrics = httpx.get(url + "/metrics", timeout=10).text
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+    none, auto = phases["none"], phases["auto"]
+    summary = {
+        "config": {"model": args.model, "clients": args.clients, "requests": args.requests,
+                   "max_tokens": args.max_tokens, "prompts": len(prompts), "plan": args.plan,
+                   "server": " ".join(["draftwise", *cmd[1:]]) if proc else args.url,
+                   "command": "python benchmarks/load_test.py " + " ".join(sys.argv[1:]),
+                   "references_s": ref_s, "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()},
+        "phases": phases,
+        "goals": {"speedup": auto["tokens_per_s"] / none["tokens_per_s"] if none["tokens_per_s"] else 0.0,
+                  "ttft_overhead": auto["ttft_p50_s"] / none["ttft_p50_s"] - 1,
+                  "prefill_overhead": auto["prefill_p50_s"] / none["prefill_p50_s"] - 1},
+        "server_metrics": [ln for ln in metrics.splitlines() if ln.startswith("draftwise:spec_decode")],
+    }
+    write_json_atomic(out / "run.json", {"prompts": prompts, "records": records})
+    write_json_atomic(out / "summary.json", summary)
+    write_text_atomic(out / "summary.md", render(summary))
+    plot(summary, records, out / "load_test.png")
+    print(render(summary))
+    bad = sum(p["errors"] + p["lost"] + (p["ok"] - p["equal"]) for p in phases.values())
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
