@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import draftwise  # noqa: F401  first: it sets the OpenMP defaults before torch loads (docs/runtime.md)
 import pytest
 import torch
 

@@ -139,9 +139,9 @@ def test_weight_bytes_per_token_hand_count(dtype: torch.dtype, tied: bool, bias:
 
 
 def _all_tensors(rt: Any) -> list[torch.Tensor]:
-    tensors = [rt.embed, rt.head, rt.final_norm]
-    for attr in ("wqkv", "bqkv", "wo", "w_gate_up", "w_down", "ln_attn", "ln_mlp"):
-        tensors += [t for t in getattr(rt, attr) if t is not None]
+    tensors = [rt.embed, rt.head, rt.final_norm, *rt.ln_attn, *rt.ln_mlp]
+    for i in range(rt.num_layers):
+        tensors += [t for m in rt.matmuls(i) for t in (m.weight, m.bias) if t is not None]
     return tensors
 
 

@@ -7,7 +7,12 @@ Example (loads the embedded default model)::
     print(draftwise.generate(model, "Say hi.", max_new_tokens=8).text)
 """
 
-from .api import generate, stream
+# First, before anything imports torch: libgomp reads its wait policy once, when torch loads it.
+from .threads import apply_omp_defaults
+
+apply_omp_defaults()
+
+from .api import generate, stream  # noqa: E402 (the imports below pull torch)
 from .decode import GenerationResult, Stream
 from .drafters.spec import DraftSpec
 from .errors import (

@@ -30,7 +30,8 @@ from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from .fsutil import check_writable, write_json_atomic
 from .models import BUILTIN_MODELS
 from .runtime.base import Runtime
-from .runtime.native import NativeRuntime, check_supported
+from .runtime.native import NativeRuntime, check_supported, load_state_dict
+from .runtime.quant import parse_quant
 
 DTypeName = Literal["float32", "bfloat16"]
 RuntimeName = Literal["auto", "native", "hf"]
@@ -50,6 +51,48 @@ def parse_dtype(name: str | torch.dtype) -> torch.dtype:
     if name not in _DTYPES:
         raise ConfigError(f"dtype {name!r} is not supported; use one of {sorted(_DTYPES)}")
     return _DTYPES[name]
+
+
+def parse_device(name: str | torch.device) -> torch.device:
+    """``name`` as a torch device that exists here (one clear line otherwise)."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise ConfigError(f"device {name!r} is not a device name (use cpu, cuda, cuda:1, ...)") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device {name!r} is not available: this torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(f"device {name!r} does not exist: {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError(f"device {name!r} is not available on this machine")
+    elif device.type not in ("cpu", "cuda", "mps", "xpu"):
+        raise ConfigError(f"device {name!r} is not supported (use cpu or cuda)")
+    return device
+
+
+def _q4_cache_key(source: Path, folder: Path) -> str:
+    files = sorted(folder.glob("*.safetensors")) + ([source] if source.is_file() else [])
+    stamp = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+    return hashlib.sha256(json.dumps(["q4-v1", stamp]).encode()).hexdigest()[:24]
+
+
+def _load_q4(source: Path, folder: Path, config: Any, status: Callable[[str], None] | None) -> dict[str, Any]:
+    """The runtime options of a q4 load: the GGUF's own blocks (or weights quantized at load),
+    cached under ``cache_dir()/quant`` like a conversion."""
+    from .runtime.gguf_blocks import load_q4, q4_weights, save_q4
+    from .runtime.native import load_state_dict
+
+    state = load_state_dict(folder)
+    cached = writable_cache_dir("quant") / f"{_q4_cache_key(source, folder)}.q4.safetensors"
+    if cached.exists():
+        blocks, sources = load_q4(cached)
+    else:
+        if status:
+            status("reading the 4-bit weights (once; cached after)")
+        blocks, sources = q4_weights(state, config, source if source.is_file() else None)
+        save_q4(blocks, sources, cached)
+    return {"state": state, "blocks": blocks, "block_sources": sources}
 
 
 def cache_dir() -> Path:
@@ -231,6 +274,14 @@ class Model:
     def dtype(self) -> torch.dtype:
         return self.runtime.dtype
 
+    @property
+    def mode(self) -> str:
+        """The dtype and weight format, as profiles and benchmarks key them: ``float32``,
+        ``bfloat16``, ``float32+q4``, ``float32+int8``."""
+        dtype = str(self.runtime.dtype).replace("torch.", "")
+        quant = getattr(self.runtime, "quant", "none")
+        return dtype if quant == "none" else f"{dtype}+{quant}"
+
     def encode_prompt(self, prompt: str, *, chat: bool | None = None) -> list[int]:
         """Token ids of ``prompt``; wrapped in the chat template when the model has one
         (``chat=None``) or when asked (``chat=True``)."""
@@ -264,6 +315,9 @@ def load_model(
     runtime: RuntimeName = "auto",
     max_context: int | None = None,
     status: Callable[[str], None] | None = None,
+    quant: str = "none",
+    device: str | torch.device = "cpu",
+    compile: bool = False,
 ) -> Model:
     """Load ``spec`` (``"default"``, a built-in name, a HF folder or a .gguf file).
 
@@ -274,12 +328,21 @@ def load_model(
 
         model = load_model("default", dtype="bfloat16")
         model.runtime.num_layers  # 30
+        fast = load_model("default", quant="q4")  # the GGUF's own 4-bit blocks
+
+    ``quant`` (native runtime, CPU): ``"q4"`` runs 4-bit weights in groups of 32 (from a
+    Q4_0/Q4_1 GGUF, the file's own blocks; otherwise quantized at load), ``"int8"`` per-channel
+    int8; ``"none"`` keeps ``dtype``. ``device`` is where the model runs. ``compile`` runs the
+    native runtime's element-wise kernels through ``torch.compile`` where a C++ compiler
+    exists; where it cannot, loading says why in one status line and runs uncompiled.
     """
     if runtime not in ("auto", "native", "hf"):
         raise ConfigError(f"runtime {runtime!r} is not one of auto, native, hf")
     torch_dtype = parse_dtype(dtype)
     if max_context is not None and max_context < 2:
         raise ConfigError(f"max_context={max_context} is too small; pass at least 2")
+    quant = parse_quant(quant)
+    torch_device = parse_device(device)
     name, source = resolve_model(spec)
     folder = gguf_to_folder(source, status=status) if source.is_file() else source
     if status:
@@ -299,11 +362,30 @@ def load_model(
             f"{problem}; load it with runtime='hf' (CLI: --runtime hf), the Hugging Face adapter"
         )
     if runtime == "native" or (runtime == "auto" and not problem):
-        rt = NativeRuntime.from_folder(folder, config, dtype=torch_dtype, max_context=max_context)
+        options = _load_q4(source, folder, config, status) if quant == "q4" else {}
+        state = options.pop("state", None)
+        rt = NativeRuntime(
+            config,
+            state if state is not None else load_state_dict(folder),
+            dtype=torch_dtype,
+            max_context=max_context,
+            quant=quant,
+            device=torch_device,
+            **options,
+        )
+        if compile:
+            reason = rt.enable_compile()
+            if reason and status:
+                status(f"--compile: {reason}; running uncompiled")
     else:
+        if quant != "none" or compile:
+            what = f"quant={quant!r}" if quant != "none" else "compile"
+            raise ConfigError(
+                f"{what} needs the native runtime; {name} runs on the Hugging Face adapter ({problem or 'runtime=hf'})"
+            )
         from .runtime.hf import HFRuntime  # imports transformers' cache classes: only when used
 
-        rt = HFRuntime.from_folder(folder, dtype=torch_dtype, max_context=max_context)
+        rt = HFRuntime.from_folder(folder, dtype=torch_dtype, max_context=max_context, device=torch_device)
     return Model(
         name=name,
         folder=folder,

@@ -70,6 +70,9 @@ class SamplingConfig:
         return self.temperature == 0
 
     def generator(self) -> torch.Generator:
+        """A CPU generator seeded with ``seed`` (fresh entropy when None). It stays on the CPU
+        whatever device the model runs on: :func:`sample` draws there, so a seed gives the same
+        random numbers on every device."""
         gen = torch.Generator()
         if self.seed is None:
             gen.seed()
@@ -116,8 +119,13 @@ def logits_to_probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
-    """Draw one token id from ``probs`` (``[vocab]``)."""
-    return int(torch.multinomial(probs, 1, generator=generator).item())
+    """Draw one token id from ``probs`` (``[vocab]``) on the generator's device.
+
+    Probabilities on another device (a CUDA model, a CPU generator) are copied to the generator
+    first: one row per draw, small next to a model step, and torch refuses a generator on a
+    different device from the tensor. On the CPU nothing is copied.
+    """
+    return int(torch.multinomial(probs.to(generator.device), 1, generator=generator).item())
 
 
 def next_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator) -> int:

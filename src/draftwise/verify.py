@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .sampling import sample
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -74,21 +76,24 @@ def verify_sampled(
     k = len(proposed)
     p = target_probs
     assert p.shape[0] == k + 1, "need one row of target probabilities per proposed token + 1"
+    q = None if draft_probs is None else draft_probs.to(p.device)  # a no-op when they share one
+    # the uniforms come from the generator's device (the CPU); tokens are drawn by `sample`,
+    # which copies a row there if p lives elsewhere
     u = torch.rand(k, generator=generator, dtype=torch.float64).tolist() if k else []
     for i, x in enumerate(proposed):
         p_x = float(p[i, x])
-        q_x = 1.0 if draft_probs is None else float(draft_probs[i, x])
+        q_x = 1.0 if q is None else float(q[i, x])
         if u[i] * q_x < p_x:  # u < min(1, p/q), without dividing by a zero q
             continue
-        if draft_probs is None:
+        if q is None:
             residual = p[i].clone()
             residual[x] = 0.0
         else:
-            residual = (p[i] - draft_probs[i]).clamp_min(0.0)
+            residual = (p[i] - q[i]).clamp_min(0.0)
         total = float(residual.sum())
         if total <= 0.0:  # only reachable by rounding (p == q): fall back to p itself
             residual, total = p[i], float(p[i].sum())
-        recovered = int(torch.multinomial(residual / total, 1, generator=generator).item())
+        recovered = sample(residual / total, generator)
         return Verdict(accepted=i, tokens=list(proposed[:i]) + [recovered], bonus=False)
-    bonus = int(torch.multinomial(p[k], 1, generator=generator).item())
+    bonus = sample(p[k], generator)
     return Verdict(accepted=k, tokens=list(proposed) + [bonus], bonus=True)

@@ -137,7 +137,7 @@ def fingerprint(
         "schema": SCHEMA,
         "run": {
             "model": model_identity(model),
-            "dtype": str(model.dtype).replace("torch.", ""),
+            "dtype": model.mode,
             "max_new_tokens": max_new_tokens,
             "temperature": sampling.temperature,
             "top_k": sampling.top_k,

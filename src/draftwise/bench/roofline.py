@@ -41,18 +41,18 @@ def weight_bytes_per_token(runtime: Any) -> dict[str, int]:
     Every layer tensor (fused q/k/v with its bias, o, fused gate/up, down, both norms), the
     final norm and the head; a tied head (the embedding matrix) is counted once, as the head;
     the embedding lookup reads one row. Sizes are those of the runtime's own tensors, so the
-    dtype it was loaded in is the one counted.
+    dtype and weight format (``quant``) it was loaded in are the ones counted: a 4-bit matmul
+    counts its packed nibbles and its scales.
     """
     layers = 0
     for i in range(runtime.num_layers):
-        layers += _nbytes(runtime.wqkv[i]) + _nbytes(runtime.bqkv[i]) + _nbytes(runtime.wo[i])
-        layers += _nbytes(runtime.w_gate_up[i]) + _nbytes(runtime.w_down[i])
+        layers += sum(m.nbytes for m in runtime.matmuls(i))
         layers += _nbytes(runtime.ln_attn[i]) + _nbytes(runtime.ln_mlp[i])
     embed_row = runtime.embed.shape[1] * runtime.embed.element_size()
     out = {
         "layers": layers,
         "final_norm": _nbytes(runtime.final_norm),
-        "head": _nbytes(runtime.head),
+        "head": runtime.head_matmul.nbytes,
         "embedding_row": embed_row,
         "tied_head": int(runtime.head is runtime.embed),
     }

@@ -193,7 +193,7 @@ def run_bench(
     config = {
         "model": model.name,
         "folder": str(model.folder),
-        "dtype": str(model.dtype).replace("torch.", ""),
+        "dtype": model.mode,
         "runtime": type(model.runtime).__name__,
         "max_new_tokens": max_new_tokens,
         "temperature": sampling.temperature,

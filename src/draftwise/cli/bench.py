@@ -16,7 +16,10 @@ from ..drafters.spec import SPEC_HELP, parse_k
 from ..plots import PLOT_INSTALL_HINT, plotting_available
 from ..questions import DEFAULT_QUESTIONS, read_questions
 from ..sampling import SamplingConfig
-from .common import DType, ModelOpt, err, load_with_status, out, plain, user_errors, warn
+from .common import (
+    CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
+    user_errors, warn,
+)
 
 
 def bench(
@@ -46,6 +49,10 @@ def bench(
     temperature: Annotated[float, typer.Option(help="0 = greedy (and the equality check).")] = 0.0,
     seed: Annotated[int | None, typer.Option(help="Seed for sampling (temperature > 0).")] = None,
     dtype: Annotated[DType, typer.Option("--dtype", help="Weights and activations dtype.")] = DType.float32,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     peers: Annotated[
         str | None, typer.Option("--peers", help="Also run peers on the same weights: hf.")
     ] = None,
@@ -79,7 +86,9 @@ def bench(
         if any(spec == "auto" for _, spec, _ in methods):
             load_plan_for_auto(plan, out_dir)
         prepare_out(out_dir, resume=resume, overwrite=overwrite)
-        loaded = load_with_status(model, dtype.value)
+        loaded = load_with_status(
+            model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         try:
             summary = run_bench(
                 loaded,

@@ -10,7 +10,7 @@ import typer
 from ..bench import render_runtime_markdown, run_runtime_benchmark
 from ..fsutil import check_writable
 from ..questions import DEFAULT_QUESTIONS
-from .common import ModelOpt, out, user_errors
+from .common import ModelOpt, ThreadsOpt, out, user_errors
 
 
 def bench_runtime(
@@ -26,6 +26,7 @@ def bench_runtime(
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     dtypes: Annotated[str, typer.Option(help="Comma-separated: float32,bfloat16.")] = "float32,bfloat16",
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write JSON + markdown here.")] = None,
+    threads: ThreadsOpt = None,
 ) -> None:
     """Plain decoding: the native runtime against Hugging Face generate, plus the roofline."""
     with user_errors():
@@ -38,5 +39,6 @@ def bench_runtime(
             max_new_tokens=max_new_tokens,
             dtypes=[d.strip() for d in dtypes.split(",") if d.strip()],
             out_dir=out_dir,
+            threads=threads,
         )
     out.print(render_runtime_markdown(report), highlight=False, markup=False)

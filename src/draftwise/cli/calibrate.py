@@ -15,12 +15,19 @@ from ..cost.calibrate import calibrate_self, candidate_layer_sets, save_calibrat
 from ..drafters.factory import calibration_path
 from ..fsutil import check_writable
 from ..questions import DEFAULT_QUESTIONS, read_questions, spread_questions
-from .common import DType, DTypeOpt, ModelOpt, err, load_with_status, out, user_errors
+from .common import (
+    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out,
+    user_errors,
+)
 
 
 def calibrate_self_cmd(
     model: ModelOpt = "default",
     dtype: DTypeOpt = DType.float32,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     questions: Annotated[
         Path | None, typer.Option(help="Spec-Bench-format JSONL (default: the dev questions).")
     ] = None,
@@ -34,7 +41,9 @@ def calibrate_self_cmd(
     with user_errors():
         rows = read_questions(questions or DEFAULT_QUESTIONS)
         prompts = [q.prompt for q in spread_questions(rows, min(num_prompts, len(rows)))]
-        loaded = load_with_status(model, dtype.value, "native")
+        loaded = load_with_status(
+            model, dtype.value, "native", threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         if save:  # a read-only cache fails now, not after the calibration
             check_writable(calibration_path(loaded).parent, "calibration cache folder (DRAFTWISE_CACHE)")
         total = len(candidate_layer_sets(loaded.runtime.num_layers))

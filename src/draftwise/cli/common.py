@@ -21,6 +21,7 @@ from rich.markup import escape
 from ..errors import ConfigError, DraftwiseError
 from ..loaders import load_model
 from ..plots import try_plot
+from ..threads import check_threads, set_threads
 
 err = Console(stderr=True)
 out = Console()
@@ -36,6 +37,12 @@ class RuntimeChoice(str, Enum):
     auto = "auto"
     native = "native"
     hf = "hf"
+
+
+class Quant(str, Enum):
+    none = "none"
+    q4 = "q4"
+    int8 = "int8"
 
 
 def plain(text: object) -> str:
@@ -96,14 +103,30 @@ def user_errors() -> Iterator[None]:
         fail(str(exc))
 
 
-def load_with_status(model: str, dtype: str, runtime: str = "auto", max_context: int | None = None) -> Any:
-    """Load a model behind a spinner on stderr (conversion of a GGUF takes ~35 s the first time)."""
+def load_with_status(
+    model: str,
+    dtype: str,
+    runtime: str = "auto",
+    max_context: int | None = None,
+    *,
+    device: str = "cpu",
+    quant: str = "none",
+    compile: bool = False,
+    threads: int | None = None,
+) -> Any:
+    """Set ``--threads``, then load a model behind a spinner on stderr (conversion of a GGUF
+    takes ~35 s the first time). ``device``, ``quant`` and ``compile`` go to
+    :func:`draftwise.load_model`, which refuses what it cannot honour."""
+    set_threads(threads)
     with err.status(f"loading model {plain(model)} ...", spinner="dots") as status:
         return load_model(
             model,
             dtype=dtype,  # type: ignore[arg-type]
             runtime=runtime,  # type: ignore[arg-type]
             max_context=max_context,
+            device=device,
+            quant=quant,
+            compile=compile,
             status=lambda msg: status.update(plain(msg)),
         )
 
@@ -116,6 +139,21 @@ RuntimeOpt = Annotated[
     RuntimeChoice,
     typer.Option("--runtime", help="native (Llama family), hf (any transformers model), or auto."),
 ]
+
+
+def _threads_given(value: int | None) -> int | None:
+    with user_errors():  # checked as it is parsed: one line, before anything runs
+        return check_threads(value)
+
+
+# the options of every command that runs a model (load_with_status takes them as they are)
+ThreadsOpt = Annotated[
+    int | None,
+    typer.Option("--threads", help="CPU threads (default: torch's choice).", callback=_threads_given, show_default=False),
+]
+DeviceOpt = Annotated[str, typer.Option("--device", help="Where the model runs: cpu, cuda or cuda:N.")]
+QuantOpt = Annotated[Quant, typer.Option("--quant", help="Weights: none (exact), q4 or int8.")]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the model step (needs a C++ compiler).")]
 
 
 @contextmanager

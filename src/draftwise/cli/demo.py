@@ -33,7 +33,10 @@ from ..errors import ConfigError
 from ..fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
 from ..plots import plotting_available
 from ..questions import DEFAULT_QUESTIONS, Question, category_group, read_questions
-from .common import DType, ModelOpt, err, load_with_status, out, plain, plot_or_warn, progress_bar, user_errors
+from .common import (
+    CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
+    plot_or_warn, progress_bar, user_errors,
+)
 from .plan import plan_table
 
 COMMAND = "demo"
@@ -100,6 +103,10 @@ def prepare_out(folder: Path) -> Path:
 def demo(
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     questions: Annotated[
         Path | None, typer.Option(help="Spec-Bench JSONL or one prompt a line (default: the shipped dev questions).")
     ] = None,
@@ -117,7 +124,9 @@ def demo(
     with user_errors():
         picked = demo_questions(questions, num_questions)
         out_dir = prepare_out(out_dir)
-        target = load_with_status(model, dtype.value)
+        target = load_with_status(
+            model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)

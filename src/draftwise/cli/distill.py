@@ -13,9 +13,11 @@ from rich.table import Table
 from rich.text import Text
 
 from ..distill import distill
+from ..distill.outputs import check_out_dir
 from ..distill.pack import PACK_WEIGHTS, pack_draft
 from ..errors import ConfigError
-from .common import err, out, user_errors
+from ..threads import set_threads
+from .common import CompileOpt, DeviceOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, user_errors
 
 
 def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list | None:
@@ -110,6 +112,10 @@ def distill_cmd(
     k: Annotated[int, typer.Option("--k", min=1, help="Draft tokens per step in the evaluation.")] = 4,
     eval_max_new_tokens: Annotated[int, typer.Option("--eval-max-new-tokens", min=1)] = 128,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
 ) -> None:
     """Train a small draft for TARGET by distillation, save it as a HF folder, and evaluate it.
 
@@ -121,6 +127,15 @@ def distill_cmd(
     with user_errors():
         init_list = _parse_list(init_layers, int, "--init-layers", "0,10,20,29")
         temps = _parse_list(gen_temperatures, float, "--gen-temperatures", "0,0.7")
+        set_threads(threads)
+        target_model: Any = target
+        if device != "cpu" or quant is not Quant.none or compile_:
+            # distill loads a plain target itself, after all its checks; for these options the
+            # target (which makes the training data and the teacher logits) is loaded here
+            check_out_dir(out_dir.expanduser(), resume=resume, overwrite=overwrite)
+            target_model = load_with_status(
+                target, "float32", device=device, quant=quant.value, compile=compile_
+            )
         columns = (
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
@@ -137,7 +152,7 @@ def distill_cmd(
                 bar("training", log.step, log.steps, f"loss {log.loss:.4f}  {log.tokens_per_second:,.0f} tok/s")
 
             result = distill(
-                target, out_dir, layers=layers, init_layers=init_list, hidden_size=hidden_size,
+                target_model, out_dir, layers=layers, init_layers=init_list, hidden_size=hidden_size,
                 vocab_size_draft=vocab_size_draft, steps=steps, batch=batch, seq_len=seq_len, lr=lr,
                 temperature=temperature, time_budget=time_budget, seed=seed, prompts=prompts,
                 gen_tokens=gen_tokens, gen_temperatures=temps, train_embeddings=train_embeddings,

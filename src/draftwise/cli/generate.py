@@ -15,11 +15,16 @@ from ..models import BUILTIN_MODELS
 from ..sampling import SamplingConfig
 from ..text import decode_escapes
 from .common import (
+    CompileOpt,
+    DeviceOpt,
     DType,
     DTypeOpt,
     ModelOpt,
+    Quant,
+    QuantOpt,
     RuntimeChoice,
     RuntimeOpt,
+    ThreadsOpt,
     err,
     load_with_status,
     out,
@@ -54,6 +59,10 @@ def generate(
     stop: Annotated[list[str] | None, typer.Option("--stop", help=STOP_HELP)] = None,
     dtype: DTypeOpt = DType.float32,
     runtime: RuntimeOpt = RuntimeChoice.auto,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     chat: Annotated[
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
@@ -74,7 +83,9 @@ def generate(
         stops = stop_strings(stop)
         spec = DraftSpec.parse(utf8_text(draft, "--draft"))
         k_value = parse_k(k)
-        loaded = load_with_status(model, dtype.value, runtime.value)
+        loaded = load_with_status(
+            model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         has_template = bool(loaded.tokenizer.chat_template)
         s = start_stream(
             loaded,
@@ -97,7 +108,9 @@ def generate(
     assert result is not None
     if as_json:
         payload = result.to_dict()
-        payload.update(model=loaded.name, dtype=dtype.value, runtime=type(loaded.runtime).__name__)
+        payload.update(
+            model=loaded.name, dtype=dtype.value, runtime=type(loaded.runtime).__name__, device=device, quant=quant.value
+        )
         print(json.dumps(payload, ensure_ascii=False))
         return
     if not stream:

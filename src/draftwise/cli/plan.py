@@ -40,7 +40,10 @@ from ..errors import ConfigError
 from ..fsutil import check_writable, write_text_atomic
 from ..questions import DEFAULT_QUESTIONS, read_questions, select_questions
 from ..sampling import SamplingConfig
-from .common import DType, ModelOpt, err, load_with_status, out, progress_bar, user_errors
+from .common import (
+    CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, progress_bar,
+    user_errors,
+)
 
 NO_PLOT = "matplotlib is not installed, so {what} was skipped (pip install 'draftwise[plot]')"
 
@@ -110,6 +113,10 @@ def drafts_table(profile: Any) -> Table:
 def profile_cmd(
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     drafts: Annotated[
         str, typer.Option("--draft", "-d", help="Comma-separated draft specs to cost, e.g. lookup,self.")
     ] = "lookup,self",
@@ -136,7 +143,9 @@ def profile_cmd(
             if not plotting_available():
                 err.print(NO_PLOT.format(what=f"the plot {plot}"), markup=False, highlight=False)
                 plot = None
-        target = load_with_status(model, dtype.value)
+        target = load_with_status(
+            model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         path = _check_file(out_file or default_profile_path(target), "profile file")
         with progress_bar("profile") as report:
             profile = measure_profile(
@@ -189,7 +198,7 @@ def _profile_for_plan(target: Any, dtype: str, keys: list[str], k_top: int, prof
     path = profile_file or default_profile_path(target)
     profile = Profile.load(path) if (profile_file or path.exists()) else None
     if profile is not None:
-        profile.check_model(target, dtype)
+        profile.check_model(target)  # its mode: dtype and --quant
         missing = [d for d in keys if not profile.has_draft(d)]
         if profile_file and missing:
             raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
@@ -219,6 +228,10 @@ def plan_cmd(
     ] = None,
     model: ModelOpt = "default",
     dtype: Annotated[DType, typer.Option("--dtype")] = DType.float32,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     drafts: Annotated[str, typer.Option("--drafts", help="Comma-separated draft specs.")] = "lookup,self",
     ks: Annotated[str, typer.Option("--ks", help="k values to consider, e.g. 1-8.")] = "1-8",
     per_category: Annotated[int, typer.Option("--per-category", min=1, help="Prompts sampled per category.")] = 2,
@@ -245,7 +258,9 @@ def plan_cmd(
             check_writable(out_dir, "--out folder")
         if profile_file is not None:
             Profile.load(profile_file)  # a missing or malformed profile fails before the model loads
-        target = load_with_status(model, dtype.value)
+        target = load_with_status(
+            model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         for spec in specs:  # unknown specs fail here, before any measuring (a model draft loads later)
             if spec.kind != "model":
                 make_drafter(spec, target)

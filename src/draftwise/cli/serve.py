@@ -13,7 +13,10 @@ import typer
 from ..cost.plan import load_plan
 from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k
 from ..errors import ConfigError
-from .common import DType, DTypeOpt, ModelOpt, RuntimeChoice, RuntimeOpt, err, load_with_status, user_errors, warn
+from .common import (
+    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, RuntimeChoice, RuntimeOpt, ThreadsOpt, err,
+    load_with_status, user_errors, warn,
+)
 
 SERVE_EXTRA = "draftwise serve needs FastAPI and uvicorn: pip install 'draftwise[serve]'"
 
@@ -31,6 +34,10 @@ def serve(
     model: ModelOpt = "default",
     dtype: DTypeOpt = DType.float32,
     runtime: RuntimeOpt = RuntimeChoice.auto,
+    threads: ThreadsOpt = None,
+    device: DeviceOpt = "cpu",
+    quant: QuantOpt = Quant.none,
+    compile_: CompileOpt = False,
     draft: Annotated[str, typer.Option("--draft", "-d", help=f"The default draft: {SPEC_HELP}, or 'auto' "
                                        "(the plan's choice for each request's category).")] = "none",
     k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto'.")] = "4",
@@ -71,7 +78,9 @@ def serve(
             warn(f"--host {host} is reachable from other machines and no --api-key is set: anyone who can "
                  "reach it can use the model")
         _setup_logging(log_level.lower())
-        loaded = load_with_status(model, dtype.value, runtime.value)
+        loaded = load_with_status(
+            model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        )
         if spec == AUTO and loaded_plan is None:
             err.print("making a plan on the dev questions (pass --plan to skip this) ...")
             loaded_plan = startup_plan(loaded)

@@ -175,7 +175,7 @@ def measure_profile(
         profile = Profile(
             model=model.name,
             fingerprint=model_fingerprint(model),
-            dtype=str(model.dtype).replace("torch.", ""),
+            dtype=model.mode,
             runtime=type(rt).__name__,
             forward=forward,
             step=step,

@@ -142,11 +142,11 @@ class Profile:
                 f"this profile was made on model {self.model!r} (fingerprint {self.fingerprint}), "
                 f"not on {model.name!r} ({mine}); run `draftwise profile --model {model.name}`"
             )
-        dtype = dtype or str(model.dtype).replace("torch.", "")
+        dtype = dtype or model.mode
         if dtype != self.dtype:
             raise ConfigError(
-                f"this profile was measured in {self.dtype}, not {dtype}; run `draftwise profile "
-                f"--dtype {dtype}`"
+                f"this profile was measured in {self.dtype}, not {dtype}; run `draftwise profile` "
+                "with the same --dtype and --quant as this run"
             )
 
     # -- files ---------------------------------------------------------------------------
@@ -239,5 +239,4 @@ def _curves(data: Any, what: str) -> dict[int, list[float]]:
 
 def default_profile_path(model: Any) -> Path:
     """Where ``draftwise profile`` saves a model's profile unless told otherwise."""
-    dtype = str(model.dtype).replace("torch.", "")
-    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{dtype}.json"
+    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{model.mode}.json"

@@ -95,7 +95,13 @@ def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter 
         return _self_drafter(spec, model)
     if spec.kind == "model":
         assert spec.source is not None
-        draft_model = load_model(model_draft_source(spec.source, model), dtype=model.dtype)
+        # the draft runs where the target runs (verification compares their distributions),
+        # in the target's weight format (a q4 target gets a q4 draft)
+        device = str(getattr(model.runtime, "device", "cpu"))
+        quant = str(getattr(model.runtime, "quant", "none"))
+        draft_model = load_model(
+            model_draft_source(spec.source, model), dtype=model.dtype, device=device, quant=quant
+        )
         check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
         _apply_vocab_subset(draft_model)
         return ModelDrafter(draft_model.runtime, vocab_size=model.runtime.vocab_size, label=f"model:{draft_model.name}")

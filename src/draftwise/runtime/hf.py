@@ -68,7 +68,9 @@ class HFRuntime:
         self._specs = self._probe()
 
     @classmethod
-    def from_folder(cls, folder: Path, *, dtype: torch.dtype, max_context: int | None) -> HFRuntime:
+    def from_folder(
+        cls, folder: Path, *, dtype: torch.dtype, max_context: int | None, device: str | torch.device = "cpu"
+    ) -> HFRuntime:
         """Load a Hugging Face model folder (config.json + safetensors) in eval mode."""
         folder = Path(folder)
         if not (folder / "config.json").exists():
@@ -79,7 +81,7 @@ class HFRuntime:
             model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
         except Exception as exc:  # transformers raises many kinds on a bad folder
             raise ModelLoadError(f"could not load a causal LM from {folder}: {exc}") from exc
-        return cls(model, max_context=max_context)
+        return cls(model.to(device), max_context=max_context)
 
     @classmethod
     def from_model(cls, model: Any, *, max_context: int | None = None) -> HFRuntime:
@@ -87,6 +89,10 @@ class HFRuntime:
         return cls(model, max_context=max_context)
 
     # -- properties --------------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
 
     @property
     def vocab_size(self) -> int:

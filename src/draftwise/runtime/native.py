@@ -27,57 +27,10 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError, UnsupportedArchitectureError
+from .quant import Int4Linear, Int8Linear, Linear, Q4Weight, kernel_works, parse_quant, quantize_q4
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 DEFAULT_MAX_CONTEXT = 8192
-
-
-def _mkl_packing_works() -> bool:
-    """Whether this torch build can pre-pack float32 weights for MKL (checked once, on a
-    small random matrix against ``F.linear``)."""
-    mkl = getattr(torch.ops, "mkl", None)
-    if not torch.backends.mkl.is_available() or not hasattr(mkl, "_mkl_reorder_linear_weight"):
-        return False
-    try:
-        gen = torch.Generator().manual_seed(0)
-        w, x = torch.randn(24, 16, generator=gen), torch.randn(3, 16, generator=gen)
-        packed = mkl._mkl_reorder_linear_weight(w, PACK_BATCH)
-        y = mkl._mkl_linear(x, packed, w, None, 3)
-        return bool(torch.allclose(y, F.linear(x, w), atol=1e-4))
-    except (RuntimeError, AttributeError):
-        return False
-
-
-PACK_BATCH = 16  # the batch MKL packs for; passes of 1-16 tokens all use the packed layout
-_PACKING: bool | None = None
-
-
-class Linear:
-    """``y = x W^T + b`` on a 2-D ``x``.
-
-    On a CPU in float32 the weight is re-laid out for MKL once, at load. ``F.linear`` packs
-    it again on every call, which is cheap next to one token's matrix-vector product but makes
-    a pass over 4 tokens cost about twice a pass over 1 (and 8 tokens three times): exactly the
-    verification pass speculative decoding needs to be cheap. Pre-packed, 2-8 tokens cost
-    about what 1 does. The packed copy takes 2-3x the weight's memory.
-    """
-
-    __slots__ = ("weight", "bias", "packed")
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> None:
-        global _PACKING
-        self.weight, self.bias = weight, bias
-        self.packed: torch.Tensor | None = None
-        if pack and weight.dtype == torch.float32 and weight.device.type == "cpu":
-            if _PACKING is None:
-                _PACKING = _mkl_packing_works()
-            if _PACKING:
-                self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_BATCH)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is None:
-            return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
 
 
 def check_supported(config: Any) -> str | None:
@@ -119,9 +72,10 @@ def _rope_tables(config: Any, positions: int) -> tuple[torch.Tensor, torch.Tenso
     return emb.cos() * scale, emb.sin() * scale
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding ``x cos + rotate_half(x) sin`` in three kernels: ``rotate_half(x)`` is
+    ``roll(x, half) * [-1]*half + [1]*half``, and the sign is folded into ``sin_signed``."""
+    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
 
 
 def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
@@ -151,6 +105,11 @@ class NativeRuntime:
         dtype: torch.dtype = torch.float32,
         max_context: int | None = None,
         pack: bool = True,
+        quant: str = "none",
+        blocks: dict[str, Q4Weight] | None = None,
+        block_sources: dict[str, str] | None = None,
+        device: str | torch.device = "cpu",
+        head_quant: str | None = None,
     ) -> None:
         problem = check_supported(config)
         if problem:
@@ -178,57 +137,84 @@ class NativeRuntime:
             )
         self._max_context = int(max_context)
 
+        self.device = torch.device(device)
+        self.quant = parse_quant(quant)
+        # the head (in GGUFs usually Q6_K/Q8_0, a tied embedding) runs as int8 under q4:
+        # measured faster than float32 and far closer to the file than re-quantizing it to 4 bits
+        head_quant = {"q4": "int8"}.get(self.quant, self.quant) if head_quant is None else parse_quant(head_quant)
+        for mode, kernel in (("q4", "int4"), ("int8", "int8")):
+            if mode not in (self.quant, head_quant):
+                continue
+            if self.device.type != "cpu":
+                raise ConfigError(f"quant {mode} runs on torch's CPU kernels, not on {self.device}; use quant='none'")
+            if not kernel_works(kernel):
+                raise ConfigError(f"this torch build has no working {kernel} kernel on this CPU; use quant='none'")
+        blocks = blocks or {}
+        #: where each quantized tensor came from: "file" (the GGUF's own 4-bit blocks),
+        #: "quantized" (quantized at load) or "dense" (kept in `dtype`: the kernel cannot take it)
+        self.weight_sources: dict[str, str] = {}
+
         def get(name: str) -> torch.Tensor:
             try:
-                return state[name].to(dtype)
+                return state[name].to(device=self.device, dtype=dtype)
             except KeyError:
                 raise ModelLoadError(f"weights lack tensor {name!r}") from None
 
         def maybe(name: str) -> torch.Tensor | None:
-            return state[name].to(dtype) if name in state else None
+            return state[name].to(device=self.device, dtype=dtype) if name in state else None
+
+        def linear(names: list[str], bias: torch.Tensor | None, mode: str) -> Any:
+            if mode == "q4" and not any(int(state[n].shape[1]) % 32 for n in names if n in state):
+                parts = []
+                for n in names:
+                    self.weight_sources[n] = (block_sources or {}).get(n, "file") if n in blocks else "quantized"
+                    parts.append(blocks[n] if n in blocks else quantize_q4(state[n].float()))
+                try:
+                    return Int4Linear(Q4Weight.cat(parts), bias)
+                except ConfigError:
+                    pass
+            weight = torch.cat([get(n) for n in names]).contiguous()
+            if mode == "int8":
+                self.weight_sources.update(dict.fromkeys(names, "quantized"))
+                return Int8Linear(weight.float(), bias)
+            if mode != "none":
+                self.weight_sources.update(dict.fromkeys(names, "dense"))
+            return Linear(weight, bias, pack=pack)
 
         self.embed = get("model.embed_tokens.weight")  # [vocab, d]
-        head = maybe("lm_head.weight")
-        tied = getattr(config, "tie_word_embeddings", head is None)
-        self.head = self.embed if (tied or head is None) else head  # [vocab, d]
+        head_name = "lm_head.weight"
+        tied = getattr(config, "tie_word_embeddings", head_name not in state) or head_name not in state
         self.final_norm = get("model.norm.weight")
-        self.wqkv: list[torch.Tensor] = []  # [(H + 2 KV) * hd, d]
-        self.bqkv: list[torch.Tensor | None] = []
-        self.wo: list[torch.Tensor] = []  # [d, H * hd]
-        self.bo: list[torch.Tensor | None] = []  # Llama with attention_bias=True has one
-        self.w_gate_up: list[torch.Tensor] = []  # [2 * ffn, d]
-        self.w_down: list[torch.Tensor] = []  # [d, ffn]
         self.ln_attn: list[torch.Tensor] = []
         self.ln_mlp: list[torch.Tensor] = []
+        self._qkv, self._o, self._gate_up, self._down = [], [], [], []  # type: ignore[var-annotated]
         for i in range(config.num_hidden_layers):
             p = f"model.layers.{i}."
-            self.wqkv.append(
-                torch.cat([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"], dim=0).contiguous()
-            )
             biases = [maybe(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
-            self.bqkv.append(torch.cat(biases) if all(b is not None for b in biases) else None)  # type: ignore[misc]
-            self.wo.append(get(p + "self_attn.o_proj.weight"))
-            self.bo.append(maybe(p + "self_attn.o_proj.bias"))
-            self.w_gate_up.append(
-                torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]).contiguous()
-            )
-            self.w_down.append(get(p + "mlp.down_proj.weight"))
+            bqkv = torch.cat(biases) if all(b is not None for b in biases) else None  # type: ignore[misc]
+            self._qkv.append(linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"], bqkv, self.quant))
+            self._o.append(linear([p + "self_attn.o_proj.weight"], maybe(p + "self_attn.o_proj.bias"), self.quant))
+            self._gate_up.append(linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], None, self.quant))
+            self._down.append(linear([p + "mlp.down_proj.weight"], None, self.quant))
             self.ln_attn.append(get(p + "input_layernorm.weight"))
             self.ln_mlp.append(get(p + "post_attention_layernorm.weight"))
-        self._qkv = [Linear(w, b, pack=pack) for w, b in zip(self.wqkv, self.bqkv)]
-        self._o = [Linear(w, b, pack=pack) for w, b in zip(self.wo, self.bo)]
-        self._gate_up = [Linear(w, pack=pack) for w in self.w_gate_up]
-        self._down = [Linear(w, pack=pack) for w in self.w_down]
-        self._head = Linear(self.head, pack=pack)
+        head_source = "model.embed_tokens.weight" if tied else head_name
+        self.head = self.embed if tied else get(head_name)  # [vocab, d], in `dtype`
+        self._head = linear([head_source], None, head_quant)
         cos, sin = _rope_tables(config, self._max_context)
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)  # [max_context, hd]
+        half = self.head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
+        self.cos = cos.to(self.device, dtype)  # [max_context, hd]
+        self.sin_signed = (sin * sign).to(self.device, dtype)  # sin with rotate_half's sign folded in
         # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V;
         # empty, not zeros: attention only ever reads positions below `length`, all written
         shape = (self.n_kv, self._max_context, self.head_dim)
-        self.k_cache = [torch.empty(shape, dtype=dtype) for _ in range(self.num_layers)]
-        self.v_cache = [torch.empty(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.k_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
         self._length = 0
         self._all_layers = tuple(range(self.num_layers))
+        self.compiled = False
+        self._layers = self._layers_impl
         self.head_rows: torch.Tensor | None = None  # see restrict_head
         self._head_sub: torch.Tensor | None = None
 
@@ -240,12 +226,23 @@ class NativeRuntime:
         *,
         dtype: torch.dtype = torch.float32,
         max_context: int | None = None,
+        **options: Any,
     ) -> NativeRuntime:
+        """Load a Hugging Face folder; ``options`` go to the constructor (quant, blocks, device)."""
         if config is None:
             from transformers import AutoConfig
 
             config = AutoConfig.from_pretrained(str(folder))
-        return cls(config, load_state_dict(Path(folder)), dtype=dtype, max_context=max_context)
+        return cls(config, load_state_dict(Path(folder)), dtype=dtype, max_context=max_context, **options)
+
+    def matmuls(self, layer: int) -> tuple[Any, Any, Any, Any]:
+        """Layer ``layer``'s fused q/k/v, o, fused gate/up and down matmuls (each has ``nbytes``)."""
+        return self._qkv[layer], self._o[layer], self._gate_up[layer], self._down[layer]
+
+    @property
+    def head_matmul(self) -> Any:
+        """The output head's matmul (it has ``nbytes``)."""
+        return self._head
 
     # -- the Runtime protocol -------------------------------------------------------------
     @property
@@ -297,7 +294,7 @@ class NativeRuntime:
         if rows is None:
             self.head_rows, self._head_sub = None, None
             return
-        index = torch.as_tensor(rows, dtype=torch.long).flatten()
+        index = torch.as_tensor(rows, dtype=torch.long, device=self.device).flatten()
         if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= self.vocab_size:
             raise ConfigError(f"head rows must be a non-empty list of token ids in [0, {self.vocab_size})")
         if index.unique().numel() != index.numel():
@@ -310,8 +307,62 @@ class NativeRuntime:
         # one fused kernel (it accumulates in float32, as transformers' RMSNorm does)
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
-    @torch.inference_mode()
+    def _layers_impl(
+        self, x: torch.Tensor, mask: torch.Tensor | None, start: int, end: int, layers: tuple[int, ...]
+    ) -> torch.Tensor:
+        """The decoder layers ``layers`` over ``x`` (``[n, d]``, this pass's own tensor: it is
+        updated in place), writing their K/V at positions ``start .. end - 1``."""
+        n = end - start
+        H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
+        cos = self.cos[start:end, None, :]  # [n, 1, hd]
+        sin = self.sin_signed[start:end, None, :]
+        for i in layers:
+            h = self._norm(x, self.ln_attn[i])
+            qkv = self._qkv[i](h)  # [n, (H + 2 KV) * hd]
+            qk = _rope(qkv[:, : (H + KV) * hd].view(n, H + KV, hd), cos, sin)  # q and k at once
+            q, k = qk[:, :H], qk[:, H:]
+            self.k_cache[i][:, start:end] = k.transpose(0, 1)  # [KV, n, hd]
+            self.v_cache[i][:, start:end] = qkv[:, (H + KV) * hd :].view(n, KV, hd).transpose(0, 1)
+            # fold each group's query heads into the sequence axis: [KV, G * n, hd]
+            qg = q.reshape(n, KV, G, hd).permute(1, 2, 0, 3).reshape(KV, G * n, hd)
+            att = F.scaled_dot_product_attention(
+                qg[None], self.k_cache[i][None, :, :end], self.v_cache[i][None, :, :end], attn_mask=mask
+            )  # [1, KV, G * n, hd]
+            att = att[0].view(KV, G, n, hd).permute(2, 0, 1, 3).reshape(n, H * hd)
+            x.add_(self._o[i](att))
+            h = self._norm(x, self.ln_mlp[i])
+            gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [n, ffn] each
+            x.add_(self._down[i](F.silu(gate).mul_(up)))
+        return x
+
+    def enable_compile(self) -> str | None:
+        """Run the decoder layers through ``torch.compile`` (inductor: it fuses the norms, rope,
+        reshapes and SwiGLU between the matmuls). Returns why not, in a few words, where this
+        machine cannot (no C++ compiler, a device inductor does not cover), and stays eager."""
+        import shutil
+
+        if self.device.type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+            return "no C++ compiler on PATH"
+        try:
+            compiled = torch.compile(self._layers_impl, dynamic=True)
+            self._layers = compiled
+            with torch.no_grad():  # warm up the shapes a decode uses: n = 1 and n > 1
+                saved = self._length
+                self._run([0, 0], self._all_layers, last_only=False)
+                self._run([0], self._all_layers, last_only=False)
+                self._length = saved
+        except Exception as exc:  # inductor raises many kinds; any of them means eager
+            self._layers = self._layers_impl
+            return f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
+        self.compiled = True
+        return None
+
     def _run(self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool) -> torch.Tensor:
+        # inference_mode is faster, but tensors made under it cannot enter a compiled graph
+        with torch.no_grad() if self.compiled else torch.inference_mode():
+            return self._run_impl(ids, layers, last_only=last_only)
+
+    def _run_impl(self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool) -> torch.Tensor:
         n = len(ids)
         if n == 0:
             raise ConfigError("forward needs at least one token")
@@ -322,35 +373,14 @@ class NativeRuntime:
                 f"{end} positions do not fit in the context of {self._max_context} tokens; "
                 "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
             )
-        H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
-        tokens = torch.as_tensor(ids, dtype=torch.long)
+        tokens = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         x = F.embedding(tokens, self.embed)  # [n, d]
-        cos = self.cos[start:end, None, :]  # [n, 1, hd]
-        sin = self.sin[start:end, None, :]
         mask = None
         if n > 1:  # query i (at position start+i) sees keys 0..start+i
-            mask = torch.arange(end)[None, :] <= torch.arange(start, end)[:, None]  # [n, end]
-            mask = mask.repeat(G, 1)  # [G * n, end], matching the folded query layout
-        for i in layers:
-            h = self._norm(x, self.ln_attn[i])
-            qkv = self._qkv[i](h)  # [n, (H + 2 KV) * hd]
-            q, k, v = qkv.split((H * hd, KV * hd, KV * hd), dim=-1)
-            q = q.view(n, H, hd)
-            k = k.view(n, KV, hd)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            self.k_cache[i][:, start:end] = k.transpose(0, 1)  # [KV, n, hd]
-            self.v_cache[i][:, start:end] = v.view(n, KV, hd).transpose(0, 1)
-            # fold each group's query heads into the sequence axis: [KV, G * n, hd]
-            qg = q.view(n, KV, G, hd).permute(1, 2, 0, 3).reshape(KV, G * n, hd)
-            att = F.scaled_dot_product_attention(
-                qg[None], self.k_cache[i][None, :, :end], self.v_cache[i][None, :, :end], attn_mask=mask
-            )  # [1, KV, G * n, hd]
-            att = att[0].view(KV, G, n, hd).permute(2, 0, 1, 3).reshape(n, H * hd)
-            x = x + self._o[i](att)
-            h = self._norm(x, self.ln_mlp[i])
-            gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [n, ffn] each
-            x = x + self._down[i](F.silu(gate) * up)
+            pos = torch.arange(end, device=self.device)
+            mask = pos[None, :] <= pos[start:, None]  # [n, end]
+            mask = mask.repeat(self.group, 1)  # [G * n, end], matching the folded query layout
+        x = self._layers(x, mask, start, end, tuple(layers))
         self._length = end
         if last_only:
             x = x[-1:]
@@ -358,6 +388,6 @@ class NativeRuntime:
         if self.head_rows is None:
             return self._head(x).float()  # [n or 1, vocab]
         assert self._head_sub is not None
-        out = torch.full((x.shape[0], self.vocab_size), float("-inf"))  # [n or 1, vocab]
+        out = torch.full((x.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [n or 1, vocab]
         return out.index_copy_(1, self.head_rows, F.linear(x, self._head_sub).float())
 

@@ -1,0 +1,216 @@
+"""Weight formats of the native runtime: packed float32, packed bfloat16, int8 and 4-bit.
+
+Every class here is a callable ``y = x W^T + b`` on a 2-D ``x`` (``[n, K]`` -> ``[n, N]``), so
+the decoder in :mod:`draftwise.runtime.native` does not know which one it runs.
+
+- :class:`Linear`: float32 weights re-laid out for MKL once at load (``F.linear`` packs again on
+  every call); bfloat16 weights re-laid out for oneDNN once at load, which lets a pass over
+  1-16 rows cost about what one row does.
+- :class:`Int8Linear`: per-output-channel symmetric int8 (``torch._weight_int8pack_mm``).
+- :class:`Int4Linear`: 4-bit weights in groups of 32 along K, ``w = d * q + m`` with
+  ``q`` in 0..15 and one ``(d, m)`` per group: exactly GGUF's Q4_1 block (Q4_0 is ``m = -8 d``).
+  torch's CPU kernel (``torch._weight_int4pack_mm_for_cpu``) computes ``(q - 8) * scale + zero``,
+  so ``scale = d`` and ``zero = m + 8 d``. Its fast path takes bfloat16 activations and
+  bfloat16 scales: ``d`` and ``m`` are rounded to bfloat16 (8 significant bits, where the file's
+  float16 has 11), and the activations entering the matmul are rounded to bfloat16. The
+  integers ``q`` are the file's own. The result returns in the caller's dtype.
+
+Both quantized kernels are CPU kernels; the runtime refuses ``quant`` on other devices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+
+QuantName = Literal["none", "q4", "int8"]
+QUANTS: tuple[str, ...] = ("none", "q4", "int8")
+GROUP = 32  # weights per 4-bit group (GGUF's QK4_0 / QK4_1)
+PACK_BATCH = 16  # the batch MKL/oneDNN pack for; passes of 1-16 tokens all use the packed layout
+
+
+def _nbytes(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.numel() * t.element_size()
+
+
+def parse_quant(name: str) -> str:
+    """``name`` checked against :data:`QUANTS` (one clear line otherwise)."""
+    if name not in QUANTS:
+        raise ConfigError(f"quant {name!r} is not one of {', '.join(QUANTS)}")
+    return name
+
+
+def _check(packed_fn, reference_fn) -> bool:  # type: ignore[no-untyped-def]
+    try:
+        got, want = packed_fn().float(), reference_fn().float()
+        # bfloat16 activations: about 3 significant digits, so compare against the output's scale
+        return bool((got - want).abs().max() <= 0.02 * want.abs().max())
+    except (RuntimeError, AttributeError, TypeError):
+        return False
+
+
+_WORKS: dict[str, bool] = {}
+
+
+def kernel_works(kind: str) -> bool:
+    """Whether this torch build runs ``kind`` (mkl, mkldnn_bf16, int8, int4), checked once on a
+    small random matrix against ``F.linear``."""
+    if kind in _WORKS:
+        return _WORKS[kind]
+    gen = torch.Generator().manual_seed(0)
+    w, x = torch.randn(64, 64, generator=gen), torch.randn(3, 64, generator=gen)
+    ok = False
+    if kind == "mkl":
+        mkl = getattr(torch.ops, "mkl", None)
+        if torch.backends.mkl.is_available() and hasattr(mkl, "_mkl_reorder_linear_weight"):
+            ok = _check(
+                lambda: torch.ops.mkl._mkl_linear(x, torch.ops.mkl._mkl_reorder_linear_weight(w, 3), w, None, 3),
+                lambda: F.linear(x, w),
+            )
+    elif kind == "mkldnn_bf16":
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            wb, xb = w.bfloat16(), x.bfloat16()
+            ok = _check(
+                lambda: torch.ops.mkldnn._linear_pointwise(
+                    xb, torch.ops.mkldnn._reorder_linear_weight(wb, 3), None, "none", [], ""
+                ).float(),
+                lambda: F.linear(xb.float(), wb.float()),
+            )
+    elif kind == "int8":
+        ok = _check(lambda: Int8Linear(w)(x), lambda: F.linear(x, w))
+    elif kind == "int4":
+        q4 = quantize_q4(w)
+        ok = _check(lambda: Int4Linear(q4)(x), lambda: F.linear(x, q4.dequantize()))
+    else:
+        raise ValueError(kind)
+    _WORKS[kind] = ok
+    return ok
+
+
+class Linear:
+    """``y = x W^T + b``, with the weight pre-packed where this CPU and dtype allow.
+
+    ``F.linear`` packs the weight again on every call, which is cheap next to one token's
+    matrix-vector product but makes a pass over 4 tokens cost about twice a pass over 1 (and 8
+    tokens three times): exactly the verification pass speculative decoding needs to be cheap.
+    Pre-packed once at load (MKL for float32, oneDNN for bfloat16), 2-8 tokens cost about what
+    1 does. The packed copy takes 2-3x the weight's memory.
+    """
+
+    __slots__ = ("weight", "bias", "packed", "kind")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> None:
+        self.weight, self.bias = weight, bias
+        self.packed: torch.Tensor | None = None
+        self.kind = "dense"
+        if not pack or weight.device.type != "cpu":
+            return
+        if weight.dtype == torch.float32 and kernel_works("mkl"):
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_BATCH)
+            self.kind = "mkl"
+        elif weight.dtype == torch.bfloat16 and kernel_works("mkldnn_bf16"):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH)
+            self.kind = "mkldnn"
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weight (and bias) one call reads."""
+        return _nbytes(self.weight) + _nbytes(self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kind == "mkl":
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
+        if self.kind == "mkldnn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return F.linear(x, self.weight, self.bias)
+
+
+class Int8Linear:
+    """Per-output-channel symmetric int8: ``w = s * q``, ``q`` in -127..127 (weight-only;
+    activations enter the kernel in bfloat16, its fast path on this CPU)."""
+
+    __slots__ = ("q", "scale", "bias")
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+        w = weight.float()
+        scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0  # [N]
+        self.q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8).contiguous()
+        self.scale = scale.bfloat16()
+        self.bias = bias
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.q) + _nbytes(self.scale) + _nbytes(self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int8pack_mm(x.to(torch.bfloat16), self.q, self.scale).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+@dataclass(frozen=True)
+class Q4Weight:
+    """A ``[N, K]`` weight in 4-bit groups of 32 along K: ``w[n, g*32 + j] = d[n, g] * q[n, g*32 + j] + m[n, g]``."""
+
+    q: torch.Tensor  # uint8 [N, K], values 0..15
+    d: torch.Tensor  # float32 [N, K // 32]
+    m: torch.Tensor  # float32 [N, K // 32]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return int(self.q.shape[0]), int(self.q.shape[1])
+
+    def dequantize(self) -> torch.Tensor:
+        n, k = self.shape
+        groups = self.q.view(n, k // GROUP, GROUP).float()
+        return (groups * self.d[..., None] + self.m[..., None]).view(n, k)
+
+    def rows(self, index: torch.Tensor) -> Q4Weight:
+        return Q4Weight(self.q[index], self.d[index], self.m[index])
+
+    @staticmethod
+    def cat(parts: list[Q4Weight]) -> Q4Weight:
+        return Q4Weight(*(torch.cat([getattr(p, f) for p in parts]) for f in ("q", "d", "m")))
+
+
+def quantize_q4(weight: torch.Tensor) -> Q4Weight:
+    """Round-to-nearest asymmetric 4-bit quantization with groups of 32 (as GGUF's Q4_1)."""
+    n, k = weight.shape
+    if k % GROUP:
+        raise ConfigError(f"4-bit groups need K divisible by {GROUP}; this weight has K={k}")
+    g = weight.float().view(n, k // GROUP, GROUP)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    d = ((hi - lo) / 15.0).half().float()  # stored as float16, as Q4_1 stores them
+    m = lo.half().float()
+    safe = torch.where(d > 0, d, torch.ones_like(d))
+    q = torch.round((g - m[..., None]) / safe[..., None]).clamp_(0, 15).to(torch.uint8)
+    return Q4Weight(q.view(n, k).contiguous(), d, m)
+
+
+class Int4Linear:
+    """4-bit group-wise weights on torch's CPU int4 kernel (see the module docstring)."""
+
+    __slots__ = ("packed", "scales_zeros", "bias", "n_out")
+
+    def __init__(self, weight: Q4Weight, bias: torch.Tensor | None = None) -> None:
+        n, k = weight.shape
+        if k % GROUP or n % 2:
+            raise ConfigError(f"the int4 kernel cannot take a [{n}, {k}] weight")
+        self.packed = torch._convert_weight_to_int4pack_for_cpu(weight.q.to(torch.int32), 1)
+        zero = weight.m + 8.0 * weight.d
+        self.scales_zeros = torch.stack([weight.d.t(), zero.t()], dim=-1).to(torch.bfloat16).contiguous()
+        self.bias = bias
+        self.n_out = n
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.packed) + _nbytes(self.scales_zeros) + _nbytes(self.bias)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch._weight_int4pack_mm_for_cpu(x.to(torch.bfloat16), self.packed, GROUP, self.scales_zeros)
+        y = y.to(x.dtype)
+        return y if self.bias is None else y + self.bias

@@ -1,0 +1,181 @@
+"""Weight formats of the native runtime: 4-bit (the GGUF's own blocks), int8, packed bfloat16."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from draftwise.errors import ConfigError, ModelLoadError
+from draftwise.runtime.gguf_blocks import load_q4, q4_weights, read_q4_blocks, save_q4
+from draftwise.runtime.native import NativeRuntime, load_state_dict
+from draftwise.runtime.quant import GROUP, Int4Linear, Int8Linear, Linear, Q4Weight, parse_quant, quantize_q4
+
+from .conftest import random_hf_model, tiny_llama_config
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got.float() - want.float()).abs().max() / want.float().abs().max())
+
+
+# -- the kernels ------------------------------------------------------------------------------
+
+
+def test_quantize_q4_is_within_half_a_step_and_keeps_group_extremes() -> None:
+    w = torch.randn(48, 96, generator=torch.Generator().manual_seed(0))
+    q4 = quantize_q4(w)
+    assert q4.q.dtype == torch.uint8 and int(q4.q.max()) <= 15
+    err = (q4.dequantize() - w).abs().view(48, 96 // GROUP, GROUP)
+    step = q4.d[..., None]
+    # d and m are stored as float16, like the file's: allow their rounding on top of half a step
+    assert bool((err <= step / 2 + 1e-3 * w.abs().max()).all())
+
+
+def test_int4_and_int8_linear_match_float_within_bfloat16_rounding() -> None:
+    g = torch.Generator().manual_seed(1)
+    w, x, b = torch.randn(64, 128, generator=g), torch.randn(5, 128, generator=g), torch.randn(64, generator=g)
+    q4 = quantize_q4(w)
+    assert _rel_err(Int4Linear(q4, b)(x), F.linear(x, q4.dequantize(), b)) < 0.02
+    assert _rel_err(Int8Linear(w, b)(x), F.linear(x, w, b)) < 0.02
+    assert Int4Linear(q4).nbytes == 64 * 128 // 2 + (128 // GROUP) * 64 * 2 * 2  # nibbles + bf16 scale/zero
+    assert Int8Linear(w).nbytes == 64 * 128 + 64 * 2
+
+
+def test_packed_bfloat16_linear_matches_plain() -> None:
+    g = torch.Generator().manual_seed(2)
+    w, x = torch.randn(32, 64, generator=g).bfloat16(), torch.randn(3, 64, generator=g).bfloat16()
+    lin = Linear(w)
+    assert _rel_err(lin(x), F.linear(x, w)) < 0.01
+
+
+def test_int4_refuses_a_shape_it_cannot_take() -> None:
+    q4 = Q4Weight(torch.zeros(3, 32, dtype=torch.uint8), torch.ones(3, 1), torch.zeros(3, 1))
+    with pytest.raises(ConfigError, match="cannot take"):
+        Int4Linear(q4)
+    with pytest.raises(ConfigError, match="divisible by 32"):
+        quantize_q4(torch.randn(4, 40))
+
+
+def test_parse_quant() -> None:
+    assert parse_quant("q4") == "q4"
+    with pytest.raises(ConfigError, match="not one of none, q4, int8"):
+        parse_quant("q3")
+
+
+def test_q4_cache_round_trip_and_corrupt_file(tmp_path: Path) -> None:
+    w = {"a.weight": quantize_q4(torch.randn(8, 64)), "b.weight": quantize_q4(torch.randn(4, 32))}
+    path = tmp_path / "w.q4.safetensors"
+    save_q4(w, {"a.weight": "file", "b.weight": "quantized"}, path)
+    back, sources = load_q4(path)
+    assert sources == {"a.weight": "file", "b.weight": "quantized"}
+    for name in w:
+        assert torch.equal(back[name].q, w[name].q) and torch.equal(back[name].d, w[name].d)
+    path.write_bytes(b"not safetensors")
+    with pytest.raises(ModelLoadError, match="unreadable"):
+        load_q4(path)
+
+
+# -- the runtime in each mode (tiny random model) ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_state():
+    config = tiny_llama_config(hidden_size=64, intermediate_size=96, vocab_size=96)
+    model = random_hf_model(config, seed=3)
+    return config, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize(("quant", "dtype"), [("q4", torch.float32), ("int8", torch.float32), ("none", torch.bfloat16)])
+def test_each_mode_rolls_back_exactly_and_batches_like_single_steps(tiny_state, one_thread, quant, dtype) -> None:
+    config, state = tiny_state
+    blocks, sources = q4_weights(state, config) if quant == "q4" else (None, None)
+    rt = NativeRuntime(config, state, dtype=dtype, quant=quant, blocks=blocks, block_sources=sources)
+    assert set(rt.weight_sources.values()) <= {"quantized", "dense"}
+    rt.prefill([5, 6, 7])
+    base = rt.length
+    batch = rt.forward([8, 9, 10])
+    rt.rollback(base)
+    single = torch.cat([rt.forward([t]) for t in (8, 9, 10)])
+    rt.rollback(base)
+    again = rt.forward([8, 9, 10])
+    assert torch.equal(batch, again)  # rollback is exact
+    assert torch.equal(batch, single)  # a verification pass scores each row as a single step would
+    # and the mode is close to float32 (it is a lossy format, not a different model)
+    ref = NativeRuntime(config, state)
+    ref.prefill([5, 6, 7])
+    cosine = F.cosine_similarity(batch.float(), ref.forward([8, 9, 10]), dim=-1)
+    assert bool((cosine > 0.95).all()), cosine
+
+
+def test_q4_keeps_dense_what_the_kernel_cannot_take(tiny_state, one_thread) -> None:
+    config, state = tiny_state
+    odd = tiny_llama_config(hidden_size=64, intermediate_size=80, vocab_size=96)  # down_proj K = 80
+    model = random_hf_model(odd, seed=4)
+    st = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    blocks, sources = q4_weights(st, odd)
+    rt = NativeRuntime(odd, st, quant="q4", blocks=blocks, block_sources=sources)
+    assert rt.weight_sources["model.layers.0.mlp.down_proj.weight"] == "dense"
+    assert rt.weight_sources["model.layers.0.mlp.up_proj.weight"] == "quantized"
+    assert rt.prefill([1, 2]).isfinite().all()
+
+
+def test_load_model_bad_device_and_quant_lines(tiny_chat_folder, one_thread) -> None:
+    from draftwise import load_model
+
+    with pytest.raises(ConfigError, match="not a device name"):
+        load_model(str(tiny_chat_folder), device="banana")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            load_model(str(tiny_chat_folder), device="cuda")
+    with pytest.raises(ConfigError, match="needs the native runtime"):
+        load_model(str(tiny_chat_folder), runtime="hf", quant="q4")
+    with pytest.raises(ConfigError, match="not one of"):
+        load_model(str(tiny_chat_folder), quant="fp8")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_runtime_matches_cpu(tiny_state) -> None:  # pragma: no cover - runs where a GPU is
+    config, state = tiny_state
+    cpu, gpu = NativeRuntime(config, state), NativeRuntime(config, state, device="cuda")
+    assert _rel_err(gpu.prefill([1, 2, 3]).cpu(), cpu.prefill([1, 2, 3])) < 1e-3
+    with pytest.raises(ConfigError, match="CPU kernels"):
+        NativeRuntime(config, state, device="cuda", quant="q4")
+
+
+# -- the real default model: the file's own blocks --------------------------------------------
+
+
+@pytest.mark.real_model
+def test_gguf_blocks_are_exactly_the_converted_weights(default_folder) -> None:
+    """The 4-bit blocks read straight from the GGUF (rows of q/k un-permuted) de-quantize to
+    exactly what transformers' conversion wrote: the q4 runtime runs the file's own weights."""
+    from transformers import AutoConfig
+
+    from draftwise.models import BUILTIN_MODELS
+
+    config = AutoConfig.from_pretrained(str(default_folder))
+    blocks = read_q4_blocks(BUILTIN_MODELS["default"].gguf_path(), config)
+    state = load_state_dict(default_folder)
+    assert len(blocks) == 7 * config.num_hidden_layers
+    for name, w in blocks.items():
+        assert torch.equal(w.dequantize(), state[name]), name
+
+
+@pytest.mark.real_model
+def test_q4_default_model_greedy_speculation_equals_its_plain_decoding(tmp_path, monkeypatch) -> None:
+    from draftwise import generate, load_model
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
+    model = load_model("default", quant="q4")
+    sources = dict(model.runtime.weight_sources)
+    # the tied head is Q8_0 in the file: it runs as per-channel int8 (see docs/runtime.md)
+    assert sources.pop("model.embed_tokens.weight") == "quantized"
+    assert set(sources.values()) == {"file"} and len(sources) == 7 * 30
+    assert list((tmp_path / "cache" / "quant").glob("*.q4.safetensors"))  # cached for next time
+    prompt = "Repeat this list exactly: apples, pears, plums, apples, pears, plums, apples."
+    plain = generate(model, prompt, max_new_tokens=32)
+    spec = generate(model, prompt, max_new_tokens=32, draft="lookup", k=4)
+    assert spec.token_ids == plain.token_ids
+    assert spec.stats.accepted > 0
