@@ -1,0 +1,168 @@
+"""Threads and the OpenMP wait policy (draftwise.threads), ``--threads`` and the load options on
+the CLI, and sampling that follows the device of its probabilities."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftwise.cli import app
+from draftwise.errors import ConfigError
+from draftwise.sampling import SamplingConfig, sample
+from draftwise.threads import OPT_OUT, SPIN_COUNT, apply_omp_defaults, set_threads
+from draftwise.verify import verify_sampled
+
+runner = CliRunner()
+OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", OPT_OUT)
+
+
+# --- the OpenMP defaults ------------------------------------------------------------------------
+
+
+def test_defaults_fill_in_only_what_the_user_left_unset():
+    env: dict[str, str] = {}
+    assert apply_omp_defaults(env) == {"GOMP_SPINCOUNT": SPIN_COUNT}
+    assert env == {"GOMP_SPINCOUNT": SPIN_COUNT}
+    mine = {"GOMP_SPINCOUNT": "123"}
+    assert apply_omp_defaults(mine) == {} and mine == {"GOMP_SPINCOUNT": "123"}
+    # GOMP_SPINCOUNT would override the user's wait policy in libgomp, so it is left alone too
+    passive = {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert apply_omp_defaults(passive) == {} and passive == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("value", ["0", "off", "False", " no "])
+def test_defaults_can_be_turned_off(value):
+    env = {OPT_OUT: value}
+    assert apply_omp_defaults(env) == {} and "GOMP_SPINCOUNT" not in env
+
+
+def _fresh_python(code: str, **env_vars: str) -> str:
+    env = {k: v for k, v in os.environ.items() if k not in OMP_VARS}
+    env.update(env_vars)
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+# Records GOMP_SPINCOUNT at the moment torch is first imported: libgomp reads it then, once.
+SEEN_BY_TORCH = """
+import os, sys
+seen = []
+class Spy:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("GOMP_SPINCOUNT"))
+sys.meta_path.insert(0, Spy())
+import draftwise
+print(seen[0], os.environ.get("GOMP_SPINCOUNT"))
+"""
+
+
+def test_import_draftwise_sets_the_policy_before_torch_loads():
+    assert _fresh_python(SEEN_BY_TORCH) == f"{SPIN_COUNT} {SPIN_COUNT}"
+
+
+def test_a_user_setting_is_kept_and_the_opt_out_is_honoured():
+    assert _fresh_python(SEEN_BY_TORCH, GOMP_SPINCOUNT="777") == "777 777"
+    assert _fresh_python(SEEN_BY_TORCH, **{OPT_OUT: "0"}) == "None None"
+
+
+# --- set_threads and --threads ------------------------------------------------------------------
+
+
+def test_set_threads_sets_torch_and_none_leaves_it():
+    before = torch.get_num_threads()
+    try:
+        assert set_threads(1) == 1 and torch.get_num_threads() == 1
+        assert set_threads(None) == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", [0, -2, True, 1.5, "2"])
+def test_set_threads_refuses_less_than_one(bad):
+    with pytest.raises(ConfigError, match="--threads must be at least 1"):
+        set_threads(bad)
+
+
+MODEL_COMMANDS = [
+    ["generate", "hi"], ["demo"], ["profile"], ["plan"], ["bench"], ["bench-runtime"],
+    ["calibrate-self"], ["distill", "--out", "unused-folder"], ["serve"],
+]
+
+
+@pytest.mark.parametrize("command", MODEL_COMMANDS, ids=lambda c: c[0])
+def test_threads_zero_is_one_line_on_every_model_command(command, monkeypatch, tmp_path):
+    import draftwise.cli.common as common
+
+    monkeypatch.chdir(tmp_path)  # nothing may be written, but if it were, not into the repo
+    monkeypatch.setattr(common, "load_model", lambda *a, **kw: pytest.fail("loaded the model"))
+    res = runner.invoke(app, [*command, "--threads", "0"], catch_exceptions=False)
+    assert res.exit_code == 2, res.output
+    assert res.output.strip() == "error: --threads must be at least 1 (got 0)"
+    assert not (tmp_path / "unused-folder").exists()
+
+
+@pytest.mark.parametrize("command", [c for c in MODEL_COMMANDS if c[0] != "bench-runtime"], ids=lambda c: c[0])
+def test_every_model_command_takes_the_load_options(command):
+    res = runner.invoke(app, [command[0], "--help"], catch_exceptions=False)
+    assert res.exit_code == 0
+    for flag in ("--threads", "--device", "--quant", "--compile"):
+        assert flag in res.output, (command[0], flag)
+
+
+def test_load_options_reach_load_model(monkeypatch):
+    import draftwise.cli.common as common
+
+    seen: dict = {}
+
+    def fake_load_model(spec, **kwargs):
+        seen.update(kwargs, threads=torch.get_num_threads())
+        raise ConfigError("stop here")
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(common, "load_model", fake_load_model)
+    try:
+        res = runner.invoke(
+            app, ["generate", "hi", "--threads", "1", "--device", "cuda", "--quant", "q4", "--compile"],
+            catch_exceptions=False,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert res.exit_code == 2 and "stop here" in res.output
+    assert seen["device"] == "cuda" and seen["quant"] == "q4" and seen["compile"] is True
+    assert seen["threads"] == 1  # --threads was applied before the model loaded
+
+
+def test_bad_quant_is_refused_by_the_cli():
+    res = runner.invoke(app, ["generate", "hi", "--quant", "q3"], catch_exceptions=False)
+    assert res.exit_code != 0 and "q3" in res.output
+
+
+# --- sampling follows its probabilities' device; the generator stays on the CPU ------------------
+
+
+def test_seeded_cpu_sampling_is_unchanged():
+    probs = torch.softmax(torch.randn(50, generator=torch.Generator().manual_seed(3)), dim=-1)
+    g1, g2 = SamplingConfig(temperature=1.0, seed=5).generator(), torch.Generator().manual_seed(5)
+    assert g1.device.type == "cpu"
+    ours = [sample(probs, g1) for _ in range(20)]
+    plain = [int(torch.multinomial(probs, 1, generator=g2).item()) for _ in range(20)]
+    assert ours == plain
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_probabilities_draw_the_same_tokens_as_cpu_ones():
+    gen = torch.Generator().manual_seed(11)
+    p = torch.softmax(torch.randn(5, 64, generator=gen), dim=-1)  # [k + 1, vocab]
+    q = torch.softmax(torch.randn(4, 64, generator=gen), dim=-1)  # [k, vocab]
+    proposed = [int(t) for t in q.argmax(dim=-1)]
+    on_cpu = verify_sampled(proposed, q, p, torch.Generator().manual_seed(0))
+    on_cuda = verify_sampled(proposed, q.cuda(), p.cuda(), torch.Generator().manual_seed(0))
+    assert on_cpu == on_cuda
+    assert sample(p[0].cuda(), torch.Generator().manual_seed(1)) == sample(p[0], torch.Generator().manual_seed(1))
