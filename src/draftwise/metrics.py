@@ -14,10 +14,9 @@ Conventions:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-from .verify import Verdict
 
 
 @dataclass
@@ -33,9 +32,21 @@ class SpecStats:
     tested_at: list[int] = field(default_factory=list)  # [k]: proposals reaching position i
     accepted_at: list[int] = field(default_factory=list)  # [k]: of those, accepted at i
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed by each pass
+    tree_passes: int = 0  # passes that verified a tree (not a chain)
+    tree_nodes: int = 0  # nodes those passes verified
+    #: tree passes only: ``rank_tested[d][r]`` = passes whose node at depth d had a child of rank
+    #: r that was tried (every earlier sibling rejected); ``rank_accepted[d][r]`` = of those, the
+    #: passes that accepted it. The planner's a[d][r] = accepted / tested.
+    rank_tested: list[list[int]] = field(default_factory=list)
+    rank_accepted: list[list[int]] = field(default_factory=list)
 
-    def record(self, num_proposed: int, verdict: Verdict, kept: int) -> None:
-        """Account for one target pass over ``num_proposed`` tokens, of which ``kept`` stayed."""
+    def record(
+        self, num_proposed: int, verdict: Any, kept: int, *, ranks: Sequence[tuple[int, int]] = ()
+    ) -> None:
+        """Account for one target pass over ``num_proposed`` tokens (or tree nodes), of which
+        ``kept`` stayed. ``ranks``: a tree pass's (children, accepted rank or -1) per depth."""
+        if ranks:
+            self._record_ranks(num_proposed, ranks)
         self.target_passes += 1
         self.proposed += num_proposed
         self.accepted += verdict.accepted
@@ -54,6 +65,32 @@ class SpecStats:
             self.accepted_at[i] += 1
         self.committed += kept
         self.accept_lengths.append(kept)
+
+    def _record_ranks(self, nodes: int, ranks: Sequence[tuple[int, int]]) -> None:
+        self.tree_passes += 1
+        self.tree_nodes += nodes
+        for d, (children, accepted) in enumerate(ranks):
+            while len(self.rank_tested) <= d:
+                self.rank_tested.append([])
+                self.rank_accepted.append([])
+            tested, hits = self.rank_tested[d], self.rank_accepted[d]
+            tried = children if accepted < 0 else accepted + 1
+            while len(tested) < children:
+                tested.append(0)
+                hits.append(0)
+            for r in range(tried):
+                tested[r] += 1
+            if accepted >= 0:
+                hits[accepted] += 1
+
+    @property
+    def nodes_per_tree_pass(self) -> float:
+        return self.tree_nodes / self.tree_passes if self.tree_passes else 0.0
+
+    @property
+    def acceptance_by_depth_rank(self) -> list[list[float]]:
+        """a[d][r] (see ``rank_tested``)."""
+        return [[a / t if t else 0.0 for a, t in zip(hs, ts)] for hs, ts in zip(self.rank_accepted, self.rank_tested)]
 
     @property
     def mean_committed_per_pass(self) -> float:
@@ -82,4 +119,8 @@ class SpecStats:
             "accept_lengths": list(self.accept_lengths),
             "draft_seconds": self.draft_seconds,
             "verify_seconds": self.verify_seconds,
+            "tree_passes": self.tree_passes,
+            "nodes_per_tree_pass": self.nodes_per_tree_pass,
+            "acceptance_by_depth_rank": self.acceptance_by_depth_rank,
+            "rank_tested": [list(t) for t in self.rank_tested],
         }
