@@ -92,7 +92,7 @@ def test_set_threads_refuses_less_than_one(bad):
 
 MODEL_COMMANDS = [
     ["generate", "hi"], ["demo"], ["profile"], ["plan"], ["bench"], ["bench-runtime"],
-    ["calibrate-self"], ["distill", "--out", "unused-folder"], ["serve"],
+    ["calibrate-self"], ["distill", "--out", "unused-folder"], ["serve"], ["bench-modes"],
 ]
 
 
@@ -108,7 +108,7 @@ def test_threads_zero_is_one_line_on_every_model_command(command, monkeypatch, t
     assert not (tmp_path / "unused-folder").exists()
 
 
-@pytest.mark.parametrize("command", [c for c in MODEL_COMMANDS if c[0] != "bench-runtime"], ids=lambda c: c[0])
+@pytest.mark.parametrize("command", [c for c in MODEL_COMMANDS if c[0] not in ("bench-runtime", "bench-modes")], ids=lambda c: c[0])
 def test_every_model_command_takes_the_load_options(command):
     res = runner.invoke(app, [command[0], "--help"], catch_exceptions=False)
     assert res.exit_code == 0

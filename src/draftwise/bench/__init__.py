@@ -8,13 +8,26 @@
 - ``draftwise bench-runtime`` (:func:`run_runtime_benchmark`): plain decoding, the native
   runtime against Hugging Face ``generate`` (:mod:`.plain_vs_hf`), with the memory-bandwidth
   roofline (:mod:`.roofline`).
+- ``draftwise bench-modes`` (:func:`run_modes_benchmark`): the native runtime's weight formats
+  (float32, bfloat16, q4, int8), plain and speculative, with fidelity against float32, the
+  roofline and the matmul / rest split per token (:mod:`.modes`, :mod:`.modes_probe`,
+  :mod:`.modes_report`).
 """
 
 from __future__ import annotations
 
+from .modes import run_modes_benchmark
+from .modes_report import render_markdown as render_modes_markdown
 from .plain_vs_hf import render_markdown as render_runtime_markdown
 from .plain_vs_hf import run_runtime_benchmark
 from .report import render_markdown
 from .run import run_bench
 
-__all__ = ["render_markdown", "render_runtime_markdown", "run_bench", "run_runtime_benchmark"]
+__all__ = [
+    "render_markdown",
+    "render_modes_markdown",
+    "render_runtime_markdown",
+    "run_bench",
+    "run_modes_benchmark",
+    "run_runtime_benchmark",
+]

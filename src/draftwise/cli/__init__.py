@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, bench_runtime, breakeven, calibrate, demo, distill, generate, plan, serve
+from . import bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, generate, plan, serve
 
 app = typer.Typer(
     help="Lossless speculative decoding that tells you which draft pays.",
@@ -26,6 +26,7 @@ app.command("profile")(plan.profile_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("bench")(bench.bench)
 app.command("bench-runtime")(bench_runtime.bench_runtime)
+app.command("bench-modes")(bench_modes.bench_modes)
 app.command("calibrate-self")(calibrate.calibrate_self_cmd)
 app.command("distill")(distill.distill_cmd)
 app.command("pack-draft")(distill.pack_draft_cmd)

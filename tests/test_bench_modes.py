@@ -1,0 +1,148 @@
+"""The runtime-modes benchmark (draftwise.bench.modes): validation, the matmul split, and one
+tiny end-to-end run in float32 and q4 on the random chat model.
+
+No timing assertions: the timed benchmark itself is ``draftwise bench-modes``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from draftwise.bench.modes import run_modes_benchmark
+from draftwise.bench.modes_probe import MATMUL_LISTS, llama_cpp_available, matmul_split, plain_margin
+from draftwise.cli import app
+from draftwise.errors import ConfigError
+
+PROMPTS = ["Name three colours.", "Write a haiku about the sea."]
+
+
+def _questions(tmp_path: Path) -> Path:
+    path = tmp_path / "prompts.txt"
+    path.write_text("".join(p + "\n" for p in PROMPTS))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"modes": ("float32", "float16")}, "unknown mode.*'float16'.*known modes: float32, bfloat16, q4, int8"),
+        ({"modes": "q4,q4"}, "repeats a mode"),
+        ({"modes": ""}, "modes is empty"),
+        ({"num_prompts": 0}, "num_prompts=0 must be an integer >= 1"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"k": 0}, "k=0"),
+        ({"drafts": "auto"}, "not a draft here"),
+        ({"drafts": "nonsense"}, "nonsense"),
+        ({"threads": 0}, "threads"),
+        ({"num_prompts": 3}, "has only 2"),
+    ],
+)
+def test_bad_input_is_one_config_error(tmp_path: Path, kwargs: dict[str, Any], match: str) -> None:
+    # a model that does not exist: every check must fail before anything is loaded
+    args = {"model": str(tmp_path / "no-model"), "questions": _questions(tmp_path), "progress": False} | kwargs
+    with pytest.raises(ConfigError, match=match) as info:
+        run_modes_benchmark(**args)
+    assert "\n" not in str(info.value)
+
+
+def test_cli_bad_mode_is_one_line(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["bench-modes", "--modes", "float32,fp8", "--questions", str(_questions(tmp_path))])
+    assert res.exit_code == 2
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and "unknown mode" in lines[0] and "'fp8'" in lines[0]
+
+
+def test_cli_threads_zero_is_one_line(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["bench-modes", "--threads", "0"], catch_exceptions=False)
+    assert res.exit_code == 2 and res.output.strip() == "error: --threads must be at least 1 (got 0)"
+
+
+def test_matmul_split_restores_the_runtime(tiny) -> None:
+    rt = tiny.runtime
+    before = {name: list(getattr(rt, name)) for name in MATMUL_LISTS}
+    head = rt._head
+    ids = [5, 6, 7, 8]
+    want = rt.prefill(ids).clone()
+    split = matmul_split(rt, ids, repeats=2)
+    assert split is not None and split["context"] == len(ids)
+    assert set(split) == {"forward_ms", "rest_ms", "matmul_ms", "context"}
+    assert all(getattr(rt, name) == before[name] for name in MATMUL_LISTS) and rt._head is head
+    torch.testing.assert_close(rt.prefill(ids), want, rtol=0, atol=0)  # real matmuls again
+
+
+def test_plain_margin_is_the_top2_gap_of_sequential_decoding(tiny) -> None:
+    rt = tiny.runtime
+    ids, tokens = [5, 6, 7], [9, 10, 11]
+    top = rt.prefill(ids).topk(2).values
+    assert plain_margin(rt, ids, tokens, 0) == pytest.approx(float(top[0] - top[1]))
+    rt.prefill(ids)
+    rt.forward([9])
+    top = rt.forward([10])[0].topk(2).values  # the logits that pick tokens[2]
+    assert plain_margin(rt, ids, tokens, 2) == pytest.approx(float(top[0] - top[1]))
+
+
+@pytest.fixture(scope="module")
+def report(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory, one_thread) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("modes")
+    questions = _questions(out)
+    return run_modes_benchmark(
+        model=str(tiny_chat_folder), questions=questions, num_prompts=2, max_new_tokens=6,
+        modes=("float32", "q4"), drafts=("lookup",), k=2, out_dir=out / "out", progress=False,
+        bandwidth_mib=8, command="draftwise bench-modes --test",
+    ) | {"_out": out / "out"}
+
+
+def test_report_fields(report: dict[str, Any]) -> None:
+    assert report["config"]["modes"] == {"float32": {"dtype": "float32", "quant": "none"},
+                                         "q4": {"dtype": "float32", "quant": "q4"}}
+    assert report["config"]["drafts"] == [{"name": "lookup", "spec": "lookup", "k": 2}]
+    assert [len(p["modes"]) for p in report["prompts"]] == [2, 2]
+    assert report["prompts"][0]["order"] != report["prompts"][1]["order"]  # rotated
+    for mode in ("float32", "q4"):
+        r = report["results"][mode]
+        assert r["num_prompts"] == 2
+        assert r["plain_tokens_per_second"]["median"] > 0
+        assert r["plain_overall_tokens_per_second"] > 0
+        assert r["ratio_to_float32"]["median"] > 0
+        assert r["roofline"]["roofline_tokens_per_second_copy_bw"] > 0
+        assert r["roofline"]["percent_of_roofline"] > 0
+        assert r["split"]["forward_ms"] > 0 and r["split"]["rest_ms"] > 0
+        lookup = r["drafts"]["lookup"]
+        assert lookup["speedup_over_plain"]["median"] > 0 and lookup["ratio_to_float32_plain"]["median"] > 0
+    f32, q4 = report["results"]["float32"], report["results"]["q4"]
+    # float32 against itself: same tokens, zero logit difference
+    assert f32["plain_equal_to_float32"] == 2 and f32["first_divergence_from_float32"] == [None, None]
+    assert f32["prefill_logits_vs_float32"]["max_abs"] == 0
+    # q4 reads fewer bytes per token, and its logits differ (4-bit weights, bf16 activations)
+    assert q4["roofline"]["weight_bytes_per_token"]["total"] < f32["roofline"]["weight_bytes_per_token"]["total"]
+    assert q4["prefill_logits_vs_float32"]["max_abs"] > 0
+    assert 0 <= q4["plain_equal_to_float32"] <= 2
+    # not a GGUF: every matmul of q4 is quantized at load; float32 quantizes nothing
+    assert set(q4["weight_sources"]) == {"quantized"} and f32["weight_sources"] == {}
+
+
+def test_speculative_equals_own_plain_in_every_mode(report: dict[str, Any]) -> None:
+    for mode, r in report["results"].items():
+        assert r["drafts"]["lookup"]["greedy_equal"] == 2, mode
+        assert r["drafts"]["lookup"]["plain_top2_margin_at_divergence"] == [None, None]
+        for p in report["prompts"]:
+            assert p["modes"][mode]["drafts"]["lookup"]["equal_to_plain"], (mode, p["question_id"])
+
+
+def test_files_written(report: dict[str, Any]) -> None:
+    out = report["_out"]
+    saved = json.loads((out / "runtime_modes.json").read_text())
+    assert saved["results"]["q4"]["drafts"]["lookup"]["greedy_equal"] == 2
+    md = (out / "runtime_modes.md").read_text()
+    assert "draftwise bench-modes --test" in md
+    assert "| q4 | lookup |" in md and "| float32 | plain |" in md
+    assert (out / "runtime_modes.png").stat().st_size > 0  # matplotlib is a test dependency
+    if not llama_cpp_available():
+        assert saved["llama_cpp"] == "not installed"
+        assert "llama.cpp peer: not installed" in md
