@@ -5,6 +5,20 @@ holds. ``forward(ids)`` appends ``len(ids)`` tokens at positions ``length .. len
 returns one row of logits per new token; ``rollback(n)`` forgets every position ``>= n``.
 Speculative decoding relies on rollback being exact and cheap: decode, roll back, decode again
 gives the same logits.
+
+Token trees (:mod:`draftwise.tree`). ``forward(ids, parents=...)`` feeds a tree in one pass:
+row j goes to cache *slot* ``base + j`` (``base`` = the length before the pass) but sits at
+rotary *position* ``base + depth(j)`` and attends to the cache ``[0, base)`` and to its own
+ancestors (and itself) among the new rows only. Row j's logits then score the token after node
+j's path. ``keep(base, rows)`` keeps one root-to-node path of that pass: it moves the K/V of
+``rows`` to slots ``base, base + 1, ...`` and sets the length to ``base + len(rows)``, after
+which the cache is exactly that of having decoded the path as a chain. For a chain,
+``keep(base, [0, 1, ..., a])`` is ``rollback(base + a + 1)``, so a decode loop needs one code path.
+
+>>> ancestor_mask([-1, 0, 0, 1]).int().tolist()   # root; 1 and 2 under it; 3 under 1
+[[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
+>>> check_parents([-1, 0, 0, 1], 4), check_parents([-1, 0, 1], 3)
+([0, 1, 1, 2], None)
 """
 
 from __future__ import annotations
@@ -13,6 +27,8 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
+
+from ..errors import ConfigError
 
 
 @runtime_checkable
@@ -40,18 +56,81 @@ class Runtime(Protocol):
     @property
     def dtype(self) -> torch.dtype: ...
 
+    @property
+    def supports_trees(self) -> bool:
+        """Whether ``forward`` takes ``parents`` other than a chain (see the module docstring).
+        When False, a decode loop verifies only a tree's first chain."""
+        ...
+
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
         """Reset the cache, run the prompt, return the logits of its last position: ``[vocab]``."""
         ...
 
-    def forward(self, ids: Sequence[int], *, layers: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         """Append ``n = len(ids)`` tokens and return their logits, ``[n, vocab]`` float32.
 
         ``layers`` (native runtime only) runs just those decoder layers, in order, then the
         final norm and head: the self-speculation draft. Only the listed layers' cache is written.
+
+        ``parents`` (``supports_trees`` only, else a chain is all it takes) makes the pass a tree:
+        ``n`` ints, ``parents[0] = -1`` (row 0, the root) and ``0 <= parents[j] < j``; build it
+        from a :class:`~draftwise.tree.TokenTree` as ``[-1, *tree.parents]``. None is a chain.
         """
+        ...
+
+    def keep(self, base: int, rows: Sequence[int]) -> None:
+        """Keep one root-to-node path of the last pass (which started at ``base``): ``rows`` are
+        its row indices, root first (e.g. ``[0, 3, 7]``); every other row of the pass is
+        forgotten and the length becomes ``base + len(rows)``."""
         ...
 
     def rollback(self, length: int) -> None:
         """Forget positions ``>= length`` (``0 <= length <= self.length``)."""
         ...
+
+
+def check_parents(parents: Sequence[int], n: int) -> list[int] | None:
+    """The depth of each of the ``n`` rows of a pass with ``parents``, or None for a chain;
+    raises ConfigError when ``parents`` is not a tree in topological order."""
+    parents = [int(p) for p in parents]
+    if len(parents) != n:
+        raise ConfigError(f"parents has {len(parents)} entries for {n} tokens; give one per token")
+    if n and parents[0] != -1:
+        raise ConfigError(f"parents[0] must be -1 (row 0 is the root), not {parents[0]}")
+    depths = [0] if n else []
+    for j in range(1, n):
+        if not 0 <= parents[j] < j:
+            raise ConfigError(f"parents[{j}] = {parents[j]} is not an earlier row (need 0 <= parent < {j})")
+        depths.append(depths[parents[j]] + 1)
+    return None if depths == list(range(n)) else depths
+
+
+def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[n, n]`` bool: ``[j, i]`` is True when row i is row j or one of its ancestors."""
+    rows: list[list[bool]] = []
+    for j, p in enumerate(parents):
+        row = list(rows[p]) if p >= 0 else [False] * len(parents)
+        row[j] = True
+        rows.append(row)
+    return torch.tensor(rows, dtype=torch.bool, device=device)
+
+
+def check_keep(base: int, rows: Sequence[int], *, start: int, held: int, parents: Sequence[int] | None) -> list[int]:
+    """Validate ``keep(base, rows)`` against the last pass (it started at ``start`` and ``held``
+    of its rows are still cached; ``parents`` as it was fed, None for a chain); return ``rows``."""
+    kept = [int(r) for r in rows]
+    if base != start:
+        raise ConfigError(f"keep(base={base}): the last forward started at {start}; keep takes that pass's base")
+    if not kept or kept[0] != 0:
+        raise ConfigError(f"keep rows {kept} must start with the root row 0")
+    if held < 1:
+        raise ConfigError("keep: the last forward's rows are no longer in the cache (rolled back past its start)")
+    if kept[-1] >= held:
+        raise ConfigError(f"keep rows {kept} must be < {held}, the rows of the last forward still cached")
+    for prev, row in zip(kept, kept[1:]):
+        parent = row - 1 if parents is None else parents[row]
+        if row <= prev or parent != prev:
+            raise ConfigError(f"keep rows {kept} are not a root-to-node path: row {row}'s parent is {parent}, not {prev}")
+    return kept

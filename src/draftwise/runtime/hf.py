@@ -19,6 +19,13 @@ The layer kinds are taken from the cache the model builds for itself (a one-toke
 construction). A model whose cache holds any other kind of layer (recurrent / linear-attention
 state, a model-specific cache class) keeps its own cache, and a rollback there re-runs the kept
 prefix: exact, but it costs a prefill.
+
+Token trees (:mod:`.base`) go in as explicit ``position_ids`` (``length + depth``) and a 4-D
+additive float mask ``[1, 1, n, length + n]``, which transformers 5.x hands to attention as it is.
+``supports_trees`` is True only where that is sure to be exact: every layer is a full-attention
+:class:`FullLayer` (a sliding layer sees a slice of the keys, so one mask cannot fit all layers)
+and a probe (four passes of two or three tokens, on first use) shows that the model honours
+the mask and the positions.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ import torch
 from transformers.cache_utils import Cache, DummyLayer, DynamicCache
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError
+from .base import ancestor_mask, check_keep, check_parents
 from .hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
+
 
 class HFRuntime:
     """A Hugging Face causal LM with a single-sequence, exactly rollback-able KV cache."""
@@ -66,6 +75,9 @@ class HFRuntime:
         self._tokens: list[int] = []
         self._cache: Cache | None = None
         self._specs = self._probe()
+        self._trees: bool | None = None  # supports_trees, probed on first use
+        self._pass_start = 0  # the last forward's start and parents (None: a chain), for keep()
+        self._pass_parents: list[int] | None = None
 
     @classmethod
     def from_folder(
@@ -119,6 +131,12 @@ class HFRuntime:
         """True when a rollback shortens the cache; False when it re-runs the kept prefix."""
         return self._specs is not None
 
+    @property
+    def supports_trees(self) -> bool:
+        if self._trees is None:
+            self._trees = self._mask_works()
+        return self._trees
+
     # -- the protocol ------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -132,16 +150,27 @@ class HFRuntime:
                 "shorten the prompt or raise max_context"
             )
         self._reset()
+        self._pass_start, self._pass_parents = 0, None
         return self._run(tokens, keep=1)[-1]
 
     @torch.inference_mode()
-    def forward(self, ids: Sequence[int], *, layers: Sequence[int] | None = None) -> torch.Tensor:
+    def forward(
+        self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
         if layers is not None:
             raise ConfigError(
                 "running a subset of layers (layers=...) needs the native runtime; "
                 "the Hugging Face adapter always runs every layer"
             )
         tokens = self._check_ids(ids)
+        tree = None
+        if parents is not None and check_parents(parents, len(tokens)) is not None:
+            if not self.supports_trees:
+                raise ConfigError(
+                    f"{type(self._model).__name__} on the Hugging Face adapter cannot verify a token "
+                    "tree (supports_trees is False); pass a chain (parents=None)"
+                )
+            tree = [int(p) for p in parents]
         if not tokens:
             return torch.empty(0, self._vocab_size, dtype=torch.float32, device=self._device)
         end = self.length + len(tokens)
@@ -150,7 +179,23 @@ class HFRuntime:
                 f"{self.length} cached + {len(tokens)} new tokens = {end} positions exceeds "
                 f"max_context={self._max_context}"
             )
-        return self._run(tokens, keep=len(tokens))
+        self._pass_start, self._pass_parents = self.length, tree
+        return self._run(tokens, keep=len(tokens), parents=tree)
+
+    @torch.inference_mode()
+    def keep(self, base: int, rows: Sequence[int]) -> None:
+        held = self.length - self._pass_start
+        kept = check_keep(base, rows, start=self._pass_start, held=held, parents=self._pass_parents)
+        first = next((i for i, r in enumerate(kept) if r != i), len(kept))
+        if first < len(kept):  # only after a tree pass, so the cache is all FullLayers
+            assert self._cache is not None
+            src = torch.tensor(kept[first:], device=self._device) + base  # [moved] positions
+            for layer in self._cache.layers:
+                if isinstance(layer, FullLayer):
+                    layer.move(src, base + first)
+            self._tokens[base + first : base + len(kept)] = [self._tokens[base + r] for r in kept[first:]]
+        self.rollback(base + len(kept))
+        self._pass_start, self._pass_parents = base, None  # what stays is a chain
 
     @torch.inference_mode()
     def rollback(self, length: int) -> None:
@@ -208,18 +253,23 @@ class HFRuntime:
         else:
             self._cache = self._new_cache()
 
-    def _run(self, tokens: list[int], *, keep: int) -> torch.Tensor:
-        """Append ``tokens``; return float32 logits of the last ``keep`` of them."""
+    def _run(self, tokens: list[int], *, keep: int, parents: list[int] | None = None) -> torch.Tensor:
+        """Append ``tokens`` (a tree when ``parents`` is given); return float32 logits of the
+        last ``keep`` of them."""
         if self._cache is None and getattr(self, "_specs", None) is not None:
             # a forward before any prefill (a model draft catching up) still needs the
             # rollback-exact cache, not the stock one the model would build
             self._cache = self._new_cache()
         start = self.length
         input_ids = torch.tensor([tokens], dtype=torch.long, device=self._device)
-        position_ids = torch.arange(
-            start, start + len(tokens), dtype=torch.long, device=self._device
-        ).unsqueeze(0)
         kwargs: dict[str, Any] = {self._cache_arg: self._cache, "use_cache": True}
+        if parents is None:
+            positions = torch.arange(start, start + len(tokens), dtype=torch.long, device=self._device)
+        else:  # a tree: rows at length + depth, each seeing the cache and its ancestors-or-self
+            depths = check_parents(parents, len(tokens)) or list(range(len(tokens)))
+            positions = torch.tensor(depths, dtype=torch.long, device=self._device) + start
+            kwargs["attention_mask"] = self._tree_mask(parents, start)
+        position_ids = positions.unsqueeze(0)
         if self._can_keep_logits:
             kwargs["logits_to_keep"] = keep
         try:
@@ -238,6 +288,47 @@ class HFRuntime:
         self._cache = cache
         self._tokens.extend(tokens)
         return out.logits[0, -keep:].float()
+
+    def _tree_mask(self, parents: list[int], past: int) -> torch.Tensor:
+        """The additive mask ``[1, 1, n, past + n]``: 0 where row j sees a key, the dtype's
+        minimum elsewhere (the cache and row j's ancestors-or-self are seen)."""
+        n = len(parents)
+        seen = torch.ones(n, past, dtype=torch.bool, device=self._device)
+        visible = torch.cat([seen, ancestor_mask(parents, self._device)], dim=1)  # [n, past + n]
+        mask = torch.zeros(visible.shape, dtype=self._dtype, device=self._device)
+        return mask.masked_fill_(~visible, torch.finfo(self._dtype).min)[None, None]
+
+    @torch.inference_mode()
+    def _mask_works(self) -> bool:
+        """Whether a tree pass would be exact here: every cache layer is a FullLayer, and the
+        model honours a 4-D mask and position_ids. Probe: tokens ``[0, 1, 2]`` with rows 1 and 2
+        both under the root (positions 0, p, p) must score row 2 as the chain ``[0, 2]`` at
+        positions 0, p does, while the causal pass and the chain at positions 0, 1 must not
+        (were they equal too, the probe would show nothing)."""
+        if self._specs is None or any(kind != "full" for kind, _ in self._specs):
+            return False
+        if self._max_context < 4 or self._num_ids < 3:
+            return False
+        if "attention_mask" not in inspect.signature(self._model.forward).parameters:
+            return False
+        p = min(50, self._max_context - 2)
+
+        def last(ids: list[int], pos: list[int], mask: torch.Tensor | None) -> torch.Tensor:
+            ids_t, pos_t = (torch.tensor([v], dtype=torch.long, device=self._device) for v in (ids, pos))
+            # with a cache, as in a real pass (without one transformers reads jumps in the
+            # positions as packed sequences)
+            kwargs = {self._cache_arg: DynamicCache(), "use_cache": True, "attention_mask": mask}
+            return self._model(input_ids=ids_t, position_ids=pos_t, **kwargs).logits[0, -1].float()
+
+        try:
+            chain = last([0, 2], [0, p], None)
+            tree = last([0, 1, 2], [0, p, p], self._tree_mask([-1, 0, 0], 0))
+            causal = last([0, 1, 2], [0, p, p + 1], None)  # differs from chain: the mask matters
+            near = last([0, 2], [0, 1], None)  # differs from chain: the positions matter
+        except Exception:  # a model that refuses the mask or the positions
+            return False
+        shown = min((causal - chain).abs().max(), (near - chain).abs().max())
+        return bool(shown > 0 and (tree - chain).abs().max() < 0.1 * shown)
 
     @torch.inference_mode()
     def _probe(self) -> list[LayerSpec] | None:

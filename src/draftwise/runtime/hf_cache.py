@@ -39,6 +39,12 @@ class _KVBuffer:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
+    def move(self, src: torch.Tensor, dst: int) -> None:
+        """Copy positions ``src`` (``[r]``, ascending) to ``dst .. dst + r - 1`` (a kept tree path)."""
+        for buf in (self._keys, self._values):
+            if buf is not None:  # gathered before the write: the two ranges may overlap
+                buf[..., dst : dst + src.numel(), :] = buf.index_select(-2, src)
+
     def _grow(self, keys: torch.Tensor, values: torch.Tensor, needed: int) -> None:
         capacity = 0 if self._keys is None else self._keys.shape[-2]
         new = max(needed, min(max(2 * capacity, _MIN_CAPACITY), self.limit))
@@ -88,6 +94,11 @@ class FullLayer(DynamicLayer):
 
     def crop(self, tokens_to_remove: int) -> None:
         self.truncate(_crop_target(self._kv.length, tokens_to_remove))
+
+    def move(self, src: torch.Tensor, dst: int) -> None:
+        """Copy positions ``src`` to ``dst, dst + 1, ...`` (then ``truncate`` to drop the rest)."""
+        if self.is_initialized:
+            self._kv.move(src, dst)
 
     def reset(self) -> None:
         self.truncate(0)  # keep the buffers for the next sequence

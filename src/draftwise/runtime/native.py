@@ -15,6 +15,11 @@ Why it is faster than ``transformers`` at batch size 1 on a CPU:
 ``forward(ids, layers=...)`` runs a chosen subset of the decoder layers, then the final norm and
 the shared head: the self-speculation draft. It writes the cache of those layers only; the
 target's verification pass later rewrites every layer at those positions.
+
+``forward(ids, parents=...)`` feeds a token tree (:mod:`.base`): row j is written at slot
+``length + j`` but rotated to position ``length + depth(j)`` and masked to its ancestors; a chain
+(``parents=None``) takes the plain path (sliced tables, causal mask). ``keep(base, rows)`` then
+copies the kept path's K/V down to consecutive slots (only the rows not already in place).
 """
 
 from __future__ import annotations
@@ -27,71 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError, UnsupportedArchitectureError
+from .base import ancestor_mask, check_keep, check_parents
+from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
 from .quant import Int4Linear, Int8Linear, Linear, Q4Weight, kernel_works, parse_quant, quantize_q4
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-DEFAULT_MAX_CONTEXT = 8192
-
-
-def check_supported(config: Any) -> str | None:
-    """Why the native runtime cannot run ``config``, or None when it can."""
-    model_type = getattr(config, "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return (
-            f"the native runtime does not implement model_type {model_type!r} "
-            f"(it covers {', '.join(SUPPORTED_MODEL_TYPES)})"
-        )
-    act = getattr(config, "hidden_act", "silu")
-    if act != "silu":
-        return f"the native runtime implements SwiGLU (hidden_act='silu'), not {act!r}"
-    if getattr(config, "mlp_bias", False):
-        return "the native runtime does not implement MLP biases (mlp_bias=True)"
-    return None
-
-
-def _rope_tables(config: Any, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[positions, head_dim]`` in float32, computed exactly as transformers does."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    params = getattr(config, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        theta = float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
-        inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        scale = 1.0
-    elif rope_type in ("linear", "llama3", "yarn", "longrope"):
-        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None)
-    else:
-        raise UnsupportedArchitectureError(
-            f"the native runtime does not implement rope_type {rope_type!r}; "
-            "load the model with runtime='hf' (the Hugging Face adapter)"
-        )
-    freqs = torch.arange(positions, dtype=torch.float)[:, None] * inv_freq[None, :].float()
-    emb = torch.cat((freqs, freqs), dim=-1)  # [positions, head_dim]
-    return emb.cos() * scale, emb.sin() * scale
-
-
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding ``x cos + rotate_half(x) sin`` in three kernels: ``rotate_half(x)`` is
-    ``roll(x, half) * [-1]*half + [1]*half``, and the sign is folded into ``sin_signed``."""
-    return torch.addcmul(x * cos, torch.roll(x, x.shape[-1] // 2, dims=-1), sin_signed)
-
-
-def load_state_dict(folder: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a Hugging Face folder's safetensors files (sharded or not)."""
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"no *.safetensors weights in {folder}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            state.update(load_file(str(f)))
-        except Exception as exc:
-            raise ModelLoadError(f"could not read weights file {f}: {exc}") from exc
-    return state
+__all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
 
 
 class NativeRuntime:
@@ -201,7 +146,7 @@ class NativeRuntime:
         head_source = "model.embed_tokens.weight" if tied else head_name
         self.head = self.embed if tied else get(head_name)  # [vocab, d], in `dtype`
         self._head = linear([head_source], None, head_quant)
-        cos, sin = _rope_tables(config, self._max_context)
+        cos, sin = rope_tables(config, self._max_context)
         half = self.head_dim // 2
         sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
         self.cos = cos.to(self.device, dtype)  # [max_context, hd]
@@ -212,6 +157,9 @@ class NativeRuntime:
         self.k_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
         self.v_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
         self._length = 0
+        # the last pass: where it started and its parents (None: a chain), for keep()
+        self._pass_start = 0
+        self._pass_parents: list[int] | None = None
         self._all_layers = tuple(range(self.num_layers))
         self.compiled = False
         self._layers = self._layers_impl
@@ -265,6 +213,10 @@ class NativeRuntime:
     def dtype(self) -> torch.dtype:
         return self._dtype
 
+    @property
+    def supports_trees(self) -> bool:
+        return True
+
     def rollback(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ConfigError(f"cannot roll back to {length}: the cache holds {self._length} positions")
@@ -274,15 +226,34 @@ class NativeRuntime:
         self._length = 0
         return self._run(ids, self._all_layers, last_only=True)[0]
 
-    def forward(self, ids: Sequence[int], *, layers: Sequence[int] | None = None) -> torch.Tensor:
-        if layers is None:
-            return self._run(ids, self._all_layers, last_only=False)
-        chosen = tuple(layers)
-        if not chosen or any(not 0 <= i < self.num_layers for i in chosen):
-            raise ConfigError(
-                f"layers={list(chosen)} must be a non-empty list of indices in [0, {self.num_layers})"
-            )
-        return self._run(ids, chosen, last_only=False)
+    def forward(
+        self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        chosen = self._all_layers
+        if layers is not None:
+            chosen = tuple(layers)
+            if not chosen or any(not 0 <= i < self.num_layers for i in chosen):
+                raise ConfigError(
+                    f"layers={list(chosen)} must be a non-empty list of indices in [0, {self.num_layers})"
+                )
+        tree = None
+        if parents is not None and check_parents(parents, len(ids)) is not None:
+            tree = [int(p) for p in parents]  # a chain (None) takes the plain path
+        return self._run(ids, chosen, last_only=False, parents=tree)
+
+    def keep(self, base: int, rows: Sequence[int]) -> None:
+        held = self._length - self._pass_start
+        kept = check_keep(base, rows, start=self._pass_start, held=held, parents=self._pass_parents)
+        # rows[i] >= i; the leading rows with rows[i] == i are in place already
+        first = next((i for i, r in enumerate(kept) if r != i), len(kept))
+        if first < len(kept):
+            src = torch.tensor(kept[first:], device=self.device) + base  # [moved] slots
+            dst = slice(base + first, base + len(kept))
+            with torch.inference_mode():
+                for cache in (*self.k_cache, *self.v_cache):
+                    cache[:, dst] = cache.index_select(1, src)  # gathered first: src and dst may overlap
+        self._length = base + len(kept)
+        self._pass_parents = None  # what stays is a chain
 
     def restrict_head(self, rows: Sequence[int] | torch.Tensor | None) -> None:
         """Score only the token ids ``rows`` (a reduced-vocabulary draft head, as in FR-Spec);
@@ -308,18 +279,29 @@ class NativeRuntime:
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
     def _layers_impl(
-        self, x: torch.Tensor, mask: torch.Tensor | None, start: int, end: int, layers: tuple[int, ...]
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        start: int,
+        end: int,
+        layers: tuple[int, ...],
+        positions: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The decoder layers ``layers`` over ``x`` (``[n, d]``, this pass's own tensor: it is
-        updated in place), writing their K/V at positions ``start .. end - 1``."""
+        updated in place), writing their K/V at slots ``start .. end - 1``; the rows sit at
+        those positions, or at ``positions`` (``[n]``, a tree's) when given."""
         n = end - start
         H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
-        cos = self.cos[start:end, None, :]  # [n, 1, hd]
-        sin = self.sin_signed[start:end, None, :]
+        if positions is None:
+            cos = self.cos[start:end, None, :]  # [n, 1, hd]
+            sin = self.sin_signed[start:end, None, :]
+        else:
+            cos = self.cos[positions, None, :]  # [n, 1, hd]
+            sin = self.sin_signed[positions, None, :]
         for i in layers:
             h = self._norm(x, self.ln_attn[i])
             qkv = self._qkv[i](h)  # [n, (H + 2 KV) * hd]
-            qk = _rope(qkv[:, : (H + KV) * hd].view(n, H + KV, hd), cos, sin)  # q and k at once
+            qk = rope(qkv[:, : (H + KV) * hd].view(n, H + KV, hd), cos, sin)  # q and k at once
             q, k = qk[:, :H], qk[:, H:]
             self.k_cache[i][:, start:end] = k.transpose(0, 1)  # [KV, n, hd]
             self.v_cache[i][:, start:end] = qkv[:, (H + KV) * hd :].view(n, KV, hd).transpose(0, 1)
@@ -347,22 +329,26 @@ class NativeRuntime:
             compiled = torch.compile(self._layers_impl, dynamic=True)
             self._layers = compiled
             with torch.no_grad():  # warm up the shapes a decode uses: n = 1 and n > 1
-                saved = self._length
+                saved = self._length, self._pass_start, self._pass_parents
                 self._run([0, 0], self._all_layers, last_only=False)
                 self._run([0], self._all_layers, last_only=False)
-                self._length = saved
+                self._length, self._pass_start, self._pass_parents = saved
         except Exception as exc:  # inductor raises many kinds; any of them means eager
             self._layers = self._layers_impl
             return f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         self.compiled = True
         return None
 
-    def _run(self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool) -> torch.Tensor:
+    def _run(
+        self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool, parents: list[int] | None = None
+    ) -> torch.Tensor:
         # inference_mode is faster, but tensors made under it cannot enter a compiled graph
         with torch.no_grad() if self.compiled else torch.inference_mode():
-            return self._run_impl(ids, layers, last_only=last_only)
+            return self._run_impl(ids, layers, last_only=last_only, parents=parents)
 
-    def _run_impl(self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool) -> torch.Tensor:
+    def _run_impl(
+        self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool, parents: list[int] | None
+    ) -> torch.Tensor:
         n = len(ids)
         if n == 0:
             raise ConfigError("forward needs at least one token")
@@ -375,13 +361,20 @@ class NativeRuntime:
             )
         tokens = torch.as_tensor(ids, dtype=torch.long, device=self.device)
         x = F.embedding(tokens, self.embed)  # [n, d]
-        mask = None
-        if n > 1:  # query i (at position start+i) sees keys 0..start+i
+        mask, positions = None, None
+        if parents is not None:  # a tree: row j sees the cache and its ancestors-or-self
+            depths = check_parents(parents, n) or list(range(n))
+            positions = torch.tensor(depths, device=self.device) + start  # [n]
+            seen = torch.ones(n, start, dtype=torch.bool, device=self.device)
+            mask = torch.cat([seen, ancestor_mask(parents, self.device)], dim=1)  # [n, end]
+            mask = mask.repeat(self.group, 1)  # [G * n, end], matching the folded query layout
+        elif n > 1:  # query i (at position start+i) sees keys 0..start+i
             pos = torch.arange(end, device=self.device)
             mask = pos[None, :] <= pos[start:, None]  # [n, end]
             mask = mask.repeat(self.group, 1)  # [G * n, end], matching the folded query layout
-        x = self._layers(x, mask, start, end, tuple(layers))
+        x = self._layers(x, mask, start, end, tuple(layers), positions)
         self._length = end
+        self._pass_start, self._pass_parents = start, parents
         if last_only:
             x = x[-1:]
         x = self._norm(x, self.final_norm)
