@@ -1,5 +1,6 @@
 """Drafts: one file per kind, one protocol (``start``, ``propose``, ``observe``), one spec
-parser (:class:`DraftSpec`) and one factory (:func:`make_drafter`)."""
+parser (:class:`DraftSpec`) and one factory (:func:`make_drafter`). A draft proposes a chain or
+a token tree (:class:`Draft`'s ``tree``): ``suffix`` always, ``lookup`` with ``branches > 1``."""
 
 from .base import Draft, Drafter, draft_autoregressive
 from .factory import make_drafter
@@ -7,6 +8,7 @@ from .lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
 from .model import ModelDrafter, check_same_tokenizer
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
+from .suffix import SuffixCache, SuffixDrafter, clear_shared_caches
 
 __all__ = [
     "SPEC_HELP",
@@ -17,7 +19,10 @@ __all__ = [
     "NgramIndex",
     "PromptLookupDrafter",
     "SelfSpecDrafter",
+    "SuffixCache",
+    "SuffixDrafter",
     "check_same_tokenizer",
+    "clear_shared_caches",
     "draft_autoregressive",
     "find_ngram_match",
     "make_drafter",

@@ -15,6 +15,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from ..sampling import SamplingConfig, greedy, logits_to_probs, sample
+from ..tree import TokenTree
 
 
 @dataclass(frozen=True)
@@ -23,11 +24,21 @@ class Draft:
 
     tokens: m <= k proposed token ids.
     probs:  [m, vocab] q after the generation's sampling transform, or None for a point mass
-            (prompt lookup, or any draft in greedy mode).
+            (prompt lookup, or any draft in greedy mode). For a tree, row j-1 is the q that
+            node j was drawn from (the distribution at its parent).
+    tree:   None for a chain of ``tokens`` (each token follows the one before). When a draft
+            proposes a tree (:class:`draftwise.tree.TokenTree`), ``tokens == tree.tokens``
+            (rows 1..m in topological order) and the ``k`` passed to ``propose`` was the node
+            budget: ``len(tree) <= k``.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
+    tree: TokenTree | None = None
+
+    def __post_init__(self) -> None:
+        if self.tree is not None and list(self.tree.tokens) != list(self.tokens):
+            raise ValueError("a tree draft's tokens must be its tree's tokens, rows 1..m in order")
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -40,11 +51,13 @@ class Drafter(Protocol):
     name: str
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
-        """Begin a generation: forget earlier ones; sample with ``generator`` when not greedy."""
+        """Begin a generation: forget the earlier one's state (what a draft learns across
+        generations, such as suffix's cache of earlier outputs, it keeps on purpose); sample
+        with ``generator`` when not greedy."""
         ...
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
-        """Up to k tokens that might follow ``context``."""
+        """Up to k tokens that might follow ``context`` (a chain, or a tree of at most k nodes)."""
         ...
 
     def observe(self, num_accepted: int) -> None:

@@ -14,6 +14,8 @@ from .model import ModelDrafter, check_same_tokenizer
 from .packs import META_FILE, default_draft_folder
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec
+from .suffix import MAX_MATCH, SuffixCache, SuffixDrafter
+from .suffix import shared_cache as process_cache
 
 # Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
 # user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
@@ -79,9 +81,33 @@ def _self_drafter(spec: DraftSpec, model: Any) -> SelfSpecDrafter:
     return SelfSpecDrafter(rt, layers)
 
 
-def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter | None:
+def _suffix_drafter(spec: DraftSpec, model: Any, shared: bool) -> SuffixDrafter:
+    """A suffix drafter whose global cache is the process-wide one for (this model, this spec):
+    every generation in the process that runs this draft on this model learns from the earlier
+    ones. Another spec (another cache size, ``cache=0``) never sees it, so interleaved methods
+    in one benchmark cannot read each other's answers. ``shared=False``: a private cache."""
+    context = getattr(getattr(model, "runtime", None), "max_context", None)
+    for key in ("nodes", "depth"):
+        value = getattr(spec, key)
+        if isinstance(context, int) and value > context:
+            raise ConfigError(f"{spec}: {key}={value} is over this model's context of {context} tokens")
+    depth = MAX_MATCH + spec.depth
+    if not spec.cache:
+        cache = None
+    elif shared:
+        cache = process_cache((str(getattr(model, "folder", None) or id(model)), str(spec)), spec.cache, depth)
+    else:
+        cache = SuffixCache(spec.cache, depth)
+    return SuffixDrafter(nodes=spec.nodes, depth=spec.depth, factor=spec.factor, min_prob=spec.min_prob, cache=cache)
+
+
+def make_drafter(
+    spec: Drafter | DraftSpec | str | None, model: Any, *, shared_cache: bool = True
+) -> Drafter | None:
     """The drafter ``spec`` names for target ``model`` (a :class:`draftwise.Model`); None for
-    ``none``. A drafter object is returned as it is."""
+    ``none``. A drafter object is returned as it is. ``shared_cache=False`` gives a suffix
+    drafter a cache of its own (a planner's replays, which must not learn the answers they
+    replay), instead of the process-wide one for this model and spec."""
     if spec is None:
         return None
     if not isinstance(spec, (str, DraftSpec)):
@@ -90,7 +116,9 @@ def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter 
         raise ConfigError(f"draft={spec!r} is neither a drafter nor a spec ({SPEC_HELP})")
     spec = DraftSpec.parse(spec)
     if spec.kind == "lookup":
-        return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram)
+        return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram, branches=spec.branches)
+    if spec.kind == "suffix":
+        return _suffix_drafter(spec, model, shared_cache)
     if spec.kind == "self":
         return _self_drafter(spec, model)
     if spec.kind == "model":

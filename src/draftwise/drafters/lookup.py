@@ -2,6 +2,11 @@
 
 Costs almost nothing: an n-gram index updated incrementally as tokens are committed, so one step
 is ``max_ngram - min_ngram + 1`` dictionary look-ups, whatever the context length.
+
+With ``branches=B > 1`` the proposal is a token tree: the continuations of up to B earlier
+occurrences of the matched n-gram (most recent first, each one that adds a node to the tree),
+merged where they share a prefix, within k nodes. The index then also links each occurrence
+to the one before it, so a step walks at most ``SCAN_PER_BRANCH * B`` occurrences.
 """
 
 from __future__ import annotations
@@ -12,7 +17,10 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
+from ..tree import TokenTree
 from .base import Draft
+
+SCAN_PER_BRANCH = 8  # earlier occurrences looked at per wanted branch (repeats add nothing)
 
 
 def find_ngram_match(tokens: Sequence[int], k: int, *, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -45,12 +53,16 @@ class NgramIndex:
     recent *earlier* occurrence.
     """
 
-    def __init__(self, max_ngram: int, min_ngram: int) -> None:
+    def __init__(self, max_ngram: int, min_ngram: int, *, linked: bool = False) -> None:
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
         self.tokens: list[int] = []
         self.latest: dict[int, dict[tuple[int, ...], int]] = {
             n: {} for n in range(min_ngram, max_ngram + 1)
         }
+        # linked: earlier[n][e] = the end of the previous occurrence of the n-gram ending at e
+        self.earlier: dict[int, dict[int, int]] | None = (
+            {n: {} for n in self.latest} if linked else None
+        )
 
     def extend(self, new: Sequence[int]) -> None:
         before = len(self.tokens)
@@ -59,7 +71,10 @@ class NgramIndex:
         for e in range(max(before, 1), len(self.tokens)):
             for n in self.latest:
                 if e >= n:
-                    self.latest[n][tuple(self.tokens[e - n : e])] = e
+                    key = tuple(self.tokens[e - n : e])
+                    if self.earlier is not None and key in self.latest[n]:
+                        self.earlier[n][e] = self.latest[n][key]
+                    self.latest[n][key] = e
 
     def match(self, k: int) -> list[int]:
         size = len(self.tokens)
@@ -69,22 +84,79 @@ class NgramIndex:
                 return self.tokens[e : e + k]
         return []
 
+    def continuations(self, k: int, branches: int) -> list[list[int]]:
+        """Up to ``branches`` continuations (each up to k tokens) of the longest matching
+        n-gram's earlier occurrences, most recent first, each adding a node to the tree of the
+        ones before it (not a prefix of one of them). Needs ``linked=True``."""
+        assert self.earlier is not None, "continuations() needs NgramIndex(..., linked=True)"
+        size = len(self.tokens)
+        for n in range(min(self.max_ngram, size - 1), self.min_ngram - 1, -1):
+            e = self.latest[n].get(tuple(self.tokens[size - n :]))
+            if e is None:
+                continue
+            paths: list[list[int]] = []
+            for _ in range(SCAN_PER_BRANCH * branches):
+                path = self.tokens[e : e + k]
+                if not any(p[: len(path)] == path for p in paths):
+                    paths.append(path)
+                    if len(paths) == branches:
+                        break
+                e = self.earlier[n].get(e, -1)
+                if e < 0:
+                    break
+            return paths
+        return []
+
+
+def merge_paths(paths: Sequence[Sequence[int]], k: int) -> TokenTree:
+    """Continuations (best first) as one tree of at most k nodes that shares common prefixes.
+    Nodes are added level by level, each level in the paths' order, so a better path is never
+    cut shorter than a worse one and the first child at every node follows the best path.
+
+    >>> t = merge_paths([[5, 6, 7], [5, 8], [9]], k=5)
+    >>> t.tokens, t.parents      # 5 -> (6 -> 7, 8), and 9
+    ([5, 9, 6, 8, 7], [0, 0, 1, 1, 3])
+    """
+    rows: dict[tuple[int, int], int] = {}  # (parent row, token) -> row
+    tokens: list[int] = []
+    parents: list[int] = []
+    at = [0] * len(paths)  # the row each path has reached
+    longest = max((len(p) for p in paths), default=0)
+    for depth in range(longest):
+        for i, path in enumerate(paths):
+            if depth >= len(path):
+                continue
+            row = rows.get((at[i], path[depth]))
+            if row is None:
+                if len(tokens) == k:
+                    return TokenTree(tokens, parents)
+                tokens.append(path[depth])
+                parents.append(at[i])
+                row = rows[(at[i], path[depth])] = len(tokens)
+            at[i] = row
+    return TokenTree(tokens, parents)
+
 
 class PromptLookupDrafter:
     """The n-gram / prompt-lookup draft (a point mass: it has no distribution)."""
 
     name = "lookup"
 
-    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, *, max_ngram: int = 3, min_ngram: int = 1, branches: int = 1) -> None:
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ConfigError(
                 f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}"
             )
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
-        self.index = NgramIndex(max_ngram, min_ngram)
+        if branches < 1:
+            raise ConfigError(f"lookup needs branches >= 1, got {branches}")
+        self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
+        self.index = self._new_index()
+
+    def _new_index(self) -> NgramIndex:
+        return NgramIndex(self.max_ngram, self.min_ngram, linked=self.branches > 1)
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
-        self.index = NgramIndex(self.max_ngram, self.min_ngram)
+        self.index = self._new_index()
         self.index.extend(prompt)
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
@@ -92,7 +164,10 @@ class PromptLookupDrafter:
         if len(context) < seen:
             raise ValueError("the context shrank: call start() for a new generation")
         self.index.extend(context[seen:])
-        return Draft(self.index.match(k))
+        if self.branches == 1:
+            return Draft(self.index.match(k))
+        tree = merge_paths(self.index.continuations(k, self.branches), k)
+        return Draft(tree.tokens, tree=tree) if len(tree) else Draft([])
 
     def observe(self, num_accepted: int) -> None:
         pass  # committed tokens arrive with the next context

@@ -3,7 +3,12 @@ profiles, plans, bench and export accept.
 
 =====================  =======================================================================
 ``none``               no draft: plain decoding
-``lookup``             prompt lookup; options ``lookup:max=4,min=2`` (n-gram sizes, 1 <= min <= max)
+``lookup``             prompt lookup; options ``lookup:max=4,min=2`` (n-gram sizes, 1 <= min <= max),
+                       ``branches=B``: a tree of B distinct continuations (default 1, a chain)
+``suffix``             suffix decoding: token trees from this generation and a cache of earlier
+                       outputs; ``suffix:nodes=16,depth=8,cache=64,factor=4,min_prob=0.1`` (most
+                       nodes, most levels, generations cached (0: off), nodes per matched token,
+                       least path probability)
 ``self``               self-speculation with the calibrated layer set (``draftwise
                        calibrate-self``, or the set shipped for a built-in model), else an
                        early exit after half the layers
@@ -24,18 +29,29 @@ key profiles and plans use, so ``lookup:min=1,max=3`` and ``lookup`` name the sa
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Union
 
 from ..errors import ConfigError
 
-SPEC_HELP = "none, lookup[:max=N,min=N], self[:exit=L|layers=..|skip=..], model:PATH, model:default"
-KINDS = ("none", "lookup", "self", "model")
+SPEC_HELP = (
+    "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
+    "self[:exit=L|layers=..|skip=..], model:PATH, model:default"
+)
+KINDS = ("none", "lookup", "suffix", "self", "model")
 LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tokens
-_OPTIONS = {"lookup": ("max", "min"), "self": ("exit", "layers", "skip")}
+MAX_NODES = 256  # the most tokens a draft proposes in one step (k, or a tree's nodes)
+# suffix defaults: nodes, depth, cached generations, nodes per matched token, least path prob
+SUFFIX = {"nodes": 16, "depth": 8, "cache": 64, "factor": 4.0, "min_prob": 0.1}
+_OPTIONS = {
+    "lookup": ("max", "min", "branches"),
+    "suffix": tuple(SUFFIX),
+    "self": ("exit", "layers", "skip"),
+}
 
-DraftKind = Literal["none", "lookup", "self", "model"]
+DraftKind = Literal["none", "lookup", "suffix", "self", "model"]
 KValue = Union[int, str]  # an int >= 1, or "auto"
 
 
@@ -125,14 +141,34 @@ def _split_options(text: str, kind: str) -> dict[str, str]:
     return out
 
 
-def _positive_int(kind: str, key: str, value: str) -> int:
+def _whole(kind: str, key: str, value: str, *, lo: int, what: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise ConfigError(f"{kind}:{key}= takes a whole number >= 1, got {_clip(value)}") from None
-    if n < 1:
-        raise ConfigError(f"{kind}:{key}= takes a whole number >= 1, got {n}")
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {_clip(value)}") from None
+    if n < lo:
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {n if len(value) <= 60 else _clip(value)}")
     return n
+
+
+def _positive_int(kind: str, key: str, value: str) -> int:
+    return _whole(kind, key, value, lo=1, what="a whole number >= 1")
+
+
+def _number(kind: str, key: str, value: str, *, lo: float, hi: float, what: str) -> float:
+    try:
+        x = float(value)
+    except ValueError:
+        x = math.nan
+    if not lo <= x < hi:  # also refuses nan
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {_clip(value)}")
+    return x
+
+
+def _fmt(x: float) -> str:
+    """A float as short as it can be written and still read back exactly."""
+    short = f"{x:g}"
+    return short if float(short) == x else repr(x)
 
 
 @dataclass(frozen=True)
@@ -146,6 +182,12 @@ class DraftSpec:
     layers: tuple[int, ...] | None = None
     skip: tuple[int, ...] | None = None
     source: str | None = None
+    branches: int = 1  # lookup: distinct continuations in the tree (1 = a chain)
+    nodes: int = int(SUFFIX["nodes"])  # suffix options (see SUFFIX)
+    depth: int = int(SUFFIX["depth"])
+    cache: int = int(SUFFIX["cache"])
+    factor: float = SUFFIX["factor"]
+    min_prob: float = SUFFIX["min_prob"]
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -154,6 +196,12 @@ class DraftSpec:
             raise ConfigError(
                 f"lookup needs 1 <= min <= max, got min={self.min_ngram}, max={self.max_ngram}"
             )
+        if self.kind == "lookup" and not 1 <= self.branches <= MAX_NODES:
+            raise ConfigError(f"lookup:branches={self.branches} is out of range; use 1..{MAX_NODES}")
+        if self.kind == "suffix":
+            from .suffix import check_suffix_options  # the memory estimate lives with the structure
+
+            check_suffix_options(self.nodes, self.depth, self.cache, self.factor, self.min_prob, MAX_NODES)
         if self.kind == "self" and sum(x is not None for x in (self.exit_layer, self.layers, self.skip)) > 1:
             raise ConfigError("give one of self:exit=, self:layers= or self:skip=, not several")
         if self.kind == "model" and not (self.source or "").strip():
@@ -182,7 +230,20 @@ class DraftSpec:
                 "lookup",
                 max_ngram=_positive_int("lookup", "max", opts["max"]) if "max" in opts else LOOKUP_MAX,
                 min_ngram=_positive_int("lookup", "min", opts["min"]) if "min" in opts else LOOKUP_MIN,
+                branches=_positive_int("lookup", "branches", opts["branches"]) if "branches" in opts else 1,
             )
+        if kind == "suffix":
+            number = {"factor": ("a number > 0 and below 1e6", math.ulp(0.0), 1e6), "min_prob": ("a number in [0, 1)", 0.0, 1.0)}
+            got: dict[str, float] = {}
+            for key, value in opts.items():
+                if key in number:
+                    what, lo, hi = number[key]
+                    got[key] = _number("suffix", key, value, lo=lo, hi=hi, what=what)
+                elif key == "cache":
+                    got[key] = _whole("suffix", key, value, lo=0, what="a whole number >= 0 (0 turns the cache off)")
+                else:
+                    got[key] = _positive_int("suffix", key, value)
+            return cls("suffix", **got)  # type: ignore[arg-type]
         return cls(
             "self",
             exit_layer=_positive_int("self", "exit", opts["exit"]) if "exit" in opts else None,
@@ -194,7 +255,11 @@ class DraftSpec:
         if self.kind == "lookup":
             opts = [f"max={self.max_ngram}"] if self.max_ngram != LOOKUP_MAX else []
             opts += [f"min={self.min_ngram}"] if self.min_ngram != LOOKUP_MIN else []
+            opts += [f"branches={self.branches}"] if self.branches != 1 else []
             return "lookup" + (":" + ",".join(opts) if opts else "")
+        if self.kind == "suffix":
+            opts = [f"{key}={_fmt(getattr(self, key))}" for key in SUFFIX if getattr(self, key) != SUFFIX[key]]
+            return "suffix" + (":" + ",".join(opts) if opts else "")
         if self.kind == "self":
             if self.exit_layer is not None:
                 return f"self:exit={self.exit_layer}"
