@@ -11,11 +11,13 @@ deadline. A run's aggregate is the sum of its workers' tokens/s.
 
 Configurations (``--config NAME:VAR=VALUE,VAR=VALUE``, repeatable) are environments; the
 OpenMP variables (``GOMP_SPINCOUNT``, ``OMP_WAIT_POLICY``, ``OMP_NUM_THREADS``,
-``DRAFTWISE_OMP_DEFAULTS``) are first removed from the inherited environment so each
-configuration says exactly what it runs under. Without ``--config`` two are run:
+``DRAFTWISE_OMP_DEFAULTS``, ``DRAFTWISE_SHARE_CORES``) are first removed from the inherited
+environment so each configuration says exactly what it runs under. Without ``--config`` three
+are run:
 
-- ``draftwise``: nothing set, so draftwise's defaults apply;
-- ``openmp-default``: ``DRAFTWISE_OMP_DEFAULTS=0``, libgomp's own defaults.
+- ``draftwise``: nothing set, so draftwise's defaults apply (cores shared by thread count);
+- ``openmp-default``: ``DRAFTWISE_OMP_DEFAULTS=0``, libgomp's own defaults, no sharing;
+- ``spin3000``: ``DRAFTWISE_SHARE_CORES=0``, no sharing by threads, a short spin instead.
 
 Runs are interleaved (for each repeat, for each N, every configuration). Run it alone on the
 machine: anything else running changes the figures. Writes ``contention.json`` (every worker)
@@ -35,8 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "DRAFTWISE_OMP_DEFAULTS")
-DEFAULT_CONFIGS = ("draftwise:", "openmp-default:DRAFTWISE_OMP_DEFAULTS=0")
+OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "OMP_NUM_THREADS", "DRAFTWISE_OMP_DEFAULTS", "DRAFTWISE_SHARE_CORES")
+DEFAULT_CONFIGS = ("draftwise:", "openmp-default:DRAFTWISE_OMP_DEFAULTS=0", "spin3000:DRAFTWISE_SHARE_CORES=0")
 HERE = Path(__file__).resolve().parent
 
 

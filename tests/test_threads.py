@@ -18,7 +18,7 @@ from draftwise.threads import OPT_OUT, SPIN_COUNT, apply_omp_defaults, set_threa
 from draftwise.verify import verify_sampled
 
 runner = CliRunner()
-OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", OPT_OUT)
+OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", OPT_OUT, "DRAFTWISE_SHARE_CORES")
 
 
 # --- the OpenMP defaults ------------------------------------------------------------------------
@@ -26,18 +26,20 @@ OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", OPT_OUT)
 
 def test_defaults_fill_in_only_what_the_user_left_unset():
     env: dict[str, str] = {}
+    assert apply_omp_defaults(env) == {} and env == {}  # cores are shared by thread count
+    env = {"DRAFTWISE_SHARE_CORES": "0"}  # without that sharing, a short spin shares them
     assert apply_omp_defaults(env) == {"GOMP_SPINCOUNT": SPIN_COUNT}
-    assert env == {"GOMP_SPINCOUNT": SPIN_COUNT}
-    mine = {"GOMP_SPINCOUNT": "123"}
-    assert apply_omp_defaults(mine) == {} and mine == {"GOMP_SPINCOUNT": "123"}
+    assert env["GOMP_SPINCOUNT"] == SPIN_COUNT
+    mine = {"GOMP_SPINCOUNT": "123", "DRAFTWISE_SHARE_CORES": "0"}
+    assert apply_omp_defaults(mine) == {} and mine["GOMP_SPINCOUNT"] == "123"
     # GOMP_SPINCOUNT would override the user's wait policy in libgomp, so it is left alone too
-    passive = {"OMP_WAIT_POLICY": "PASSIVE"}
-    assert apply_omp_defaults(passive) == {} and passive == {"OMP_WAIT_POLICY": "PASSIVE"}
+    passive = {"OMP_WAIT_POLICY": "PASSIVE", "DRAFTWISE_SHARE_CORES": "0"}
+    assert apply_omp_defaults(passive) == {} and "GOMP_SPINCOUNT" not in passive
 
 
 @pytest.mark.parametrize("value", ["0", "off", "False", " no "])
 def test_defaults_can_be_turned_off(value):
-    env = {OPT_OUT: value}
+    env = {OPT_OUT: value, "DRAFTWISE_SHARE_CORES": "0"}
     assert apply_omp_defaults(env) == {} and "GOMP_SPINCOUNT" not in env
 
 
@@ -64,12 +66,15 @@ print(seen[0], os.environ.get("GOMP_SPINCOUNT"))
 
 
 def test_import_draftwise_sets_the_policy_before_torch_loads():
-    assert _fresh_python(SEEN_BY_TORCH) == f"{SPIN_COUNT} {SPIN_COUNT}"
+    assert _fresh_python(SEEN_BY_TORCH) == "None None"  # sharing by threads: libgomp's own spin
+    off = {"DRAFTWISE_SHARE_CORES": "0"}
+    assert _fresh_python(SEEN_BY_TORCH, **off) == f"{SPIN_COUNT} {SPIN_COUNT}"
 
 
 def test_a_user_setting_is_kept_and_the_opt_out_is_honoured():
-    assert _fresh_python(SEEN_BY_TORCH, GOMP_SPINCOUNT="777") == "777 777"
-    assert _fresh_python(SEEN_BY_TORCH, **{OPT_OUT: "0"}) == "None None"
+    off = {"DRAFTWISE_SHARE_CORES": "0"}
+    assert _fresh_python(SEEN_BY_TORCH, GOMP_SPINCOUNT="777", **off) == "777 777"
+    assert _fresh_python(SEEN_BY_TORCH, **{OPT_OUT: "0"}, **off) == "None None"
 
 
 # --- set_threads and --threads ------------------------------------------------------------------
@@ -166,3 +171,37 @@ def test_cuda_probabilities_draw_the_same_tokens_as_cpu_ones():
     on_cuda = verify_sampled(proposed, q.cuda(), p.cuda(), torch.Generator().manual_seed(0))
     assert on_cpu == on_cuda
     assert sample(p[0].cuda(), torch.Generator().manual_seed(1)) == sample(p[0], torch.Generator().manual_seed(1))
+
+
+def test_share_cores_splits_the_threads_between_decoding_processes(tmp_path, monkeypatch):
+    """Another live draftwise process that is decoding (its entry freshly touched) halves this
+    process's threads; once it is gone, or idle, this process takes every core back."""
+    import subprocess
+    import sys
+    import time
+
+    import draftwise.threads as th
+
+    monkeypatch.setattr(th, "_state", {"registered": False, "pinned": False, "cores": 4,
+                                       "current": None, "checked": -1e9})
+    monkeypatch.delenv("DRAFTWISE_OMP_DEFAULTS", raising=False)
+    monkeypatch.delenv("DRAFTWISE_SHARE_CORES", raising=False)
+    before = torch.get_num_threads()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert th.share_cores(force=True, folder=tmp_path) == 4  # alone
+        (tmp_path / str(other.pid)).touch()
+        assert th.share_cores(force=True, folder=tmp_path) == 2 and torch.get_num_threads() == 2
+        old = time.time() - 10
+        os.utime(tmp_path / str(other.pid), (old, old))  # registered but idle: not counted
+        assert th.share_cores(force=True, folder=tmp_path) == 4
+        (tmp_path / str(other.pid)).touch()
+        assert th.share_cores(force=True, folder=tmp_path) == 2
+    finally:
+        other.kill()
+        other.wait()
+    assert th.share_cores(force=True, folder=tmp_path) == 4  # the other one is gone
+    assert not (tmp_path / str(other.pid)).exists()  # and its stale entry removed
+    th._state["pinned"] = True  # --threads given: the user's choice stands
+    assert th.share_cores(force=True, folder=tmp_path) is None
+    torch.set_num_threads(before)

@@ -26,6 +26,7 @@ from .runtime.base import Runtime
 from .sampling import SamplingConfig, next_token
 from .passes import Step, verify_pass  # noqa: F401  (Step is part of this module's API)
 from .text import TextAssembler
+from .threads import share_cores
 from .verify import Verdict
 
 FinishReason = Literal["eos", "stop", "length"]
@@ -85,6 +86,7 @@ def decode_steps(
     number or a policy that picks it each step (:class:`draftwise.cost.adaptive.AdaptiveK`).
     """
     stats = stats if stats is not None else SpecStats()
+    share_cores()  # other draftwise processes on this machine: take our share of the cores
     clock = time.perf_counter
     t0 = clock()
     logits = runtime.prefill(prompt_ids)  # [vocab]
@@ -97,6 +99,7 @@ def decode_steps(
     produced = 1
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     while True:
+        share_cores()  # a time-gated check (twice a second at most)
         left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
         budget = min(policy.choose(len(context)), left) if drafter is not None else 0
         shadow: list[int] | None = None
