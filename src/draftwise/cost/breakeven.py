@@ -48,8 +48,12 @@ from .profile import Profile
 #:   overhead (kernel launches, sampling, the LM head over the full vocabulary); Chen et al.
 #:   report a 4B draft at about 1/8 of a 70B target's step. 0.15 sits in the 0.1-0.2 range.
 #:
+#: - ``suffix`` (SuffixDecoding, Oliaro et al. 2024): a suffix-trie walk and a best-first tree
+#:   of at most k nodes, 20-55 us per step here (benchmarks/suffix_cost.py); 0.0015 is ~50 us
+#:   against a ~30 ms step.
+#:
 #: These are presets for a calculator; ``draftwise profile`` measures the real costs.
-DRAFT_KIND_COSTS: dict[str, float] = {"lookup": 0.0003, "self": 0.6, "model": 0.15}
+DRAFT_KIND_COSTS: dict[str, float] = {"lookup": 0.0003, "suffix": 0.0015, "self": 0.6, "model": 0.15}
 
 
 # -- where R(k) comes from ----------------------------------------------------------------

@@ -76,6 +76,27 @@ def _no_layer_skip(engine: str, k: int) -> dict[str, Any]:
     return {"supported": False, "options": {}, "note": closest}
 
 
+def _suffix(engine: str, spec: DraftSpec, k: int) -> dict[str, Any]:
+    """vLLM's ``suffix`` method (Arctic Inference's implementation) verifies one chain of the
+    tree per step; SGLang and transformers have no suffix decoding."""
+    if engine == "vllm":
+        cfg = {
+            "method": "suffix",
+            "num_speculative_tokens": k,
+            "suffix_decoding_max_tree_depth": spec.depth,
+            "suffix_decoding_max_spec_factor": spec.factor,
+            "suffix_decoding_min_token_prob": spec.min_prob,
+            "suffix_decoding_max_cached_requests": spec.cache,
+        }
+        note = "needs `pip install arctic-inference`; vLLM verifies a chain, where draftwise verifies the tree"
+        return {"supported": True, "options": cfg, "note": note}
+    return {
+        "supported": False,
+        "options": {},
+        "note": f"{engine} has no suffix decoding; closest: n-gram lookup (draftwise --draft lookup)",
+    }
+
+
 def _vllm(spec: DraftSpec, k: int) -> dict[str, Any]:
     if spec.kind == "lookup":
         cfg = {
@@ -84,7 +105,8 @@ def _vllm(spec: DraftSpec, k: int) -> dict[str, Any]:
             "prompt_lookup_max": spec.max_ngram,
             "prompt_lookup_min": spec.min_ngram,
         }
-        return {"supported": True, "options": cfg, "note": ""}
+        note = "vLLM's ngram proposes one chain; branches is not exported" if spec.branches > 1 else ""
+        return {"supported": True, "options": cfg, "note": note}
     if spec.kind == "model":
         cfg = {"method": "draft_model", "model": spec.source, "num_speculative_tokens": k}
         return {
@@ -103,11 +125,11 @@ def _sglang(spec: DraftSpec, k: int) -> dict[str, Any]:
             "--speculative-num-draft-tokens": k + 1,
             "--speculative-ngram-min-match-window-size": spec.min_ngram,
             "--speculative-ngram-max-match-window-size": spec.max_ngram,
-            "--speculative-ngram-max-bfs-breadth": 1,
+            "--speculative-ngram-max-bfs-breadth": spec.branches,
         }
         note = (
             "--speculative-num-draft-tokens counts the tree's root, so k proposals are k+1; "
-            "a BFS breadth of 1 keeps one chain, as draftwise verifies (NGRAM is CUDA-only)"
+            "the BFS breadth is draftwise's branches (1: one chain) (NGRAM is CUDA-only)"
         )
         return {"supported": True, "options": flags, "note": note}
     if spec.kind == "model":
@@ -203,6 +225,8 @@ def export_dict(
         raise ConfigError(f"num_layers={num_layers!r} must be an integer >= 1")
     if kind == "none":
         body: dict[str, Any] = {"supported": True, "options": {}, "note": _NO_PAY}
+    elif kind == "suffix":
+        body = _suffix(eng, spec, k)
     elif eng == "vllm":
         body = _vllm(spec, k)
     elif eng == "sglang":

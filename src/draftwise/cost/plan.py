@@ -49,7 +49,7 @@ from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
 from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
 from .profile import Profile
-from .replay import Trace, expected_steps, predict_seconds, replay_hits, replay_lookup, trace_generation
+from .replay import Trace, expected_steps, predict_seconds, replay_hits, replay_lookup, replayable, trace_generation
 
 PLAN_SCHEMA = "draftwise.plan/1"
 NONE = "none"
@@ -212,16 +212,17 @@ def make_plan(
         raise ConfigError(f"k must be >= 1, got {ks[0]}")
     if ks[-1] > k_top:
         raise ConfigError(f"the profile covers k <= {k_top}; k={ks[-1]} needs `draftwise profile --max-n {ks[-1] + 1}`")
-    drafters = {d: make_drafter(spec, model) for d, spec in specs.items()}
+    drafters = {d: make_drafter(spec, model, shared_cache=False) for d, spec in specs.items()}
     for d in drafts:
         profile.draft_time(d, 1)  # raises if the profile lacks this draft
-    traced = [d for d in drafts if specs[d].kind != "lookup"] or drafts[:1]
+    traced = [d for d in drafts if not replayable(specs[d])] or drafts[:1]
     if not cfg.greedy:
         traced = drafts  # sampled output is random: every draft needs its own run
     k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
 
     generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
     per: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    replays: dict[tuple[str, int], Any] = {}
     prompt_info = []
     total = len(rows) * len(traced)
     for qi, row in enumerate(rows):
@@ -244,9 +245,11 @@ def make_plan(
         plain_s = predict_seconds(profile, NONE, plain_steps, len(prompt_ids), ref.prefill_seconds, len(ref.tokens))
         for d in drafts:
             for k in ks:
-                if cfg.greedy and specs[d].kind == "lookup":
-                    steps = replay_lookup(lambda d=d: make_drafter(specs[d], model), prompt_ids, ref.tokens, k,
-                                          max_new_tokens)
+                if cfg.greedy and replayable(specs[d]):
+                    if (d, k) not in replays:  # one per (draft, k), kept across prompts: a suffix
+                        # draft's cache of earlier outputs grows as in a real run (a private one)
+                        replays[(d, k)] = make_drafter(specs[d], model, shared_cache=False)
+                    steps = replay_lookup(replays[(d, k)], prompt_ids, ref.tokens, k, max_new_tokens)
                 elif cfg.greedy:
                     steps = replay_hits(traces[d].hits(), k, max_new_tokens)
                 else:

@@ -112,21 +112,48 @@ def trace_generation(
 
 
 # -- replaying a trace at another k --------------------------------------------------------
+def replayable(spec: DraftSpec | str) -> bool:
+    """Drafts whose proposals are a pure function of what they have seen (prompt lookup, its
+    trees, suffix decoding): their greedy steps at any k replay exactly from the committed tokens."""
+    return DraftSpec.parse(spec).kind in ("lookup", "suffix")
+
+
+def accepted_along(draft: Any, truth: Sequence[int]) -> int:
+    """How many proposed tokens greedy verification keeps when the target's tokens are ``truth``:
+    a chain's matching prefix, or a tree's longest root path that follows ``truth``."""
+    tree = getattr(draft, "tree", None)
+    acc = 0
+    if tree is None:
+        while acc < len(draft.tokens) and acc < len(truth) and draft.tokens[acc] == truth[acc]:
+            acc += 1
+        return acc
+    row = 0
+    while acc < len(truth):
+        row = next((c for c in tree.children(row) if tree.token(c) == truth[acc]), -1)
+        if row < 0:
+            break
+        acc += 1
+    return acc
+
+
 def replay_lookup(
-    make: Callable[[], Any], prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int
+    make: Callable[[], Any] | Any, prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int
 ) -> list[tuple[int, int]]:
-    """The (proposed, accepted) steps prompt lookup would take at this k (greedy, exact)."""
-    drafter = make()
+    """The (proposed, accepted) steps a replayable draft (:func:`replayable`) would take at this
+    k, greedy and exact; a tree step's ``proposed`` is its node count. ``make`` builds the
+    drafter, or is a drafter object kept across prompts (suffix decoding's cache of earlier
+    outputs then grows as it would in a real run over the same prompts in the same order)."""
+    drafter = make() if callable(make) and not hasattr(make, "propose") else make
     drafter.start(list(prompt_ids), SamplingConfig(), torch.Generator())
     context = list(prompt_ids) + list(tokens[:1])
     pos, steps = 1, []
     while pos < len(tokens):
         budget = min(k, max_new_tokens - pos - 1)
-        proposal = drafter.propose(context, budget).tokens if budget > 0 else []
-        acc = 0
-        while acc < len(proposal) and pos + acc < len(tokens) and proposal[acc] == tokens[pos + acc]:
-            acc += 1
-        steps.append((len(proposal), acc))
+        draft = drafter.propose(context, budget) if budget > 0 else None
+        acc = accepted_along(draft, tokens[pos:]) if draft is not None else 0
+        steps.append((len(draft.tokens) if draft is not None else 0, acc))
+        if draft is not None:
+            drafter.observe(acc)
         context.extend(tokens[pos : pos + acc + 1])
         pos += acc + 1
     return steps
@@ -161,7 +188,7 @@ def predict_seconds(
     pos = prompt_len + 1
     for m, acc in steps:
         d = profile.draft_time(key, m) if not spec.is_none else 0.0
-        if spec.kind == "lookup" and m == 0:
+        if spec.kind in ("lookup", "suffix") and m == 0:
             d = profile.draft_time(key, 1)  # the look-up ran and found nothing
         total += d + profile.step_time(m + 1, pos)
         pos += acc + 1
