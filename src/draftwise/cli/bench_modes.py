@@ -12,18 +12,12 @@ import typer
 from ..bench import render_modes_markdown, run_modes_benchmark
 from ..fsutil import check_writable
 from ..questions import DEFAULT_QUESTIONS
-from .common import ModelOpt, ThreadsOpt, out, progress_bar, user_errors
+from .common import ModelOpt, QuestionsOpt, ThreadsOpt, out, progress_bar, user_errors
 
 
 def bench_modes(
     model: ModelOpt = "default",
-    questions: Annotated[
-        Path,
-        typer.Option(
-            help="Spec-Bench-format JSONL or a text file, one prompt a line.",
-            show_default="the Spec-Bench dev questions shipped with draftwise",
-        ),
-    ] = DEFAULT_QUESTIONS,
+    questions: QuestionsOpt = DEFAULT_QUESTIONS,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="Prompts, round-robin over the categories.")] = 10,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", help="Tokens per generation (EOS ignored).")] = 64,
     modes: Annotated[str, typer.Option(help="Comma-separated: float32, bfloat16, q4, int8.")] = "float32,bfloat16,q4,int8",

@@ -10,18 +10,12 @@ import typer
 from ..bench import render_runtime_markdown, run_runtime_benchmark
 from ..fsutil import check_writable
 from ..questions import DEFAULT_QUESTIONS
-from .common import ModelOpt, ThreadsOpt, out, user_errors
+from .common import ModelOpt, QuestionsOpt, ThreadsOpt, out, user_errors
 
 
 def bench_runtime(
     model: ModelOpt = "default",
-    questions: Annotated[
-        Path,
-        typer.Option(
-            help="Spec-Bench-format JSONL or a text file, one prompt a line.",
-            show_default="the Spec-Bench dev questions shipped with draftwise",
-        ),
-    ] = DEFAULT_QUESTIONS,
+    questions: QuestionsOpt = DEFAULT_QUESTIONS,
     num_prompts: Annotated[int, typer.Option("--num-prompts", min=1)] = 20,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     dtypes: Annotated[str, typer.Option(help="Comma-separated: float32,bfloat16.")] = "float32,bfloat16",

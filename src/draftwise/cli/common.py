@@ -9,6 +9,7 @@ with any undecodable byte shown as an escape.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
@@ -133,6 +134,13 @@ def load_with_status(
 
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="'default', a built-in name, a HF folder or a .gguf file.")
+]
+QuestionsOpt = Annotated[
+    Path,
+    typer.Option(
+        help="Spec-Bench-format JSONL or a text file, one prompt a line.",
+        show_default="the Spec-Bench dev questions shipped with draftwise",
+    ),
 ]
 DTypeOpt = Annotated[DType, typer.Option("--dtype", help="Weights and activations dtype.")]
 RuntimeOpt = Annotated[
