@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import draftwise.decode as decode_module
+import draftwise.passes as decode_module  # the module whose one target pass calls verify_sampled
 from draftwise.decode import decode_steps
 from draftwise.drafters import Drafter, ModelDrafter, PromptLookupDrafter, SelfSpecDrafter
 from draftwise.runtime.native import NativeRuntime

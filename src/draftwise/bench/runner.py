@@ -128,6 +128,8 @@ class Runner:
             "verify_seconds": st.verify_seconds,
             "tested_at": list(st.tested_at),
             "accepted_at": list(st.accepted_at),
+            "tree_passes": st.tree_passes,
+            "tree_nodes": st.tree_nodes,
             "finish_reason": res.finish_reason,
         }
         return TurnResult(res.text, list(res.token_ids), res.seconds, stats, list(st.accept_lengths))
