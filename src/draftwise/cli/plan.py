@@ -192,7 +192,7 @@ def validation_table(validation: dict[str, Any]) -> Table:
     return table
 
 
-def _profile_for_plan(target: Any, dtype: str, keys: list[str], k_top: int, profile_file: Path | None) -> Profile:
+def _profile_for_plan(target: Any, keys: list[str], k_top: int, profile_file: Path | None) -> Profile:
     """The ``--profile`` file, or the cached profile, measured now (and cached) if it is missing
     or lacks a draft or a k. The cache folder is checked for writing before measuring."""
     path = profile_file or default_profile_path(target)
@@ -265,7 +265,7 @@ def plan_cmd(
             if spec.kind != "model":
                 make_drafter(spec, target)
         keys = [str(s) for s in specs]
-        profile = _profile_for_plan(target, dtype.value, keys, max(k_list), profile_file)
+        profile = _profile_for_plan(target, keys, max(k_list), profile_file)
         with progress_bar("plan") as report:
             plan = make_plan(
                 target, questions, profile, drafts=keys, ks=k_list, max_new_tokens=max_new_tokens,
