@@ -15,6 +15,16 @@ j's path. ``keep(base, rows)`` keeps one root-to-node path of that pass: it move
 which the cache is exactly that of having decoded the path as a chain. For a chain,
 ``keep(base, [0, 1, ..., a])`` is ``rollback(base + a + 1)``, so a decode loop needs one code path.
 
+Features (optional: :class:`FeatureRuntime`, which both built-in runtimes are). An EAGLE draft
+head reads the target's hidden states. ``capture_features(layers=None)`` makes every later pass
+record, per cache slot, the output of the last decoder layer before the final norm (``d`` wide);
+``layers=(a, b, c)`` records the outputs of those layers (0-based; layer i's output is layer
+i + 1's input) side by side, ``3 d`` wide (EAGLE-3). ``features(start, end)`` returns them,
+``[end - start, feature_width]`` float32, for any positions below ``length``: prefill records
+every prompt position, a rollback keeps those below the new length, ``keep`` moves the kept
+path's rows as it moves the K/V. A ``forward(layers=...)`` draft pass records nothing (its
+positions read as not recorded until a full pass rewrites them). Capture off costs nothing.
+
 >>> ancestor_mask([-1, 0, 0, 1]).int().tolist()   # root; 1 and 2 under it; 3 under 1
 [[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]]
 >>> check_parents([-1, 0, 0, 1], 4), check_parents([-1, 0, 1], 3)
@@ -88,6 +98,30 @@ class Runtime(Protocol):
 
     def rollback(self, length: int) -> None:
         """Forget positions ``>= length`` (``0 <= length <= self.length``)."""
+        ...
+
+
+@runtime_checkable
+class FeatureRuntime(Runtime, Protocol):
+    """A runtime that can record the target's hidden states per cache position (module docstring)."""
+
+    def capture_features(self, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
+        """From the next pass on, record per cache slot the output of decoder layer ``L - 1``
+        (``layers=None``; before the final norm) or of each of ``layers`` (concatenated in that
+        order). Asking again for the same layers keeps what is recorded; other layers start an
+        empty buffer; ``enabled=False`` turns capture off and frees the buffer. ConfigError for
+        an empty list or an index outside ``[0, num_layers)``."""
+        ...
+
+    @property
+    def feature_width(self) -> int:
+        """``len(layers) * d`` (``d`` for ``layers=None``); 0 while capture is off."""
+        ...
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        """``[end - start, feature_width]`` float32 (a copy) of positions ``start .. end - 1``;
+        ConfigError unless ``0 <= start <= end <= length``, capture is on and those positions
+        were recorded (by a prefill or full forward since capture was turned on)."""
         ...
 
 

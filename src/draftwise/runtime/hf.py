@@ -26,11 +26,17 @@ additive float mask ``[1, 1, n, length + n]``, which transformers 5.x hands to a
 :class:`FullLayer` (a sliding layer sees a slice of the keys, so one mask cannot fit all layers)
 and a probe (four passes of two or three tokens, on first use) shows that the model honours
 the mask and the positions.
+
+``capture_features`` (:mod:`.features`) records hidden states per position with forward hooks on
+the decoder layers (registered only while capture is on; ``output_hidden_states[-1]`` would be
+*after* the final norm). The hooks record only inside this adapter's own passes.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,10 +46,11 @@ from transformers.cache_utils import Cache, DummyLayer, DynamicCache
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError
 from .base import ancestor_mask, check_keep, check_parents
+from .features import FeatureCapture
 from .hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
 
 
-class HFRuntime:
+class HFRuntime(FeatureCapture):
     """A Hugging Face causal LM with a single-sequence, exactly rollback-able KV cache."""
 
     def __init__(self, model: Any, *, max_context: int | None = None) -> None:
@@ -63,6 +70,9 @@ class HFRuntime:
             raise ConfigError("the model's config has no max_position_embeddings; pass max_context")
         self._max_context = min(limits)
         self._num_layers = int(config.num_hidden_layers)
+        self._feature_dim = int(config.hidden_size)
+        self._unhook: Any = lambda: None  # removes feature capture's forward hooks
+        self._feat_at: int | None = None  # the slot the running pass starts at, for the hooks
         head = model.get_output_embeddings()
         self._vocab_size = int(head.weight.shape[0] if head is not None else config.vocab_size)
         self._num_ids = int(model.get_input_embeddings().weight.shape[0])
@@ -193,6 +203,8 @@ class HFRuntime:
             for layer in self._cache.layers:
                 if isinstance(layer, FullLayer):
                     layer.move(src, base + first)
+            if self._feats is not None:
+                self._feats.move(src, base + first)
             self._tokens[base + first : base + len(kept)] = [self._tokens[base + r] for r in kept[first:]]
         self.rollback(base + len(kept))
         self._pass_start, self._pass_parents = base, None  # what stays is a chain
@@ -273,6 +285,7 @@ class HFRuntime:
         if self._can_keep_logits:
             kwargs["logits_to_keep"] = keep
         try:
+            self._feat_at = start
             out = self._model(input_ids=input_ids, position_ids=position_ids, **kwargs)
         except BaseException:  # e.g. Ctrl-C mid-forward: some layers may hold the new tokens
             if self._specs is not None and self._cache is not None:
@@ -280,6 +293,8 @@ class HFRuntime:
             else:  # a cache we cannot shorten: start over empty rather than inconsistent
                 self._tokens, self._cache = [], None
             raise
+        finally:
+            self._feat_at = None
         cache = getattr(out, "cache", None)
         if cache is None:
             cache = getattr(out, "past_key_values", None)
@@ -288,6 +303,28 @@ class HFRuntime:
         self._cache = cache
         self._tokens.extend(tokens)
         return out.logits[0, -keep:].float()
+
+    def _capture_changed(self) -> None:
+        """Hook the decoder layers whose outputs are recorded (only those, only while on). The
+        hooks hold the runtime weakly and go when it does: the model may outlive it."""
+        self._unhook()
+        if self._feats is not None:
+            layers, me = self._decoder_layers(), weakref.ref(self)
+            hooks = [layers[i].register_forward_hook(functools.partial(_record, me, i)) for i in self._feats.stops]
+            self._unhook = weakref.finalize(self, _remove_hooks, hooks)
+
+    def _decoder_layers(self) -> Sequence[Any]:
+        """The decoder's layer list: a ModuleList of ``num_hidden_layers`` modules, looked for
+        under ``get_decoder()`` first (a multimodal model has vision layers too)."""
+        decoder = getattr(self._model, "get_decoder", lambda: self._model)()
+        for root in (decoder, self._model):
+            modules = root.named_modules()
+            lists = [(n, m) for n, m in modules if isinstance(m, torch.nn.ModuleList) and len(m) == self._num_layers]
+            lists.sort(key=lambda item: item[0].split(".")[-1] != "layers")  # prefer `...layers`
+            if lists:
+                return lists[0][1]
+        name = type(self._model).__name__
+        raise ConfigError(f"cannot find the {self._num_layers} decoder layers of {name} to record features from")
 
     def _tree_mask(self, parents: list[int], past: int) -> torch.Tensor:
         """The additive mask ``[1, 1, n, past + n]``: 0 where row j sees a key, the dtype's
@@ -346,3 +383,15 @@ class HFRuntime:
         self._tokens = []
         self._cache = None
         return specs
+
+
+def _record(runtime: weakref.ref[HFRuntime], layer: int, module: Any, args: Any, out: Any) -> None:
+    """A decoder layer's forward hook: record its output (inside the runtime's own passes only)."""
+    rt = runtime()
+    if rt is not None and rt._feat_at is not None and rt._feats is not None:
+        rt._feats.write(rt._feat_at, layer, out[0] if isinstance(out, (tuple, list)) else out)  # [1, n, d]
+
+
+def _remove_hooks(hooks: list[Any]) -> None:
+    for hook in hooks:
+        hook.remove()

@@ -20,6 +20,10 @@ target's verification pass later rewrites every layer at those positions.
 ``length + j`` but rotated to position ``length + depth(j)`` and masked to its ancestors; a chain
 (``parents=None``) takes the plain path (sliced tables, causal mask). ``keep(base, rows)`` then
 copies the kept path's K/V down to consecutive slots (only the rows not already in place).
+
+``capture_features`` (:mod:`.features`) records hidden states per slot for an EAGLE draft head:
+a pass then runs the layers in segments ending at the recorded ones and copies ``x`` after each
+(capture off costs one ``None`` check a pass). A ``layers=`` pass records nothing.
 """
 
 from __future__ import annotations
@@ -33,13 +37,14 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError, ModelLoadError, UnsupportedArchitectureError
 from .base import ancestor_mask, check_keep, check_parents
+from .features import FeatureCapture
 from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
 from .quant import Int4Linear, Int8Linear, Linear, Q4Weight, kernel_works, parse_quant, quantize_q4
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
 
 
-class NativeRuntime:
+class NativeRuntime(FeatureCapture):
     """A Llama-family decoder with a position-indexed KV cache (see the module docstring)."""
 
     def __init__(
@@ -165,6 +170,7 @@ class NativeRuntime:
         self._layers = self._layers_impl
         self.head_rows: torch.Tensor | None = None  # see restrict_head
         self._head_sub: torch.Tensor | None = None
+        self._feature_dim = int(self.embed.shape[1])  # see capture_features
 
     @classmethod
     def from_folder(
@@ -252,6 +258,8 @@ class NativeRuntime:
             with torch.inference_mode():
                 for cache in (*self.k_cache, *self.v_cache):
                     cache[:, dst] = cache.index_select(1, src)  # gathered first: src and dst may overlap
+                if self._feats is not None:
+                    self._feats.move(src, base + first)
         self._length = base + len(kept)
         self._pass_parents = None  # what stays is a chain
 
@@ -367,12 +375,16 @@ class NativeRuntime:
             positions = torch.tensor(depths, device=self.device) + start  # [n]
             seen = torch.ones(n, start, dtype=torch.bool, device=self.device)
             mask = torch.cat([seen, ancestor_mask(parents, self.device)], dim=1)  # [n, end]
-            mask = mask.repeat(self.group, 1)  # [G * n, end], matching the folded query layout
         elif n > 1:  # query i (at position start+i) sees keys 0..start+i
             pos = torch.arange(end, device=self.device)
             mask = pos[None, :] <= pos[start:, None]  # [n, end]
-            mask = mask.repeat(self.group, 1)  # [G * n, end], matching the folded query layout
-        x = self._layers(x, mask, start, end, tuple(layers), positions)
+        mask = None if mask is None else mask.repeat(self.group, 1)  # [G * n, end]: the folded query layout
+        if self._feats is not None and tuple(layers) == self._all_layers:  # record (see .features)
+            x = self._feats.run_recorded(lambda part, x: self._layers(x, mask, start, end, part, positions), x, start)
+        else:
+            x = self._layers(x, mask, start, end, tuple(layers), positions)
+            if self._feats is not None:
+                self._feats.forget(start)  # a draft pass: its slots hold no target features
         self._length = end
         self._pass_start, self._pass_parents = start, parents
         if last_only:
