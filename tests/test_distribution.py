@@ -1,15 +1,16 @@
 """Lossless: speculative sampling draws the first tokens exactly as the target alone would.
 
-For every drafter (a small model, a deliberately bad model, self-speculation, prompt lookup) and
+For every drafter (a small model, a deliberately bad model, self-speculation, prompt lookup, an
+EAGLE head with a reduced vocabulary) and
 every sampling setting (temperature 1 and 0.7, top-k, top-p), N generations run through
 ``decode_steps`` and their first 3 committed tokens are counted. The reference is EXACT: the
 target's distribution of all 24^3 three-token continuations, from one batched, cache-free
 transformers forward over every (t1, t2) prefix, shaped by the same ``logits_to_probs``.
 
 The check is Pearson's chi-square over the 24^3 cells, pooling cells whose expected count is
-below 5 into one; it fails when the p-value is below ALPHA = 1e-4 (24 fixed-seed chi-square
+below 5 into one; it fails when the p-value is below ALPHA = 1e-4 (32 fixed-seed chi-square
 checks in this file: a correct sampler would pass a fresh set of seeds with probability
-> 0.997). Power: the same check, on fewer runs, rejects a verifier that accepts every draft
+> 0.996). Power: the same check, on fewer runs, rejects a verifier that accepts every draft
 token (for every drafter; p < 1e-18 with 200 runs) and one that samples the recovered token
 from p instead of norm(max(0, p - q)) (p < 1e-8 with 400 runs); see the last two tests. It
 does NOT see bugs that only shift the context slightly (e.g. a rejected token left in the KV
@@ -33,6 +34,8 @@ import torch
 import draftwise.passes as decode_module  # the module whose one target pass calls verify_sampled
 from draftwise.decode import decode_steps
 from draftwise.drafters import Drafter, ModelDrafter, PromptLookupDrafter, SelfSpecDrafter
+from draftwise.drafters.eagle import EagleDrafter
+from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig, LoadedHead
 from draftwise.runtime.native import NativeRuntime
 from draftwise.sampling import SamplingConfig, logits_to_probs
 from draftwise.verify import Verdict, verify_sampled
@@ -52,7 +55,7 @@ SETTINGS: dict[str, tuple[SamplingConfig, int]] = {  # name -> (sampling, k)
     "top_k=5": (SamplingConfig(temperature=1.0, top_k=5), 3),
     "top_p=0.8": (SamplingConfig(temperature=1.0, top_p=0.8), 2),
 }
-DRAFTERS = ("model", "bad-model", "self", "lookup")
+DRAFTERS = ("model", "bad-model", "self", "lookup", "eagle")
 
 
 def _tiny(seed: int, layers: int, head_scale: float, like=None):
@@ -73,6 +76,17 @@ def _tiny(seed: int, layers: int, head_scale: float, like=None):
         else:
             hf.lm_head.weight.mul_(head_scale)
     return hf
+
+
+def _eagle(target: NativeRuntime) -> Drafter:
+    """A random EAGLE head over the target's features, scoring 16 of the 24 tokens (q is 0 on
+    the rest, which verification must make up for)."""
+    torch.manual_seed(5)
+    head = EagleHead(HeadConfig.from_target(target.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.3)
+    return EagleDrafter(target, LoadedHead(head.eval(), torch.arange(16), {}))
 
 
 @dataclass
@@ -111,6 +125,7 @@ def world() -> World:
         "bad-model": lambda: ModelDrafter(bad, vocab_size=V),
         "self": lambda: SelfSpecDrafter(target, [0]),
         "lookup": lambda: PromptLookupDrafter(),
+        "eagle": lambda: _eagle(target),
     }
     draft_hf = {"model": draft_hf, "bad-model": bad_hf}
     return World(target_hf, target, drafters, draft_hf, prompt, logits)
@@ -228,8 +243,22 @@ def draft_logits(world: World, name: str, context: list[int]) -> torch.Tensor:
         return hf(input_ids=torch.tensor([context]), use_cache=False).logits[0, -1].float()
 
 
+def eagle_logits(world: World, drafter: EagleDrafter, context: list[int]) -> torch.Tensor:
+    """[vocab] the head's scores after ``context`` (the prompt, then drafted tokens), from
+    scratch: a fresh head cache over the target's features of the prompt, then one row per
+    drafted token fed its predecessor's predicted feature."""
+    n = len(world.prompt)
+    cache = HeadCache(drafter.head.cfg, 64)
+    with torch.inference_mode():
+        feats = world.target.features(0, n)  # [n, d]: the target holds the prompt
+        h = drafter.head(drafter.parts.embed(context[1 : n + 1])[None], feats[None], torch.arange(n)[None], cache)[0, -1:]
+        for pos, token in enumerate(context[n + 1 :], start=n):
+            h = drafter.head(drafter.parts.embed([token])[None], h[None], torch.tensor([[pos]]), cache)[0]
+        return drafter.parts.logits(h)[0]
+
+
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("draft", ["model", "bad-model", "self"])
+@pytest.mark.parametrize("draft", ["model", "bad-model", "self", "eagle"])
 def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     """Verification is lossless only if Draft.probs is the very distribution each proposed token
     was drawn from, shaped by the generation's sampling settings: probs rows equal
@@ -243,7 +272,10 @@ def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     proposal = drafter.propose(context, 3)
     assert proposal.probs is not None and proposal.probs.shape == (3, V)
     for i in range(3):
-        q = logits_to_probs(draft_logits(world, draft, context + proposal.tokens[:i]), cfg)
+        if draft == "eagle":
+            q = logits_to_probs(eagle_logits(world, drafter, context + proposal.tokens[:i]), cfg)
+        else:
+            q = logits_to_probs(draft_logits(world, draft, context + proposal.tokens[:i]), cfg)
         assert torch.allclose(proposal.probs[i], q, atol=1e-5), i
     if draft == "bad-model":
         return  # its q is nearly a point mass: nothing to compare a sample against

@@ -9,6 +9,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..loaders import cache_dir, load_model
 from .base import Drafter
+from .eagle import eagle_drafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter, check_same_tokenizer
 from .packs import META_FILE, default_draft_folder
@@ -133,4 +134,7 @@ def make_drafter(
         check_same_tokenizer(model.tokenizer, draft_model.tokenizer)
         _apply_vocab_subset(draft_model)
         return ModelDrafter(draft_model.runtime, vocab_size=model.runtime.vocab_size, label=f"model:{draft_model.name}")
+    if spec.kind == "eagle":
+        assert spec.source is not None
+        return eagle_drafter(spec.source, model, topk=spec.branches, depth=spec.depth)
     return None

@@ -16,6 +16,9 @@ profiles, plans, bench and export accept.
 ``self:layers=0-9,12`` exactly these layers;  ``self:skip=10-19``: all but these
 ``model:PATH``         a smaller model with the same tokenizer (folder, .gguf, built-in name)
 ``model:default``      the distilled draft that ships for the target (SmolLM2-135M-Instruct)
+``eagle:PATH``         a feature-level draft head (EAGLE) trained by ``draftwise train-head``
+``eagle:default``      the head that ships for the target; ``eagle:default,topk=4,depth=6``: greedy
+                       steps propose EAGLE-2 token trees (K children per expanded node)
 =====================  =======================================================================
 
 A :class:`DraftSpec` is frozen and validated when built; ``str(spec)`` is its canonical form, the
@@ -38,9 +41,9 @@ from ..errors import ConfigError
 
 SPEC_HELP = (
     "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
-    "self[:exit=L|layers=..|skip=..], model:PATH, model:default"
+    "self[:exit=L|layers=..|skip=..], model:PATH, model:default, eagle:PATH, eagle:default"
 )
-KINDS = ("none", "lookup", "suffix", "self", "model")
+KINDS = ("none", "lookup", "suffix", "self", "model", "eagle")
 LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tokens
 MAX_NODES = 256  # the most tokens a draft proposes in one step (k, or a tree's nodes)
 # suffix defaults: nodes, depth, cached generations, nodes per matched token, least path prob
@@ -51,7 +54,7 @@ _OPTIONS = {
     "self": ("exit", "layers", "skip"),
 }
 
-DraftKind = Literal["none", "lookup", "suffix", "self", "model"]
+DraftKind = Literal["none", "lookup", "suffix", "self", "model", "eagle"]
 KValue = Union[int, str]  # an int >= 1, or "auto"
 
 
@@ -196,16 +199,18 @@ class DraftSpec:
             raise ConfigError(
                 f"lookup needs 1 <= min <= max, got min={self.min_ngram}, max={self.max_ngram}"
             )
-        if self.kind == "lookup" and not 1 <= self.branches <= MAX_NODES:
-            raise ConfigError(f"lookup:branches={self.branches} is out of range; use 1..{MAX_NODES}")
+        if self.kind in ("lookup", "eagle") and not 1 <= self.branches <= MAX_NODES:
+            raise ConfigError(f"{self.kind}:{'topk' if self.kind == 'eagle' else 'branches'}={self.branches} is out of range; use 1..{MAX_NODES}")
         if self.kind == "suffix":
             from .suffix import check_suffix_options  # the memory estimate lives with the structure
 
             check_suffix_options(self.nodes, self.depth, self.cache, self.factor, self.min_prob, MAX_NODES)
         if self.kind == "self" and sum(x is not None for x in (self.exit_layer, self.layers, self.skip)) > 1:
             raise ConfigError("give one of self:exit=, self:layers= or self:skip=, not several")
-        if self.kind == "model" and not (self.source or "").strip():
-            raise ConfigError("model: needs a path or name, e.g. model:default or model:/path/to/draft")
+        if self.kind in ("model", "eagle") and not (self.source or "").strip():
+            raise ConfigError(
+                f"{self.kind}: needs a path or name, e.g. {self.kind}:default or {self.kind}:/path/to/folder"
+            )
 
     @classmethod
     def parse(cls, spec: DraftSpec | str | None) -> DraftSpec:
@@ -219,7 +224,15 @@ class DraftSpec:
         kind, colon, rest = spec.strip().partition(":")
         kind = kind.strip()
         if kind == "model":
-            return cls("model", source=rest.strip())
+            return cls(kind, source=rest.strip())
+        if kind == "eagle":  # a path, then optional topk=K / depth=D parts
+            parts = rest.split(",")
+            opts: dict[str, int] = {}
+            while len(parts) > 1 and parts[-1].strip().partition("=")[0].strip() in ("topk", "depth"):
+                key, _, value = parts.pop().strip().partition("=")
+                opts[key.strip()] = _positive_int("eagle", key.strip(), value.strip())
+            return cls("eagle", source=",".join(parts).strip(), branches=opts.get("topk", 1),
+                       depth=opts.get("depth", int(SUFFIX["depth"])))
         if kind == "none" and not rest.strip():
             return cls()
         if kind not in _OPTIONS:
@@ -268,8 +281,11 @@ class DraftSpec:
             if self.skip is not None:
                 return f"self:skip={format_layers(self.skip)}"
             return "self"
-        if self.kind == "model":
-            return f"model:{self.source.strip() if self.source else ''}"
+        if self.kind == "eagle" and self.branches > 1:
+            depth = f",depth={self.depth}" if self.depth != SUFFIX["depth"] else ""
+            return f"eagle:{self.source.strip() if self.source else ''},topk={self.branches}{depth}"
+        if self.kind in ("model", "eagle"):
+            return f"{self.kind}:{self.source.strip() if self.source else ''}"
         return "none"
 
     @property

@@ -1,0 +1,257 @@
+"""The EAGLE drafter: drafts in the target's feature space with a trained head (``eagle:PATH``).
+
+Each step it first feeds the head the target's features of the positions committed since its
+last proposal (``runtime.features``: recorded by the verification pass that just ran, so no
+extra target pass), paired with the tokens that followed them; the head's last row guesses the
+target's feature at the last committed token, and the target's final norm and LM head turn the
+guess into q. It then drafts on from its own guesses, one head row per token. The head keeps
+its own KV cache; rows written while drafting are rolled back and rewritten from the target's
+real features at the next step, so the cache never holds a guess for a committed position.
+
+Greedy proposes each argmax; sampling draws from q and returns it, which the lossless
+verification needs. With ``topk=K > 1`` (``eagle:PATH,topk=4,depth=6``) a greedy step proposes a
+dynamic token tree instead, as EAGLE-2 does (Li et al., EMNLP 2024): level by level, the K most
+likely children of the K best nodes of the level (best by the product of draft probabilities
+along the path, a proxy for the chance the whole path is accepted) are scored in one head pass,
+and the ``k`` best nodes of all levels form the tree (ancestors always score at least as well as
+their descendants, so the chosen set is a tree). Sampling keeps proposing chains. The head, its files and its training live in :mod:`.eagle_head` and
+``draftwise train-head``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..sampling import SamplingConfig
+from ..tree import TokenTree
+from .base import Draft, draft_autoregressive
+from .eagle_head import HeadCache, LoadedHead, load_head, target_fingerprint
+
+#: heads that ship with draftwise, one folder per target (named like its converted folder)
+SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"
+
+
+def shipped_head(model: Any) -> Path | None:
+    """The head that ships for ``model`` (keyed by its converted folder's name), if any."""
+    folder = SHIPPED_HEADS / Path(str(getattr(model, "folder", ""))).name
+    return folder if (folder / "eagle_head.safetensors").is_file() else None
+
+
+def default_head_folder(model: Any) -> Path:
+    """The head that ships for ``model`` (``eagle:default``), or a one-line error."""
+    folder = shipped_head(model)
+    if folder is None:
+        raise ConfigError(
+            f"no draft head ships for {getattr(model, 'name', 'this model')}; train one with "
+            "`draftwise train-head --out DIR` and pass --draft eagle:DIR"
+        )
+    return folder
+
+
+def _hf_model(runtime: Any) -> Any:
+    return getattr(runtime, "model", None) or getattr(runtime, "_model", None)
+
+
+def hidden_size(runtime: Any) -> int:
+    """The target's hidden size (the width of its features)."""
+    config = getattr(runtime, "config", None)
+    if config is None and _hf_model(runtime) is not None:
+        config = _hf_model(runtime).config
+        config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if config is None:
+        raise ConfigError(f"the {type(runtime).__name__} runtime does not say its hidden size; EAGLE needs it")
+    return int(config.hidden_size)
+
+
+def fingerprint_of(model: Any) -> str:
+    """The fingerprint a head trained for ``model`` carries (tokenizer, hidden size, head width)."""
+    return target_fingerprint(model.tokenizer, hidden_size(model.runtime), int(model.runtime.vocab_size))
+
+
+class TargetParts:
+    """The target's embedding, final norm and LM head rows, which a head borrows (float32).
+
+    ``rows``: the head rows a reduced-vocabulary head scores (FR-Spec), or None for all.
+    Training (``draftwise train-head``) and drafting use the same object."""
+
+    def __init__(self, runtime: Any, rows: torch.Tensor | None, device: torch.device | str = "cpu") -> None:
+        self.vocab_size = int(runtime.vocab_size)
+        self.device = torch.device(device)
+        self.rows = None if rows is None else rows.to(self.device)
+        self._embed_module: Any = None
+        if hasattr(runtime, "embed") and hasattr(runtime, "final_norm"):  # the native runtime
+            self.embed_table: torch.Tensor | None = runtime.embed.float().to(self.device)
+            weight, eps = runtime.final_norm.float().to(self.device), float(runtime.eps)
+            self._norm = lambda h: F.rms_norm(h, weight.shape, weight, eps)
+            head = runtime.head.float()
+        else:  # a transformers model: its own modules (Gemma scales its embeddings, norms by 1 + w)
+            model = _hf_model(runtime)
+            if model is None:
+                raise ConfigError(f"EAGLE cannot reach the embeddings of a {type(runtime).__name__} runtime")
+            self.embed_table, self._embed_module = None, model.get_input_embeddings()
+            norm_module = model.get_decoder().norm
+            self._norm = lambda h: norm_module(h.to(next(norm_module.parameters()).dtype)).float()
+            head = model.get_output_embeddings().weight.float()
+        head = head if rows is None else head[rows.to(head.device)]
+        self.head = head.to(self.device).contiguous()  # [V', d]
+
+    @classmethod
+    def of(cls, runtime: Any, draft_tokens: Sequence[int] | None, device: torch.device | str = "cpu") -> TargetParts:
+        rows = None if draft_tokens is None else torch.as_tensor(list(draft_tokens), dtype=torch.long)
+        return cls(runtime, rows, device)
+
+    def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+        """``[..., d]`` float32 embeddings of token ids (a list, or a tensor of any shape)."""
+        index = ids if isinstance(ids, torch.Tensor) else torch.as_tensor(list(ids), dtype=torch.long)
+        if self.embed_table is not None:
+            return F.embedding(index.to(self.device), self.embed_table)
+        module = self._embed_module
+        flat = module(index.reshape(1, -1).to(module.weight.device))[0].float().to(self.device)
+        return flat.reshape(*index.shape, -1)
+
+    def scores(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., V']``: the final norm and the head rows on predicted features ``[..., d]``."""
+        return F.linear(self._norm(hidden), self.head)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[..., vocab]`` scores over the whole vocabulary: -inf outside a reduced one."""
+        scores = self.scores(hidden)
+        if self.rows is None:
+            return scores
+        out = scores.new_full((*scores.shape[:-1], self.vocab_size), float("-inf"))
+        return out.index_copy_(-1, self.rows, scores)
+
+
+class EagleDrafter:
+    """Drafts with an EAGLE head over the target runtime's features (chains of k tokens)."""
+
+    name = "eagle"
+
+    def __init__(
+        self, runtime: Any, loaded: LoadedHead, *, label: str = "eagle", topk: int = 1, depth: int = 8
+    ) -> None:
+        capture = getattr(runtime, "capture_features", None)
+        if capture is None:
+            raise ConfigError(f"the {type(runtime).__name__} runtime cannot record features; EAGLE needs them")
+        d = hidden_size(runtime)
+        if loaded.head.cfg.hidden_size != d:
+            raise ConfigError(
+                f"the draft head is {loaded.head.cfg.hidden_size} wide and the target's features {d}: "
+                "it was trained for another model"
+            )
+        capture(None)
+        self.rt = runtime
+        self.head = loaded.head
+        self.meta = loaded.meta
+        self.name = label
+        self.parts = TargetParts(runtime, loaded.draft_tokens)
+        self.cache = HeadCache(loaded.head.cfg, int(runtime.max_context))
+        self._sampling = SamplingConfig()
+        self._generator = torch.Generator()
+        self._fed = 0  # head rows (positions) computed from the target's real features
+        self.topk, self.depth = int(topk), int(depth)
+
+    def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
+        self._sampling, self._generator = sampling, generator
+        self._fed = 0
+        self.cache.rollback(0)
+
+    def _rows(self, tokens: Sequence[int], feats: torch.Tensor, start: int) -> torch.Tensor:
+        """Head rows at positions ``start ..``: ``feats[i]`` with the token that followed it."""
+        positions = torch.arange(start, start + len(tokens))[None]
+        out = self.head(self.parts.embed(tokens)[None], feats[None].float(), positions, self.cache)
+        return out[0]  # [n, d]
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        known = int(self.rt.length)  # positions the target has features for: all but the last token
+        if k < 1 or known < 1 or known != len(context) - 1 or len(context) + k > self.cache.max_context:
+            return Draft([])
+        start = min(self._fed, known - 1)  # always re-run the last real row: its output starts the draft
+        with torch.inference_mode():
+            self.cache.rollback(start)
+            hidden = self._rows(context[start + 1 : known + 1], self.rt.features(start, known), start)[-1:]
+            self._fed = known
+            if self.topk > 1 and self._sampling.greedy and k > 1:
+                return self._tree(hidden, known, k)
+            state = {"hidden": hidden, "pos": known}
+
+            def step(token: int) -> torch.Tensor:
+                state["hidden"] = self._rows([token], state["hidden"], state["pos"])
+                state["pos"] += 1
+                return self.parts.logits(state["hidden"])[0]
+
+            return draft_autoregressive(self.parts.logits(hidden)[0], step, k, self._sampling, self._generator)
+
+    def _tree(self, hidden: torch.Tensor, known: int, budget: int) -> Draft:
+        """A greedy EAGLE-2 tree of at most ``budget`` nodes (see the module docstring)."""
+        K = self.topk
+        tokens: list[int] = []
+        parents: list[int] = []  # node index of the parent, -1 for the root
+        scores: list[float] = []
+        depths: list[int] = []
+        slot: dict[int, int] = {}  # expanded node -> its head cache slot
+        ids = self.parts.rows  # draft vocabulary index -> token id (None: the same)
+
+        def best(h: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
+            """The K most likely next tokens after each predicted feature, with log q."""
+            top = torch.log_softmax(self.parts.scores(h), -1).topk(min(K, self.parts.head.shape[0]))
+            index = top.indices if ids is None else ids[top.indices]
+            return top.values.tolist(), index.tolist()
+
+        values, indices = best(hidden)
+        level = []
+        for lp, tok in zip(values[0], indices[0]):
+            level.append(len(tokens))
+            tokens.append(tok), parents.append(-1), scores.append(lp), depths.append(1)
+        feats = {-1: hidden[0]}
+        for d in range(1, min(self.depth, budget)):
+            expand = sorted(level, key=lambda i: -scores[i])[:K]
+            expand = [i for i in expand if scores[i] > float("-inf")]
+            if not expand:
+                break
+            base = self.cache.length
+            mask = torch.zeros(len(expand), base + len(expand), dtype=torch.bool)
+            mask[:, :known] = True  # every real row
+            for r, i in enumerate(expand):
+                slot[i] = base + r
+                j = i
+                while j != -1:  # the node and its expanded ancestors
+                    if j in slot:
+                        mask[r, slot[j]] = True
+                    j = parents[j]
+            embeds = self.parts.embed([tokens[i] for i in expand])[None]
+            inputs = torch.stack([feats[parents[i]] for i in expand])[None]
+            positions = torch.full((1, len(expand)), known + d - 1)
+            out = self.head(embeds, inputs, positions, self.cache, attn_mask=mask)[0]  # [e, d]
+            values, indices = best(out)  # per expanded node
+            level = []
+            for r, i in enumerate(expand):
+                feats[i] = out[r]
+                for lp, tok in zip(values[r], indices[r]):
+                    level.append(len(tokens))
+                    tokens.append(tok), parents.append(i), scores.append(scores[i] + lp), depths.append(d + 1)
+        best = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i]))[:budget]
+        row: dict[int, int] = {}  # node -> its row in the tree, parents before children
+        for i in sorted(best, key=lambda i: (depths[i], -scores[i])):
+            if scores[i] > float("-inf") and (parents[i] == -1 or parents[i] in row):
+                row[i] = len(row) + 1
+        kept = list(row)
+        tree = TokenTree([tokens[i] for i in kept], [row.get(parents[i], 0) for i in kept])
+        return Draft(list(tree.tokens), None, tree)
+
+    def observe(self, num_accepted: int) -> None:
+        """Nothing to do: the next proposal rolls the head back to the committed positions."""
+
+
+def eagle_drafter(source: str, model: Any, *, topk: int = 1, depth: int = 8) -> EagleDrafter:
+    """The drafter ``eagle:SOURCE`` names for target ``model`` (a :class:`draftwise.Model`)."""
+    folder = default_head_folder(model) if source.strip() == "default" else Path(source.strip()).expanduser()
+    loaded = load_head(folder, fingerprint=fingerprint_of(model))
+    label = "eagle:default" if source.strip() == "default" else f"eagle:{folder.name}"
+    return EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth)

@@ -1,0 +1,222 @@
+"""The EAGLE drafter and its head files: specs, loading and refusing heads, exact incremental
+drafting (the head's cache and the target's features after rollbacks and trees), greedy equality.
+
+The sampled-mode distribution checks for the head are in test_distribution.py (drafter "eagle").
+"""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from draftwise.decode import decode_steps
+from draftwise.drafters.eagle import EagleDrafter, TargetParts, default_head_folder, eagle_drafter
+from draftwise.drafters.eagle_head import (
+    HEAD_META,
+    HEAD_WEIGHTS,
+    EagleHead,
+    HeadCache,
+    HeadConfig,
+    LoadedHead,
+    load_head,
+    save_head,
+    target_fingerprint,
+)
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.runtime.native import NativeRuntime
+from draftwise.sampling import SamplingConfig
+
+from .conftest import random_hf_model, tiny_llama_config
+
+V = 40
+
+
+class _Tok:
+    def __init__(self, n: int, salt: str = "") -> None:
+        self.vocab = {f"t{i}{salt}": i for i in range(n)}
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.vocab
+
+
+@pytest.fixture(scope="module")
+def target(one_thread):
+    config = tiny_llama_config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    hf = random_hf_model(config, seed=3)
+    return NativeRuntime(hf.config, hf.state_dict())
+
+
+def _head(rt: NativeRuntime, seed: int = 0) -> EagleHead:
+    torch.manual_seed(seed)
+    head = EagleHead(HeadConfig.from_target(rt.config))
+    with torch.no_grad():
+        for p in head.parameters():
+            p.normal_(0.0, 0.3)
+    return head.eval().requires_grad_(False)
+
+
+def _drafter(rt: NativeRuntime, rows: torch.Tensor | None = None, seed: int = 0) -> EagleDrafter:
+    return EagleDrafter(rt, LoadedHead(_head(rt, seed), rows, {}))
+
+
+def test_specs_parse_and_print():
+    assert str(DraftSpec.parse(" eagle:default ")) == "eagle:default"
+    assert DraftSpec.parse("eagle:/tmp/h,x").source == "/tmp/h,x"
+    with pytest.raises(ConfigError, match="eagle: needs a path"):
+        DraftSpec.parse("eagle:")
+
+
+def test_head_folder_round_trip_and_refusals(tmp_path, target):
+    head = _head(target)
+    fp = target_fingerprint(_Tok(V), 32, V)
+    save_head(tmp_path / "h", head, draft_tokens=[0, 5, 7], target={"name": "tiny", "fingerprint": fp,
+                                                                       "hidden_size": 32, "vocab_size": V})
+    loaded = load_head(tmp_path / "h", fingerprint=fp)
+    assert loaded.draft_tokens.tolist() == [0, 5, 7] and loaded.meta["draft_vocab_size"] == 3
+    for name, p in head.state_dict().items():
+        assert torch.equal(loaded.head.state_dict()[name], p), name
+    other = target_fingerprint(_Tok(V, salt="x"), 32, V)
+    assert other != fp and target_fingerprint(_Tok(V), 48, V) != fp
+    with pytest.raises(ConfigError, match="trained for tiny"):
+        load_head(tmp_path / "h", fingerprint=other)
+    with pytest.raises(ConfigError, match="no draft head at"):
+        load_head(tmp_path / "missing")
+    (tmp_path / "h" / HEAD_WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(ConfigError, match="damaged"):
+        load_head(tmp_path / "h", fingerprint=fp)
+    (tmp_path / "h" / HEAD_META).write_text("{")
+    with pytest.raises(ConfigError, match="damaged"):
+        load_head(tmp_path / "h")
+    (tmp_path / "h" / HEAD_META).unlink()
+    with pytest.raises(ConfigError, match="lacks draftwise_head.json"):
+        load_head(tmp_path / "h")
+
+
+def test_head_weights_that_do_not_fit_the_config_are_refused(tmp_path, target):
+    fp = target_fingerprint(_Tok(V), 32, V)
+    save_head(tmp_path / "h", _head(target), draft_tokens=None, target={"fingerprint": fp, "hidden_size": 32, "vocab_size": V})
+    meta = json.loads((tmp_path / "h" / HEAD_META).read_text())
+    meta["config"]["intermediate_size"] = 80
+    (tmp_path / "h" / HEAD_META).write_text(json.dumps(meta))
+    with pytest.raises(ConfigError, match="do not fit"):
+        load_head(tmp_path / "h", fingerprint=fp)
+
+
+def test_eagle_default_without_a_shipped_head_says_how_to_train_one(tmp_path):
+    fake = SimpleNamespace(folder=tmp_path / "no-such-model", name="tiny")
+    with pytest.raises(ConfigError, match="train-head"):
+        default_head_folder(fake)
+    with pytest.raises(ConfigError, match="train-head"):
+        eagle_drafter("default", fake)
+
+
+def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: int) -> list[int]:
+    """The greedy chain from scratch: a fresh target prefill of the context for features, a fresh
+    head cache, every real row at once, then k drafted rows."""
+    rt.rollback(0)
+    rt.prefill(context[:-1])
+    n = len(context) - 1
+    feats = rt.features(0, n)
+    cache = HeadCache(drafter.head.cfg, 128)
+    parts = drafter.parts
+    with torch.inference_mode():
+        h = drafter.head(parts.embed(context[1:])[None], feats[None], torch.arange(n)[None], cache)[0, -1:]
+        out = []
+        for i in range(k):
+            token = int(parts.logits(h)[0].argmax())
+            out.append(token)
+            h = drafter.head(parts.embed([token])[None], h[None], torch.tensor([[n + i]]), cache)[0]
+    return out
+
+
+@pytest.mark.parametrize("rows", [None, "reduced"])
+def test_incremental_drafting_equals_drafting_from_scratch(target, rows):
+    """Across steps with rejections (rollback of the head's cache and the target's), every
+    proposal equals the one computed from scratch for the same context."""
+    index = torch.tensor([1, 2, 3, 5, 8, 13, 21, 34, 7, 9, 11]) if rows else None
+    drafter = _drafter(target, index)
+    prompt = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7]
+    generator = torch.Generator().manual_seed(0)
+    seen = []
+    steps = decode_steps(target, prompt, SamplingConfig(), generator, drafter=drafter, k=3)
+    context = list(prompt)
+    for i, step in enumerate(steps):
+        context += step.verdict.tokens
+        if i == 6:
+            break
+        proposal = drafter.propose(context, 3).tokens
+        seen.append((list(context), proposal))
+    steps.close()
+    assert len(seen) >= 5
+    for context, proposal in seen[-3:]:
+        ref_drafter = _drafter(target, index)
+        assert _reference(target, ref_drafter, context, 3) == proposal
+        if index is not None:
+            assert set(proposal) <= set(index.tolist())
+
+
+def test_greedy_with_the_head_equals_plain_greedy(target):
+    prompt = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3]
+    plain, spec = [], []
+    for drafter, out in ((None, plain), (_drafter(target), spec)):
+        steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), drafter=drafter, k=4)
+        for step in steps:
+            out += step.verdict.tokens
+            if len(out) >= 40:
+                break
+        steps.close()
+    assert spec[:40] == plain[:40]
+
+
+def test_a_runtime_without_feature_capture_is_refused():
+    class NoFeatures:
+        vocab_size, max_context, length = V, 64, 0
+
+    with pytest.raises(ConfigError, match="cannot record features"):
+        EagleDrafter(NoFeatures(), LoadedHead(EagleHead(HeadConfig(32, 4, 2, 8, 64, 1e-5, 1e4)), None, {}))
+
+
+def test_target_parts_reduced_vocabulary_scores_only_its_rows(target):
+    parts = TargetParts(target, torch.tensor([4, 9]))
+    logits = parts.logits(torch.randn(2, 32))
+    assert logits.shape == (2, V)
+    finite = torch.isfinite(logits).nonzero()[:, 1].unique().tolist()
+    assert finite == [4, 9]
+
+
+def test_greedy_trees_equal_plain_greedy_and_respect_the_budget(target):
+    """EAGLE-2 trees (top-3 children, depth 4) at a budget of 7 nodes: every proposal is a tree
+    of at most 7 nodes, some are not chains, and the output equals plain greedy decoding."""
+    prompt = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3]
+    plain: list[int] = []
+    steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), k=1)
+    for step in steps:
+        plain += step.verdict.tokens
+        if len(plain) >= 40:
+            break
+    steps.close()
+    drafter = EagleDrafter(target, LoadedHead(_head(target, seed=1), None, {}), topk=3, depth=4)
+    real_propose, shapes = drafter.propose, []
+
+    def spy(context, k):
+        draft = real_propose(context, k)
+        shapes.append((k, len(draft), draft.tree))
+        return draft
+
+    drafter.propose = spy  # type: ignore[method-assign]
+    spec: list[int] = []
+    steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), drafter=drafter, k=7)
+    for step in steps:
+        spec += step.verdict.tokens
+        if len(spec) >= 40:
+            break
+    steps.close()
+    assert spec[:40] == plain[:40]
+    assert all(n <= k for k, n, _ in shapes)
+    assert any(tree is not None and not tree.is_chain for _, _, tree in shapes)
+    assert max(tree.depth for _, _, tree in shapes if tree is not None) >= 2
