@@ -175,3 +175,26 @@ def progress_bar(label: str) -> Iterator[Callable[[str, float], None]]:
     ) as bar:
         task = bar.add_task(label, total=1.0)
         yield lambda desc, frac: bar.update(task, completed=frac, description=f"{label}: {desc}")
+
+
+@contextmanager
+def phase_bars() -> Iterator[tuple[Any, Callable[..., None]]]:
+    """One rich bar per phase of a long run (data, features, training ...), kept on screen.
+    Yields ``(progress, bar)``; ``bar(name, done, total, info="")`` adds or updates a phase."""
+    from rich.progress import (
+        BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+    )
+
+    columns = (
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(), TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=err, transient=False) as progress:
+        tasks: dict[str, Any] = {}
+
+        def bar(name: str, done: int, total: int, info: str = "") -> None:
+            if name not in tasks:
+                tasks[name] = progress.add_task(name, total=total, info=info)
+            progress.update(tasks[name], completed=done, total=total, info=info)
+
+        yield progress, bar

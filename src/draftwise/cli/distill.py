@@ -17,7 +17,7 @@ from ..distill.outputs import check_out_dir
 from ..distill.pack import PACK_WEIGHTS, pack_draft
 from ..errors import ConfigError
 from ..threads import set_threads
-from .common import CompileOpt, DeviceOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, user_errors
+from .common import CompileOpt, DeviceOpt, Quant, QuantOpt, ThreadsOpt, load_with_status, out, phase_bars, user_errors
 
 
 def _parse_list(text: str | None, kind: type, flag: str, example: str) -> list | None:
@@ -121,8 +121,6 @@ def distill_cmd(
 
     Options left unset take their defaults, or with --resume the checkpoint's values.
     """
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
     command = shlex.join(["draftwise", *sys.argv[1:]])
     with user_errors():
         init_list = _parse_list(init_layers, int, "--init-layers", "0,10,20,29")
@@ -136,17 +134,7 @@ def distill_cmd(
             target_model = load_with_status(
                 target, "float32", device=device, quant=quant.value, compile=compile_
             )
-        columns = (
-            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-            TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-        )
-        with Progress(*columns, console=err, transient=False) as progress:
-            tasks: dict[str, Any] = {}
-
-            def bar(name: str, done: int, total: int, info: str = "") -> None:
-                if name not in tasks:
-                    tasks[name] = progress.add_task(name, total=total, info=info)
-                progress.update(tasks[name], completed=done, total=total, info=info)
+        with phase_bars() as (progress, bar):
 
             def on_step(log: Any) -> None:
                 bar("training", log.step, log.steps, f"loss {log.loss:.4f}  {log.tokens_per_second:,.0f} tok/s")

@@ -1,0 +1,281 @@
+"""Training an EAGLE draft head: its start, its batches, its loss, its held-out metric, the loop.
+
+Row t of a sequence feeds the head the target's feature f_t and the embedding of x_{t+1}, at
+position t; the head predicts f'_{t+1}, and the target's final norm and head rows turn it into
+q(x_{t+2}). The teacher is the target at position t+1: p(v) = exp(z_v(f_{t+1}) - lse_{t+1}),
+exact over any subset of the vocabulary because lse is the full vocabulary's. Per row::
+
+    loss = sum_{v in V'} p(v) (log p(v) - log q(v))  +  reg_weight * smoothL1(f'_{t+1}, f_{t+1})
+
+(the first term is KL(p || q) over the draft vocabulary V'; EAGLE-1 adds the second). With
+``noise`` > 0 the input feature f_t gets uniform noise in [-noise, noise] (EAGLE), since at
+drafting time the head reads its own, imperfect, features.
+
+Held-out metric, teacher-forced greedy acceptance at k = 1: over the rows of the held-out
+sequences whose target position t+1 is in the response (j >= prompt length, and not the
+position after an end-of-sequence token), the fraction where the draft token (argmax of q over
+V') equals the target's argmax over its full vocabulary; and the same over the rows whose target
+token is in V' (what a better head could reach with this vocabulary).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+import torch
+import torch.nn.functional as F
+
+from ..drafters.eagle import TargetParts
+from ..drafters.eagle_head import EagleHead, HeadConfig
+from ..errors import ConfigError
+from ..runtime.native import load_state_dict
+from .data import batch_indices
+from .head_data import FeatureStore
+from .loop import GRAD_CLIP, RunProgress, graceful_interrupt, lr_schedule
+
+
+def build_head(target: Any, *, init: str, seed: int, feature_norm: bool = False) -> EagleHead:
+    """A head of the target's layer shape. ``init="layer"``: the decoder layer starts as the
+    target's last layer and fc passes the feature through (fc = [0 | I]), so the first step
+    starts from "run the last layer once more"; ``"random"``: torch's default initialisation.
+    ``feature_norm``: RMS-normalise the input feature first (see :class:`HeadConfig`)."""
+    cfg = HeadConfig.from_target(target.config, feature_norm=feature_norm)
+    torch.manual_seed(seed)
+    head = EagleHead(cfg)
+    if init == "layer":
+        prefix = f"model.layers.{int(target.config.num_hidden_layers) - 1}."
+        state = load_state_dict(target.folder)
+        head.init_from_layer({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
+        d = cfg.hidden_size
+        with torch.no_grad():
+            head.fc.weight.zero_()
+            head.fc.weight[:, d:] = torch.eye(d)
+    elif init != "random":
+        raise ConfigError(f"--init {init!r} is not one of layer, random")
+    return head
+
+
+@dataclass
+class HeadBatch:
+    """Rows of B sequences, right-padded to n: inputs, teacher and masks."""
+
+    embeds: torch.Tensor  # [B, n, d] embed(x_{t+1})
+    feats: torch.Tensor  # [B, n, d] f_t
+    positions: torch.Tensor  # [B, n] t
+    next_feats: torch.Tensor  # [B, n, d] f_{t+1}
+    lse: torch.Tensor  # [B, n] of position t+1
+    top: torch.Tensor  # [B, n] the target's argmax at t+1
+    train: torch.Tensor  # [B, n] bool: rows in the loss
+    response: torch.Tensor  # [B, n] bool: rows in the held-out metric
+
+
+def make_head_batch(
+    store: FeatureStore, seqs: Sequence[int], parts: TargetParts, *, window: int | None, eos: set[int],
+    response_only: bool, device: torch.device,
+) -> HeadBatch:
+    """Rows t = lo .. L-2 of each sequence in ``seqs``, lo = L - 1 - ``window`` (None: 0), so the
+    window ends at the sequence's end and always holds its response."""
+    spans = []
+    for i in seqs:
+        s, L, P = store.starts[i], store.lengths[i], store.prompt_lens[i]
+        lo = 0 if window is None else max(0, L - 1 - window)
+        spans.append((s, L, P, lo))
+    B, n = len(spans), max(1, max(L - 1 - lo for _, L, _, lo in spans))
+    d = store.feats.shape[1]
+    feats = torch.zeros(B, n + 1, d, dtype=torch.float32)
+    x_next = torch.zeros(B, n, dtype=torch.long)
+    lse = torch.zeros(B, n)
+    top = torch.zeros(B, n, dtype=torch.long)
+    positions = torch.zeros(B, n, dtype=torch.long)
+    valid = torch.zeros(B, n, dtype=torch.bool)
+    response = torch.zeros(B, n, dtype=torch.bool)
+    for b, (s, L, P, lo) in enumerate(spans):
+        m = L - 1 - lo
+        if m <= 0:
+            continue
+        feats[b, : m + 1] = store.feats[s + lo : s + L].float()
+        x_next[b, :m] = store.ids[s + lo + 1 : s + L]
+        lse[b, :m] = store.lse[s + lo + 1 : s + L]
+        top[b, :m] = store.top[s + lo + 1 : s + L]
+        positions[b, :m] = torch.arange(lo, L - 1)
+        valid[b, :m] = True
+        j = torch.arange(lo + 1, L)  # the target position each row is scored against
+        response[b, :m] = j >= P
+        if int(store.ids[s + L - 1]) in eos:  # after an end-of-sequence token p means nothing
+            valid[b, m - 1] = response[b, m - 1] = False
+    embeds = parts.embed(x_next.to(device))  # [B, n, d]
+    train = response if response_only else valid
+    return HeadBatch(
+        embeds, feats[:, :n].to(device), positions.to(device), feats[:, 1:].to(device), lse.to(device),
+        top.to(device), train.to(device), response.to(device),
+    )
+
+
+def head_loss(
+    head: EagleHead, parts: TargetParts, batch: HeadBatch, *, reg_weight: float, noise: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, float, float]:
+    """(loss, KL part, regression part) averaged over the batch's training rows."""
+    f_in = batch.feats
+    if noise > 0:
+        u = torch.rand(f_in.shape, generator=generator).to(f_in.device)
+        f_in = f_in + (2 * u - 1) * noise
+    pred = head(batch.embeds, f_in, batch.positions)  # [B, n, d]
+    m = batch.train
+    if not bool(m.any()):
+        raise ConfigError("a training batch has no rows to learn from: the sequences are too short")
+    pred_m, next_m = pred[m], batch.next_feats[m]  # [N, d]
+    log_q = F.log_softmax(parts.scores(pred_m), dim=-1)  # [N, V']
+    with torch.no_grad():
+        log_p = parts.scores(next_m) - batch.lse[m][:, None]  # [N, V'], exact p over V'
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+    reg = F.smooth_l1_loss(pred_m, next_m)
+    return kl + reg_weight * reg, float(kl.detach()), float(reg.detach())
+
+
+def greedy_acceptance(
+    q_logits: torch.Tensor, draft_tokens: torch.Tensor | None, target_top: torch.Tensor
+) -> tuple[int, int, int, int]:
+    """(hits, rows, hits among rows whose target token is in V', those rows).
+
+    ``q_logits`` ``[N, V']`` over the draft vocabulary ``draft_tokens`` ``[V']`` (None: the
+    full vocabulary), ``target_top`` ``[N]`` the target's full-vocabulary argmax.
+
+    >>> q = torch.tensor([[0.0, 5.0], [3.0, 1.0], [0.0, 1.0]])
+    >>> greedy_acceptance(q, torch.tensor([4, 7]), torch.tensor([7, 7, 9]))
+    (1, 3, 1, 2)
+    """
+    pick = q_logits.argmax(-1)
+    tokens = pick if draft_tokens is None else draft_tokens[pick]
+    hit = tokens == target_top
+    inside = torch.ones_like(hit) if draft_tokens is None else torch.isin(target_top, draft_tokens)
+    return int(hit.sum()), int(hit.numel()), int(hit[inside].sum()), int(inside.sum())
+
+
+@torch.no_grad()
+def evaluate_head(
+    head: EagleHead, parts: TargetParts, store: FeatureStore, seqs: Sequence[int], *, eos: set[int],
+    device: torch.device,
+) -> dict[str, float]:
+    """Teacher-forced greedy acceptance at k=1 on whole sequences ``seqs`` (see the module doc)."""
+    was_training = head.training
+    head.eval()
+    totals = [0, 0, 0, 0]
+    for i in seqs:
+        batch = make_head_batch(store, [i], parts, window=None, eos=eos, response_only=True, device=device)
+        if not bool(batch.response.any()):
+            continue
+        pred = head(batch.embeds, batch.feats, batch.positions)[batch.response]  # [N, d]
+        counts = greedy_acceptance(parts.scores(pred), parts.rows, batch.top[batch.response])
+        totals = [a + b for a, b in zip(totals, counts)]
+    head.train(was_training)
+    hits, rows, hits_in, rows_in = totals
+    return {
+        "acceptance": hits / rows if rows else math.nan, "acceptance_in_vocab": hits_in / rows_in if rows_in else math.nan,
+        "positions": rows, "positions_in_vocab": rows_in,
+    }
+
+
+@dataclass
+class HeadStep:
+    """One step as the progress bar sees it (``heldout``: the last evaluation, if any)."""
+
+    step: int
+    steps: int
+    loss: float
+    kl: float
+    reg: float
+    seconds: float
+    heldout: dict[str, float] | None
+
+
+def train_head_loop(
+    head: EagleHead, opt: Any, parts: TargetParts, store: FeatureStore, train_seqs: Sequence[int],
+    held_seqs: Sequence[int], settings: dict[str, Any], steps: int, run: RunProgress, log: IO[str], *,
+    eos: set[int], device: torch.device, time_budget: float | None, snapshot_every: int, data_seconds: float,
+    checkpoint: Callable[[dict[str, float] | None], None], on_step: Callable[[HeadStep], bool | None] | None = None,
+) -> dict[str, float] | None:
+    """Train from ``run.step`` to ``steps``; every ``snapshot_every`` steps and at the end, measure
+    the held-out acceptance, log it and checkpoint. Stops early (cleanly, with a checkpoint) before
+    a step and evaluation that would overrun ``time_budget`` seconds, at Ctrl-C, or when
+    ``on_step`` returns True. Returns the last held-out measurement."""
+    if not train_seqs:
+        raise ConfigError("no training sequences: every sequence was held out; lower --holdout-percent")
+    lr_at = lr_schedule(settings["lr"], steps)
+    params = [p for p in head.parameters() if p.requires_grad]
+    interrupted = [False]
+    step_times: list[float] = []
+    eval_time = 0.0
+    t_loop = time.perf_counter()
+    last: dict[str, float] | None = None
+
+    def measure() -> dict[str, float] | None:
+        nonlocal eval_time
+        if not held_seqs:
+            return None
+        t0 = time.perf_counter()
+        result = evaluate_head(head, parts, store, held_seqs, eos=eos, device=device)
+        eval_time = time.perf_counter() - t0
+        run.seconds += eval_time
+        entry = {"step": run.step, "seconds": round(run.seconds, 2), "data_seconds": round(data_seconds, 2),
+                 "eval_seconds": round(eval_time, 2), **result}
+        log.write(json.dumps(entry) + "\n")
+        log.flush()
+        return result
+
+    if run.step == 0:
+        last = measure()  # the curve starts at the initialisation
+    head.train()
+    with graceful_interrupt(interrupted):
+        while run.step < steps:
+            t0 = time.perf_counter()
+            picked = batch_indices(run.step, settings["batch"], len(train_seqs), settings["seed"])
+            batch = make_head_batch(
+                store, [train_seqs[i] for i in picked], parts, window=settings["seq_len"], eos=eos,
+                response_only=settings["response_only"], device=device,
+            )
+            lr_now = lr_at(run.step)
+            for group in opt.param_groups:
+                group["lr"] = lr_now
+            gen = torch.Generator().manual_seed(settings["seed"] * 1_000_003 + run.step)
+            loss, kl, reg = head_loss(head, parts, batch, reg_weight=settings["reg_weight"], noise=settings["noise"], generator=gen)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP))
+            opt.step()
+            dt = time.perf_counter() - t0
+            step_times.append(dt)
+            run.step += 1
+            run.tokens += int(batch.train.sum())
+            run.seconds += dt
+            run.loss = loss.item()
+            run.first_loss = run.loss if run.first_loss is None else run.first_loss
+            log.write(json.dumps({
+                "step": run.step, "loss": round(run.loss, 5), "kl": round(kl, 5), "reg": round(reg, 5), "lr": lr_now,
+                "grad_norm": round(grad_norm, 4), "tokens": run.tokens, "seconds": round(run.seconds, 2),
+            }) + "\n")
+            if on_step is not None and on_step(HeadStep(run.step, steps, run.loss, kl, reg, run.seconds, last)) is True:
+                run.stopped = "callback"
+            elif interrupted[0]:
+                run.stopped = "interrupted"
+            elif time_budget is not None and run.step < steps:
+                mean = sum(step_times) / len(step_times)
+                next_eval = eval_time if (run.step + 1) % snapshot_every == 0 else 0.0
+                # stop unless the next step, its evaluation and the final one still fit
+                if time.perf_counter() - t_loop + mean + next_eval + eval_time > time_budget:
+                    run.stopped = "time budget"
+            ending = run.stopped != "completed" or run.step == steps
+            if ending or run.step % snapshot_every == 0:
+                last = measure()
+                checkpoint(last)
+                if on_step is not None:
+                    on_step(HeadStep(run.step, steps, run.loss, kl, reg, run.seconds, last))
+            if ending:
+                break
+    log.flush()
+    return last
