@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import typer
 
-from . import bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, generate, plan, serve
+from . import (
+    bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, serve, train_head,
+)
 
 app = typer.Typer(
     help="Lossless speculative decoding that tells you which draft pays.",
@@ -30,6 +32,8 @@ app.command("bench-modes")(bench_modes.bench_modes)
 app.command("calibrate-self")(calibrate.calibrate_self_cmd)
 app.command("distill")(distill.distill_cmd)
 app.command("pack-draft")(distill.pack_draft_cmd)
+app.command("train-head")(train_head.train_head_cmd)
+app.command("export-head")(export_head.export_head_cmd)
 app.command("demo")(demo.demo)
 app.command("serve")(serve.serve)
 
