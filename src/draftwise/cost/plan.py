@@ -24,7 +24,14 @@ The workload is a list of :class:`~draftwise.questions.Question` (``read_questio
    :func:`~draftwise.cost.model.mean_rate_speedup`).
 
 With sampling (temperature > 0) the output is random, so step 2 uses the measured
-conditional acceptance per draft position instead: E = 1 + sum_i prod_{j<=i} a_j.
+conditional acceptance per draft position instead: E = 1 + sum_i prod_{j<=i} a_j. So does an
+EAGLE head in greedy mode: its i-th token in a step is drafted from its own guessed features,
+not from the true prefix, so whether it hits depends on its depth in the step, not only on the
+position in the output.
+
+A draft with its own cache (a model draft, a head) also pays, once per generation, for catching
+up on the prompt at its first proposal: the profile's ``draft_prefill`` (seconds per prompt
+token) times the prompt's length.
 
 "No speculation" is always a candidate: a category whose best draft does not beat plain
 decoding is told to decode plainly.
@@ -250,7 +257,7 @@ def make_plan(
                         # draft's cache of earlier outputs grows as in a real run (a private one)
                         replays[(d, k)] = make_drafter(specs[d], model, shared_cache=False)
                     steps = replay_lookup(replays[(d, k)], prompt_ids, ref.tokens, k, max_new_tokens)
-                elif cfg.greedy:
+                elif cfg.greedy and specs[d].kind != "eagle":
                     steps = replay_hits(traces[d].hits(), k, max_new_tokens)
                 else:
                     steps = expected_steps(traces[d], k)

@@ -81,6 +81,9 @@ class Profile:
     forward: dict[int, list[float]]
     step: dict[int, list[float]]
     drafts: dict[str, list[float]] = field(default_factory=dict)
+    #: seconds per prompt token a draft with its own cache spends catching up on the prompt
+    #: at its first proposal (a model draft's or a head's prefill); 0 for drafts without one
+    draft_prefill: dict[str, float] = field(default_factory=dict)
     token_overhead: float = 0.0
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
@@ -121,6 +124,11 @@ class Profile:
         if k > len(costs):  # past the measured k, each more token costs what the last one did
             return costs[-1] + (k - len(costs)) * (costs[-1] - (costs[-2] if len(costs) > 1 else 0.0))
         return costs[k - 1]
+
+    def draft_prefill_time(self, spec: DraftSpec | str, prompt_len: int) -> float:
+        """What ``spec``'s first proposal spends on a prompt of ``prompt_len`` tokens beyond D(k)."""
+        key = spec if isinstance(spec, str) and spec in self.drafts else str(DraftSpec.parse(spec))
+        return self.draft_prefill.get(key, 0.0) * prompt_len
 
     def verify_ratio(self, k: int, context: float | None = None) -> float:
         """v(k) = T(k+1) / T(1), whole steps."""
@@ -179,6 +187,12 @@ class Profile:
             if not isinstance(drafts_in, dict):
                 raise ValueError("'drafts' must map draft specs to lists of seconds")
             drafts = {str(DraftSpec.parse(s)): _seconds(v, f"drafts[{s!r}]") for s, v in drafts_in.items()}
+            prefill_in = data.get("draft_prefill", {})
+            if not isinstance(prefill_in, dict):
+                raise ValueError("'draft_prefill' must map draft specs to seconds per prompt token")
+            draft_prefill = {
+                str(DraftSpec.parse(s)): _seconds([v], f"draft_prefill[{s!r}]")[0] for s, v in prefill_in.items()
+            }
             lengths = {len(v) for v in [*forward.values(), *step.values()]}
             if set(forward) != set(step) or len(lengths) != 1:
                 raise ValueError("'forward' and 'step' must cover the same contexts and the same n")
@@ -196,6 +210,7 @@ class Profile:
                 forward=forward,
                 step=step,
                 drafts=drafts,
+                draft_prefill=draft_prefill,
                 token_overhead=overhead,
                 machine=dict(data.get("machine", {})),
                 created=str(data.get("created", "")),

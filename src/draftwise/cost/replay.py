@@ -185,6 +185,8 @@ def predict_seconds(
     spec = DraftSpec.parse(draft)
     key = str(spec)
     total = prefill_seconds + committed * profile.token_overhead
+    if not spec.is_none and any(m for m, _ in steps):  # a draft's own catch-up on the prompt
+        total += profile.draft_prefill_time(key, prompt_len)
     pos = prompt_len + 1
     for m, acc in steps:
         d = profile.draft_time(key, m) if not spec.is_none else 0.0
