@@ -11,7 +11,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # The Spec-Bench dev questions that ship inside the package (draftwise.questions.DEFAULT_QUESTIONS)
 QUESTIONS = "$$($(BIN)/python -c 'import draftwise.questions as q; print(q.DEFAULT_QUESTIONS)')"
 
-.PHONY: setup demo test lint wheel-check bench draft clean
+.PHONY: setup demo test lint wheel-check bench draft head clean
 
 setup: $(STAMP)
 
@@ -52,6 +52,13 @@ draft: setup
 	$(BIN)/draftwise distill --target default --out out/draft-smol4 --layers 4 --vocab-size-draft 8192 --gen-temperatures 0,0.7,0.7 --steps 1000 --lr 5e-4 --time-budget 3300 --snapshot-every 100 --eval-prompts 13 --overwrite
 	rm -rf out/draft-smol4-pack
 	$(BIN)/draftwise pack-draft out/draft-smol4 --out out/draft-smol4-pack
+
+# Reproduces the shipped EAGLE head (src/draftwise/heads/SmolLM2-...): the target's answers to the
+# dev training split and to 128 instructions it writes itself (Magpie), their features, then 12
+# minutes of training; the head lands in out/head-smol (compare with the shipped one; sampled
+# answers make the bits machine-dependent). See docs/eagle.md for the time each phase took.
+head: setup
+	$(BIN)/draftwise train-head --out out/head-smol --magpie 128 --steps 1200 --time-budget 720 --snapshot-every 100 --overwrite
 
 clean:
 	rm -rf $(VENV) out

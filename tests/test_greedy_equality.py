@@ -1,5 +1,6 @@
 """Speculative greedy output equals plain greedy output, token for token, on SmolLM2-135M in
-float32, for every kind of draft (the shipped distilled draft, ``model:default``, included), on
+float32, for every kind of draft (the shipped distilled draft, ``model:default``, and the shipped EAGLE
+head, ``eagle:default``, as chains and as trees, included), on
 dev-set prompts from ten categories."""
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def baseline(default_model, dev_prompts):
     return [generate(default_model, p, max_new_tokens=NEW_TOKENS).token_ids for p in dev_prompts]
 
 
-@pytest.mark.parametrize("draft", ["lookup", "self:exit=15", "model", "model:default"])
+@pytest.mark.parametrize("draft", ["lookup", "self:exit=15", "model", "model:default", "eagle:default", "eagle:default,topk=4"])
 def test_speculative_greedy_equals_plain_greedy(default_model, dev_prompts, baseline, truncated_draft, draft):
     spec = f"model:{truncated_draft}" if draft == "model" else draft
     from draftwise.drafters import make_drafter

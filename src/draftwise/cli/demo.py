@@ -4,8 +4,9 @@ On the embedded default model and a few dev questions, one from each Spec-Bench 
 from the questions held out of the shipped draft's training), it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
-2. plans: traces lookup, self-speculation and the shipped distilled draft (``model:default``,
-   when one ships for the model), predicts every k, recommends per category;
+2. plans: traces lookup, self-speculation, the shipped distilled draft (``model:default``) and
+   the shipped EAGLE head (``eagle:default``), each when one ships for the model, predicts
+   every k, recommends per category;
 3. benchmarks plain decoding, each draft at its best k and ``auto`` (the plan's pick per
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
 4. prints the table, the break-even acceptance of each draft against what it achieved, and the
@@ -28,6 +29,7 @@ from ..cost.adaptive import resolve_profile
 from ..cost.plan import Plan, make_plan
 from ..cost.report import best_per_draft, breakeven_text, plot_plan, render_plan_markdown
 from ..distill.data import split_questions
+from ..drafters.eagle import shipped_head
 from ..drafters.packs import shipped_pack
 from ..errors import ConfigError
 from ..fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
@@ -128,6 +130,7 @@ def demo(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
         drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
+        drafts += ["eagle:default"] if shipped_head(target) is not None else []
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)
         with progress_bar("plan") as report:
