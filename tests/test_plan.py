@@ -288,3 +288,17 @@ def test_cli_demo_runs_end_to_end_on_a_tiny_model(tiny_chat_folder, tmp_path, mo
     data = json.loads((tmp_path / "demo" / "demo.json").read_text())
     assert set(data["bench"]["groups"]["overall"]) >= {"none", "auto"}
     assert data["bench"]["equality"]["methods"]["auto"]["equal"] == 3
+
+
+def test_expected_steps_keep_the_accepted_tokens_when_each_step_accepts_under_one():
+    """Per-depth replay (sampling, EAGLE) with 3 of 10 first tokens accepted: the steps commit
+    the trace's tokens and report its accepted count (rounding per step reported 0)."""
+    from draftwise.cost.replay import Trace, expected_steps
+
+    steps = [(1, 1 if i % 10 < 3 else 0) for i in range(100)]
+    tokens = list(range(1 + sum(a + 1 for _, a in steps)))
+    trace = Trace(0, "c", 5, tokens, len(tokens), steps, 0.0, 1.0, 1)
+    replayed = expected_steps(trace, 1)
+    assert sum(a for _, a in replayed) == 30
+    assert sum(a + 1 for _, a in replayed) == len(tokens) - 1
+    assert all(m == 1 and a in (0, 1) for m, a in replayed)

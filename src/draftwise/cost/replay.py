@@ -213,5 +213,8 @@ def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
     per_step = share * e + (1 - share)
     n_steps = max(round((len(trace.tokens) - 1) / per_step), 1)
     n_prop = round(n_steps * share)
-    acc_each = round(e - 1)
-    return [(k, acc_each)] * n_prop + [(0, 0)] * (n_steps - n_prop)
+    # e - 1 accepted per proposing step on average, spread as whole tokens (rounding each step
+    # alone would report 0 accepted whenever e < 1.5)
+    total = round(n_prop * (e - 1))
+    accepted = [(i + 1) * total // max(n_prop, 1) - i * total // max(n_prop, 1) for i in range(n_prop)]
+    return [(k, a) for a in accepted] + [(0, 0)] * (n_steps - n_prop)
