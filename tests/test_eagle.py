@@ -160,17 +160,23 @@ def test_incremental_drafting_equals_drafting_from_scratch(target, rows):
             assert set(proposal) <= set(index.tolist())
 
 
+PROMPT = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3]
+
+
+def _greedy(rt: NativeRuntime, drafter: EagleDrafter | None, k: int, n: int = 40) -> list[int]:
+    """The first n greedy tokens after PROMPT."""
+    out: list[int] = []
+    steps = decode_steps(rt, PROMPT, SamplingConfig(), torch.Generator(), drafter=drafter, k=k)
+    for step in steps:
+        out += step.verdict.tokens
+        if len(out) >= n:
+            break
+    steps.close()
+    return out[:n]
+
+
 def test_greedy_with_the_head_equals_plain_greedy(target):
-    prompt = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3]
-    plain, spec = [], []
-    for drafter, out in ((None, plain), (_drafter(target), spec)):
-        steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), drafter=drafter, k=4)
-        for step in steps:
-            out += step.verdict.tokens
-            if len(out) >= 40:
-                break
-        steps.close()
-    assert spec[:40] == plain[:40]
+    assert _greedy(target, _drafter(target), k=4) == _greedy(target, None, k=1)
 
 
 def test_a_runtime_without_feature_capture_is_refused():
@@ -192,14 +198,6 @@ def test_target_parts_reduced_vocabulary_scores_only_its_rows(target):
 def test_greedy_trees_equal_plain_greedy_and_respect_the_budget(target):
     """EAGLE-2 trees (top-3 children, depth 4) at a budget of 7 nodes: every proposal is a tree
     of at most 7 nodes, some are not chains, and the output equals plain greedy decoding."""
-    prompt = [5, 6, 7, 8, 5, 6, 7, 1, 2, 3]
-    plain: list[int] = []
-    steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), k=1)
-    for step in steps:
-        plain += step.verdict.tokens
-        if len(plain) >= 40:
-            break
-    steps.close()
     drafter = EagleDrafter(target, LoadedHead(_head(target, seed=1), None, {}), topk=3, depth=4)
     real_propose, shapes = drafter.propose, []
 
@@ -209,14 +207,7 @@ def test_greedy_trees_equal_plain_greedy_and_respect_the_budget(target):
         return draft
 
     drafter.propose = spy  # type: ignore[method-assign]
-    spec: list[int] = []
-    steps = decode_steps(target, prompt, SamplingConfig(), torch.Generator(), drafter=drafter, k=7)
-    for step in steps:
-        spec += step.verdict.tokens
-        if len(spec) >= 40:
-            break
-    steps.close()
-    assert spec[:40] == plain[:40]
+    assert _greedy(target, drafter, k=7) == _greedy(target, None, k=1)
     assert all(n <= k for k, n, _ in shapes)
     assert any(tree is not None and not tree.is_chain for _, _, tree in shapes)
     assert max(tree.depth for _, _, tree in shapes if tree is not None) >= 2
