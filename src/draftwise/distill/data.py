@@ -106,7 +106,9 @@ def _generate_batch(
     )
     torch.manual_seed(seed)
     with torch.no_grad():
-        out = hf_model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        out = hf_model.generate(
+            input_ids=ids.to(hf_model.device), attention_mask=mask.to(hf_model.device), generation_config=config
+        )
     return [_cut_at_eos(row[width:].tolist(), eos) for row in out]
 
 
@@ -170,7 +172,7 @@ def make_sequences(
                     news: dict[str, list[int]] = {job[0]: [] for job in group}
                     if fits:
                         if hf_model is None:
-                            hf_model = _load_hf(target)
+                            hf_model = load_hf(target, getattr(target.runtime, "device", "cpu"))
                         outs = _generate_batch(
                             hf_model, [job[1] for job in fits], gen_tokens=gen_tokens, temperature=temp,
                             seed=seed * 1_000_003 + start, eos=eos, pad_id=pad_id,
@@ -186,16 +188,18 @@ def make_sequences(
     return [cached[job[0]] for job in jobs]
 
 
-def _load_hf(target: Any) -> Any:
-    """The target's weights as a float32 ``transformers`` model, for batched generation."""
+def load_hf(target: Any, device: torch.device | str = "cpu") -> Any:
+    """The target's weights as a float32 ``transformers`` model on ``device``, for batched
+    generation (distillation data, train-head's answers and Magpie instructions)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
-        return AutoModelForCausalLM.from_pretrained(str(target.folder), dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(str(target.folder), dtype=torch.float32)
     finally:
         hf_logging.enable_progress_bar()
+    return model.to(device).eval()
 
 
 def frequent_tokens(sequences: Sequence[Sequence[int]], n: int, vocab_size: int, always: Sequence[int] = ()) -> list[int]:

@@ -30,7 +30,7 @@ import torch
 from ..errors import ConfigError
 from ..fsutil import atomic_path, write_json_atomic
 from ..questions import Question
-from .data import GEN_BATCH, _cut_at_eos
+from .data import GEN_BATCH, _cut_at_eos, load_hf
 
 MAGPIE_FILE = "magpie.jsonl"
 FEATURES_DIR = "features"
@@ -106,19 +106,6 @@ def filter_instructions(texts: Sequence[str], held_out: Sequence[str], *, min_wo
         seen.add(norm)
         out.append(text.strip())
     return out
-
-
-def load_hf(target: Any, device: torch.device) -> Any:
-    """The target's weights as a float32 ``transformers`` model on ``device`` (for generation)."""
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    try:
-        model = AutoModelForCausalLM.from_pretrained(str(target.folder), dtype=torch.float32)
-    finally:
-        hf_logging.enable_progress_bar()
-    return model.to(device).eval()
 
 
 def _sample(hf: Any, prefix: list[int], count: int, *, eos: set[int], pad_id: int, seed: int) -> list[list[int]]:

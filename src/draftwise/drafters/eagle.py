@@ -196,6 +196,13 @@ class EagleDrafter:
         scores: list[float] = []
         depths: list[int] = []
         slot: dict[int, int] = {}  # expanded node -> its head cache slot
+
+        def add(token: int, parent: int, score: float, depth: int) -> int:
+            tokens.append(token)
+            parents.append(parent)
+            scores.append(score)
+            depths.append(depth)
+            return len(tokens) - 1
         ids = self.parts.rows  # draft vocabulary index -> token id (None: the same)
 
         def best(h: torch.Tensor) -> tuple[list[list[float]], list[list[int]]]:
@@ -205,10 +212,7 @@ class EagleDrafter:
             return top.values.tolist(), index.tolist()
 
         values, indices = best(hidden)
-        level = []
-        for lp, tok in zip(values[0], indices[0]):
-            level.append(len(tokens))
-            tokens.append(tok), parents.append(-1), scores.append(lp), depths.append(1)
+        level = [add(tok, -1, lp, 1) for lp, tok in zip(values[0], indices[0])]
         feats = {-1: hidden[0]}
         for d in range(1, min(self.depth, budget)):
             expand = sorted(level, key=lambda i: -scores[i])[:K]
@@ -233,9 +237,7 @@ class EagleDrafter:
             level = []
             for r, i in enumerate(expand):
                 feats[i] = out[r]
-                for lp, tok in zip(values[r], indices[r]):
-                    level.append(len(tokens))
-                    tokens.append(tok), parents.append(i), scores.append(scores[i] + lp), depths.append(d + 1)
+                level += [add(tok, i, scores[i] + lp, d + 1) for lp, tok in zip(values[r], indices[r])]
         best = sorted(range(len(tokens)), key=lambda i: (-scores[i], depths[i]))[:budget]
         row: dict[int, int] = {}  # node -> its row in the tree, parents before children
         for i in sorted(best, key=lambda i: (depths[i], -scores[i])):
