@@ -22,12 +22,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from ..bench import render_markdown, run_bench
 from ..cost.adaptive import resolve_profile
 from ..cost.plan import Plan, make_plan
-from ..cost.report import best_per_draft, breakeven_text, plot_plan, render_plan_markdown
+from ..cost.report import best_per_draft, breakeven_text, interval_text, plot_plan, render_plan_markdown
 from ..distill.data import split_questions
 from ..drafters.eagle import shipped_head
 from ..drafters.packs import shipped_pack
@@ -163,8 +164,10 @@ def print_recommendation(plan: Plan, summary: dict[str, Any]) -> None:
     measured = f", measured {routed:.2f}x" if routed else ""
     pick = "no speculation" if d == "none" else f"--draft {plain(d)} --k {k}"
     out.print(
-        f"recommendation for this workload: [bold]{pick}[/] (predicted {plan.predicted['overall']:.2f}x); "
-        f"each category its own pick (--drafts auto): predicted {plan.routed_overall:.2f}x{measured}"
+        f"recommendation for this workload: [bold]{pick}[/] (predicted {plan.predicted['overall']:.2f}x"
+        f"{escape(interval_text(plan.intervals.get('overall')))}); each category its own pick (--drafts auto): "
+        f"predicted {plan.routed_overall:.2f}x{escape(interval_text(plan.routed_interval))}{measured}; "
+        "in brackets: 95% prediction intervals"
     )
 
 

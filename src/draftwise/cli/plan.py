@@ -27,10 +27,13 @@ from ..plots import plotting_available
 from ..cost.report import (
     breakeven_text,
     draft_cells,
+    inside_text,
+    interval_text,
     plan_rows,
     plot_plan,
     plot_profile,
     render_plan_markdown,
+    validation_summary,
 )
 from ..cost.validate import validate_plan
 from ..drafters import make_drafter
@@ -86,11 +89,15 @@ def profile_table(profile: Any) -> Table:
     for c in contexts:
         table.add_column(f"T(n) @{c}", justify="right")
         table.add_column(f"step @{c}", justify="right")
+    if profile.step_sampled:
+        table.add_column(f"sampled step @{contexts[0]}", justify="right")
     table.add_column(f"v(n-1) @{contexts[0]}", justify="right")
     for n in range(1, profile.max_n + 1):
         cells = [str(n)]
         for c in contexts:
             cells += [f"{1000 * profile.forward[c][n - 1]:.1f}", f"{1000 * profile.step[c][n - 1]:.1f}"]
+        if profile.step_sampled:
+            cells.append(f"{1000 * profile.step_sampled[contexts[0]][n - 1]:.1f}")
         cells.append("-" if n == 1 else f"{profile.verify_ratio(n - 1, contexts[0]):.2f}")
         table.add_row(*cells)
     return table
@@ -174,21 +181,24 @@ def plan_table(plan: Any) -> Table:
     def cell(c: Any) -> str:
         ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
         ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
-        return f"k={c.k} {c.speedup:.2f}x [{'green' if ok else 'red'}]{ae}[/] / {breakeven_text(c)}"
+        return (f"k={c.k} {c.speedup:.2f}x{escape(interval_text(c.interval))} "
+                f"[{'green' if ok else 'red'}]{ae}[/] / {breakeven_text(c)}")
 
     for row in plan_rows(plan):
         cells = draft_cells(row, plan.drafts, cell)
-        table.add_row(escape(row["category"]), escape(row["recommended"]), f"{row['predicted']:.2f}x", *cells)
+        table.add_row(escape(row["category"]), escape(row["recommended"]),
+                      f"{row['predicted']:.2f}x{escape(interval_text(row['interval']))}", *cells)
     return table
 
 
 def validation_table(validation: dict[str, Any]) -> Table:
     table = Table(title="validation: predicted against measured speedup (interleaved with plain)")
-    for col in ("category", "draft", "k", "predicted", "measured", "error"):
+    for col in ("category", "draft", "k", "predicted [95%]", "measured", "error", "inside"):
         table.add_column(col, justify="left" if col in ("category", "draft") else "right")
     for c in validation["checks"]:
         table.add_row(escape(c["category"]), escape(c["draft"]), "-" if c["k"] is None else str(c["k"]),
-                      f"{c['predicted']:.2f}x", f"{c['measured']:.2f}x", f"{100 * c['error']:.1f}%")
+                      f"{c['predicted']:.2f}x{escape(interval_text(c.get('interval')))}", f"{c['measured']:.2f}x",
+                      f"{100 * c['error']:.1f}%", inside_text(c))
     return table
 
 
@@ -241,6 +251,8 @@ def plan_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
     validate_repeats: Annotated[int, typer.Option("--validate-repeats", min=1, help="Runs per generation when validating (best kept).")] = 2,
+    sure: Annotated[bool, typer.Option(
+        "--sure", help="Speculate only where the 95% interval's low end beats plain decoding.")] = False,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
@@ -269,7 +281,7 @@ def plan_cmd(
         with progress_bar("plan") as report:
             plan = make_plan(
                 target, questions, profile, drafts=keys, ks=k_list, max_new_tokens=max_new_tokens,
-                sampling=SamplingConfig(temperature=temperature), progress=report,
+                sampling=SamplingConfig(temperature=temperature), sure=sure, progress=report,
             )
         plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
         plan.config["prompts_file"] = str(prompts) if prompts else "the Spec-Bench dev questions (draftwise.questions.DEFAULT_QUESTIONS)"
@@ -301,14 +313,15 @@ def plan_cmd(
     d, k = plan.recommended["overall"]
     out.print(
         f"overall: [bold]{'no speculation' if d == 'none' else escape(f'{d} with k={k}')}[/] "
-        f"(predicted {plan.predicted['overall']:.2f}x); routing each category to its own pick: "
-        f"{plan.routed_overall:.2f}x. a_eff: acceptance achieved; a*: needed to break even "
-        "(green: above it)."
+        f"(predicted {plan.predicted['overall']:.2f}x{escape(interval_text(plan.intervals.get('overall')))}); "
+        f"routing each category to its own pick: {plan.routed_overall:.2f}x"
+        f"{escape(interval_text(plan.routed_interval))}. a_eff: acceptance achieved; a*: needed to break even "
+        "(green: above it); in brackets: 95% prediction intervals."
     )
     if plan.validation:
         v = plan.validation
         out.print(validation_table(v))
-        out.print(f"median error {100 * v['median_abs_error']:.1f}% (goal 10%), max {100 * v['max_abs_error']:.1f}% (goal 20%)")
+        out.print(validation_summary(v), highlight=False, markup=False)
     if out_dir is not None:
         out.print(f"wrote {out_dir / 'plan.json'}, plan.md" + (", plan.png" if plotting_available() else ""),
                   highlight=False, markup=False)

@@ -28,7 +28,7 @@ from ..drafters.self_spec import SelfSpecDrafter
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
-from ..verify import verify_greedy
+from ..passes import verify_pass
 from .profile import Profile, model_fingerprint
 from .timing import fast_half_mean, time_pass
 
@@ -66,14 +66,18 @@ class _Constant:
         return Draft([self.token] * k)
 
 
-def _time_step(runtime: Any, context: list[int], n: int) -> float:
-    """One speculative step feeding n tokens, as decode_steps runs it, then undone."""
+SAMPLED = SamplingConfig(temperature=0.7)  # the step's cost does not depend on the temperature
+
+
+def _time_step(runtime: Any, context: list[int], n: int, cfg: SamplingConfig | None = None) -> float:
+    """One speculative step feeding n tokens, as decode_steps runs it (:func:`verify_pass`,
+    greedy or with ``cfg``'s sampled verification), then undone."""
     base = runtime.length
+    cfg = cfg or SamplingConfig()
+    generator = torch.Generator().manual_seed(n)  # the sampler draws on the CPU, as decoding does
     t0 = time.perf_counter()
     draft = _Constant(context[-2]).propose(context, n - 1)
-    rows = runtime.forward([context[-1], *draft.tokens])
-    verdict = verify_greedy(draft.tokens, rows)
-    runtime.rollback(base + 1 + verdict.accepted)
+    verify_pass(runtime, context[-1], draft, cfg, generator)
     elapsed = time.perf_counter() - t0
     runtime.rollback(base)
     return elapsed
@@ -128,10 +132,12 @@ def measure_profile(
     max_n: int = 16,
     contexts: Sequence[int] = (128, 1024),
     repeats: int = 5,
+    sampled: bool = True,
     progress: Callable[[str, float], None] | bool = True,
 ) -> Profile:
-    """Measure T(n) and step(n) for n = 1..max_n at each context, D(k) for k = 1..max_n - 1
-    of each draft spec, and the per-token overhead. ``progress`` is a callback
+    """Measure T(n) and step(n) for n = 1..max_n at each context (``sampled``: also the step
+    with sampled verification), D(k) for k = 1..max_n - 1 of each draft spec, and the
+    per-token overhead. ``progress`` is a callback
     ``(description, fraction done)``, or True for a rich progress bar on stderr. Drafts are
     keyed by their canonical spec."""
     if max_n < 2:
@@ -168,6 +174,7 @@ def measure_profile(
     rt = model.runtime
     forward: dict[int, list[float]] = {}
     step: dict[int, list[float]] = {}
+    step_sampled: dict[int, list[float]] = {}
     try:
         for c in contexts:
             context = _synthetic(c, 1)
@@ -176,15 +183,20 @@ def measure_profile(
             _time_step(rt, context, 2)  # warm up
             f_times: list[list[float]] = [[] for _ in range(max_n)]
             s_times: list[list[float]] = [[] for _ in range(max_n)]
+            r_times: list[list[float]] = [[] for _ in range(max_n)]  # sampled verification
             for _ in range(repeats):  # rounds over n, so drift hits every n alike
                 for n in range(1, max_n + 1):
                     f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
                     s_times[n - 1].append(_time_step(rt, context, n))
+                    if sampled:
+                        r_times[n - 1].append(_time_step(rt, context, n, SAMPLED))
                 done += 1
                 report(f"target passes, context {c}", done / total)
             forward[c] = monotone([fast_half_mean(t) for t in f_times])
             # a step contains the pass, so it never costs less than the pass alone
             step[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward[c])])
+            if sampled:
+                step_sampled[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, r_times), forward[c])])
         profile = Profile(
             model=model.name,
             fingerprint=model_fingerprint(model),
@@ -192,6 +204,7 @@ def measure_profile(
             runtime=type(rt).__name__,
             forward=forward,
             step=step,
+            step_sampled=step_sampled,
             machine={
                 "threads": torch.get_num_threads(),
                 "cpu": platform.processor() or platform.machine(),

@@ -42,10 +42,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from ..decode import generate
 from ..drafters import make_drafter
@@ -54,6 +57,9 @@ from ..errors import ConfigError
 from ..fsutil import write_json_atomic
 from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
+from .intervals import (
+    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, speedup_draws, uniforms,
+)
 from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
 from .profile import Profile
 from .replay import Trace, expected_steps, predict_seconds, replay_hits, replay_lookup, replayable, trace_generation
@@ -72,6 +78,7 @@ class Candidate:
     acceptance: float | None  # accepted / proposed in the replay
     effective_acceptance: float | None  # the i.i.d. a with E(a, k) = 1 + accepted per proposing step
     breakeven: float | None  # a*(k) from the profile's costs (None: never pays)
+    interval: list[float] | None = None  # 95% prediction interval of the speedup (intervals.py)
 
 
 @dataclass
@@ -89,6 +96,8 @@ class Plan:
     prompts: list[dict[str, Any]] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
     validation: dict[str, Any] | None = None
+    intervals: dict[str, list[float]] = field(default_factory=dict)  # category -> its pick's
+    routed_interval: list[float] | None = None
 
     def choose(self, category: str) -> tuple[str, int]:
         """The recommended (draft spec, k) for a category; unknown ones get the overall pick."""
@@ -109,9 +118,11 @@ class Plan:
             "greedy": self.greedy,
             "drafts": self.drafts,
             "ks": self.ks,
-            "recommended": {c: {"draft": d, "k": k, "predicted_speedup": self.predicted[c]}
+            "recommended": {c: {"draft": d, "k": k, "predicted_speedup": self.predicted[c],
+                                "interval": self.intervals.get(c)}
                             for c, (d, k) in self.recommended.items()},
             "routed_overall_speedup": self.routed_overall,
+            "routed_interval": self.routed_interval,
             "categories": {c: [vars(x) for x in cands] for c, cands in self.categories.items()},
             "prompts": self.prompts,
             "config": self.config,
@@ -151,6 +162,9 @@ class Plan:
                 prompts=list(data.get("prompts", [])),
                 config=dict(data.get("config", {})),
                 validation=data.get("validation"),
+                intervals={c: [float(x) for x in v["interval"]] for c, v in data["recommended"].items()
+                           if v.get("interval") is not None},
+                routed_interval=data.get("routed_interval"),
             )
         except KeyError as exc:
             raise ConfigError(f"{source} is incomplete: it has no {exc} field; make it again with `draftwise plan`") from None
@@ -198,12 +212,19 @@ def make_plan(
     k_run: int = 8,
     max_new_tokens: int = 128,
     sampling: SamplingConfig | None = None,
+    sure: bool = False,
     progress: Callable[[str, float], None] | None = None,
 ) -> Plan:
     """Trace ``questions`` (already sampled: :func:`~draftwise.questions.select_questions`) with
-    each draft, predict every (draft, k), recommend. Spec-Bench rows (dicts) are accepted too."""
+    each draft, predict every (draft, k), recommend. Spec-Bench rows (dicts) are accepted too.
+
+    Each prediction carries a 95% prediction interval from its binomial counts
+    (:mod:`~draftwise.cost.intervals`); the pick per category is the (draft, k) whose interval
+    reaches highest at its low end, and it is used when its prediction beats plain decoding
+    (``sure``: when even its interval's low end does)."""
     profile.check_model(model)
     cfg = sampling or SamplingConfig()
+    sampled = not cfg.greedy
     rows = as_questions(questions)
     if not rows:
         raise ConfigError("no prompts to plan on")
@@ -248,8 +269,6 @@ def make_plan(
         if cfg.greedy:
             info["equal"] = all(t.tokens == ref.tokens for t in traces.values())
         prompt_info.append(info)
-        plain_steps = [(0, 0)] * (len(ref.tokens) - 1)
-        plain_s = predict_seconds(profile, NONE, plain_steps, len(prompt_ids), ref.prefill_seconds, len(ref.tokens))
         for d in drafts:
             for k in ks:
                 if cfg.greedy and replayable(specs[d]):
@@ -262,10 +281,15 @@ def make_plan(
                 else:
                     steps = expected_steps(traces[d], k)
                 tr = traces.get(d, ref)
-                method_s = predict_seconds(profile, d, steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens))
+                exact = cfg.greedy and specs[d].kind != "eagle"  # else: steps from the trace's rates
+                method_s = predict_seconds(profile, d, steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens),
+                                           sampled=sampled)
                 per.setdefault((d, k), []).append({
                     "category": row.category, "new_tokens": max(tr.new_tokens, 1),
-                    "plain_s": plain_s, "method_s": method_s,
+                    "plain_s": _plain_seconds(profile, tr, sampled), "method_s": method_s,
+                    "fixed_s": predict_seconds(profile, d, [], len(prompt_ids), tr.prefill_seconds, len(tr.tokens)),
+                    "counts": counts_from_steps(steps if exact else tr.steps, k),
+                    "trace": [(min(m, k), min(a, k)) for m, a in (steps if exact else tr.steps)],
                     "steps": len(steps) + 1, "committed": len(tr.tokens),
                     "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
                     "proposing": sum(1 for m, _ in steps if m), "context": len(prompt_ids) + len(tr.tokens) / 2,
@@ -273,30 +297,50 @@ def make_plan(
     if progress:
         progress("predicting", 1.0)
     cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
+    # (category, draft, k) -> cost-ratio draws; every k of a draft uses the same uniform numbers
+    # (one seed per category and draft), so its draws at different k move together
+    draws: dict[tuple[str, str, int], Any] = {}
+    for (d, k), items in per.items():
+        phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
+        for c in cats[:-1]:
+            mine = [x for x in items if x["category"] == c]
+            pooled = sum((x["counts"] for x in mine), Counts())
+            context = statistics.mean(x["context"] for x in mine)
+            u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
+            draws[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
     categories: dict[str, list[Candidate]] = {}
     for c in cats:
         cands = []
         for (d, k), items in per.items():
             mine = [x for x in items if c == "overall" or x["category"] == c]
-            cands.append(_candidate(profile, d, k, mine))
-        categories[c] = sorted(cands, key=lambda x: -x.speedup)
+            cand = _candidate(profile, d, k, mine, sampled)
+            values = speedup_draws(mine, [draws[(x["category"], d, k)] for x in mine])
+            cand.interval = list(percentile_interval(values, cand.speedup))
+            cands.append(cand)
+        categories[c] = sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
     recommended: dict[str, tuple[str, int]] = {}
     predicted: dict[str, float] = {}
+    intervals: dict[str, list[float]] = {}
     for c in cats:
         best = categories[c][0]
-        if best.speedup > 1.0:
+        lo = (best.interval or [best.speedup])[0]
+        if best.speedup > 1.0 and (lo > 1.0 or not sure):
             recommended[c], predicted[c] = (best.draft, best.k), best.speedup
+            intervals[c] = list(best.interval or [best.speedup, best.speedup])
         else:
-            recommended[c], predicted[c] = (NONE, 0), 1.0
-    routed = []
+            recommended[c], predicted[c], intervals[c] = (NONE, 0), 1.0, [1.0, 1.0]
+    routed, routed_draws = [], []
     for qi, row in enumerate(rows):
         d, k = recommended[row.category]
         if d == NONE:
             item = dict(per[(drafts[0], ks[0])][qi])
             item["method_s"] = item["plain_s"]
+            routed_draws.append(np.ones(len(next(iter(draws.values())))))  # plain: no uncertainty
         else:
             item = per[(d, k)][qi]
+            routed_draws.append(draws[(row.category, d, k)])
         routed.append(item)
+    routed_overall = _aggregate(routed)
     return Plan(
         model=model.name,
         fingerprint=profile.fingerprint,
@@ -307,20 +351,28 @@ def make_plan(
         categories=categories,
         recommended=recommended,
         predicted=predicted,
-        routed_overall=_aggregate(routed),
+        routed_overall=routed_overall,
+        intervals=intervals,
+        routed_interval=list(percentile_interval(speedup_draws(routed, routed_draws), routed_overall)),
         prompts=prompt_info,
         config={"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature,
                 "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")},
     )
 
 
-def _candidate(profile: Profile, draft: str, k: int, items: Sequence[dict[str, Any]]) -> Candidate:
+def _plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:
+    """Plain decoding of as many tokens as ``tr`` committed (sampled traces differ in length)."""
+    steps = [(0, 0)] * (len(tr.tokens) - 1)
+    return predict_seconds(profile, NONE, steps, tr.prompt_len, tr.prefill_seconds, len(tr.tokens), sampled=sampled)
+
+
+def _candidate(profile: Profile, draft: str, k: int, items: Sequence[dict[str, Any]], sampled: bool) -> Candidate:
     proposed = sum(x["proposed"] for x in items)
     accepted = sum(x["accepted"] for x in items)
     proposing = sum(x["proposing"] for x in items)
     context = statistics.mean(x["context"] for x in items)
     per_step = 1 + accepted / proposing if proposing else 1.0
-    ratio = profile.step_cost_ratio(draft, k, context)
+    ratio = profile.step_cost_ratio(draft, k, context, sampled=sampled)
     return Candidate(
         draft=draft,
         k=k,

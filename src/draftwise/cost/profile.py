@@ -6,6 +6,9 @@ file, and reading it; measuring one is :mod:`draftwise.cost.measure`).
 - ``forward[c][n-1]``: T(n), one target pass over n new tokens on a warm cache of c tokens;
 - ``step[c][n-1]``: one whole speculative step that feeds n tokens (n - 1 proposed): the pass,
   verification and the cache rollback. ``step - forward`` is the per-step overhead;
+- ``step_sampled[c][n-1]``: the same step with sampled verification (temperature > 0): the
+  logits made probabilities, the rejection test and, on a rejection, the residual's draw. Empty
+  in profiles made before it was measured; sampled predictions then use ``step``;
 - ``drafts[spec][k-1]``: D(k), the time a draft takes to propose k tokens;
 - ``token_overhead``: per committed token, what a generation spends outside the steps
   (detokenising, stop strings, statistics).
@@ -81,6 +84,8 @@ class Profile:
     forward: dict[int, list[float]]
     step: dict[int, list[float]]
     drafts: dict[str, list[float]] = field(default_factory=dict)
+    #: the step with sampled verification (temperature > 0); empty in older profiles
+    step_sampled: dict[int, list[float]] = field(default_factory=dict)
     #: seconds per prompt token a draft with its own cache spends catching up on the prompt
     #: at its first proposal (a model draft's or a head's prefill); 0 for drafts without one
     draft_prefill: dict[str, float] = field(default_factory=dict)
@@ -97,9 +102,10 @@ class Profile:
         """T(n): a target pass over n tokens."""
         return _interp(self.forward, n, context)
 
-    def step_time(self, n: int, context: float | None = None) -> float:
-        """A step that feeds n tokens: pass + verification + rollback."""
-        return _interp(self.step, n, context)
+    def step_time(self, n: int, context: float | None = None, *, sampled: bool = False) -> float:
+        """A step that feeds n tokens: pass + verification + rollback. ``sampled``: with sampled
+        verification, where the profile measured it (greedy's step otherwise)."""
+        return _interp(self.step_sampled if sampled and self.step_sampled else self.step, n, context)
 
     def overhead(self, n: int, context: float | None = None) -> float:
         """Per-step overhead beyond the pass itself."""
@@ -138,9 +144,12 @@ class Profile:
         """c = D(k) / (k T(1)): the draft's cost per proposed token, in plain steps."""
         return self.draft_time(spec, k) / (k * self.step_time(1, context))
 
-    def step_cost_ratio(self, spec: DraftSpec | str, k: int, context: float | None = None) -> float:
+    def step_cost_ratio(
+        self, spec: DraftSpec | str, k: int, context: float | None = None, *, sampled: bool = False
+    ) -> float:
         """R(k) = (D(k) + step(k+1)) / step(1): one speculative step in plain steps."""
-        return (self.draft_time(spec, k) + self.step_time(k + 1, context)) / self.step_time(1, context)
+        step = self.step_time(k + 1, context, sampled=sampled)
+        return (self.draft_time(spec, k) + step) / self.step_time(1, context, sampled=sampled)
 
     def check_model(self, model: Any, dtype: str | None = None) -> None:
         """Raise unless this profile was made on ``model`` (and ``dtype``)."""
@@ -163,6 +172,7 @@ class Profile:
         out["schema"] = SCHEMA
         out["forward"] = {str(c): v for c, v in self.forward.items()}
         out["step"] = {str(c): v for c, v in self.step.items()}
+        out["step_sampled"] = {str(c): v for c, v in self.step_sampled.items()}
         return out
 
     def save(self, path: str | Path) -> Path:
@@ -183,6 +193,7 @@ class Profile:
         try:
             forward = _curves(data["forward"], "forward")
             step = _curves(data["step"], "step")
+            step_sampled = _curves(data["step_sampled"], "step_sampled") if data.get("step_sampled") else {}
             drafts_in = data.get("drafts", {})
             if not isinstance(drafts_in, dict):
                 raise ValueError("'drafts' must map draft specs to lists of seconds")
@@ -196,6 +207,9 @@ class Profile:
             lengths = {len(v) for v in [*forward.values(), *step.values()]}
             if set(forward) != set(step) or len(lengths) != 1:
                 raise ValueError("'forward' and 'step' must cover the same contexts and the same n")
+            if step_sampled and (set(step_sampled) != set(step)
+                                 or {len(v) for v in step_sampled.values()} != lengths):
+                raise ValueError("'step_sampled' must cover the same contexts and n as 'step'")
             overhead = float(data.get("token_overhead", 0.0))
             if not math.isfinite(overhead) or overhead < 0:
                 raise ValueError(f"token_overhead={overhead} must be a finite number >= 0")
@@ -209,6 +223,7 @@ class Profile:
                 runtime=data["runtime"],
                 forward=forward,
                 step=step,
+                step_sampled=step_sampled,
                 drafts=drafts,
                 draft_prefill=draft_prefill,
                 token_overhead=overhead,

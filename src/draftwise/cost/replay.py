@@ -180,8 +180,11 @@ def predict_seconds(
     prompt_len: int,
     prefill_seconds: float,
     committed: int,
+    *,
+    sampled: bool = False,
 ) -> float:
-    """Wall time of a generation taking ``steps``, from the profile's costs."""
+    """Wall time of a generation taking ``steps``, from the profile's costs (``sampled``: each
+    step with sampled verification, where the profile measured it)."""
     spec = DraftSpec.parse(draft)
     key = str(spec)
     total = prefill_seconds + committed * profile.token_overhead
@@ -192,7 +195,7 @@ def predict_seconds(
         d = profile.draft_time(key, m) if not spec.is_none else 0.0
         if spec.kind in ("lookup", "suffix") and m == 0:
             d = profile.draft_time(key, 1)  # the look-up ran and found nothing
-        total += d + profile.step_time(m + 1, pos)
+        total += d + profile.step_time(m + 1, pos, sampled=sampled)
         pos += acc + 1
     return total
 

@@ -23,6 +23,11 @@ def best_per_draft(plan: Plan, category: str) -> dict[str, Candidate]:
     return out
 
 
+def interval_text(interval: Sequence[float] | None) -> str:
+    """A 95% prediction interval as ``[lo-hi]`` (empty for plans made before intervals)."""
+    return "" if not interval else f" [{interval[0]:.2f}-{interval[1]:.2f}]"
+
+
 def breakeven_text(c: Candidate) -> str:
     """a* as text: ``never`` when no acceptance makes this (draft, k) pay."""
     return "never" if c.breakeven is None else f"{c.breakeven:.2f}"
@@ -42,6 +47,7 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
             "category": cat,
             "recommended": "none" if d == NONE else f"{d} k={k}",
             "predicted": plan.predicted[cat],
+            "interval": plan.intervals.get(cat),
             "drafts": {},
         }
         for name, c in best_per_draft(plan, cat).items():
@@ -58,7 +64,9 @@ def render_plan_markdown(plan: Plan) -> str:
         "",
         "Each draft cell: predicted speedup at its best k / the acceptance it achieved "
         "(a_eff, the i.i.d. rate with E(a, k) = tokens per speculative step) / the acceptance "
-        "it needs to break even at that k (a*).",
+        "it needs to break even at that k (a*). In brackets: the 95% prediction interval of the "
+        "speedup from the binomial acceptance counts; each draft's best k is the one whose interval "
+        "reaches highest at its low end.",
         "",
         "| category | recommended | predicted | " + " | ".join(plan.drafts) + " |",
         "|---|---|---:|" + "---|" * len(plan.drafts),
@@ -66,10 +74,13 @@ def render_plan_markdown(plan: Plan) -> str:
     for row in plan_rows(plan):
         cells = draft_cells(
             row, plan.drafts,
-            lambda c: f"{c.speedup:.2f}x @k={c.k} / a_eff {_pct(c.effective_acceptance)} / a* {breakeven_text(c)}",
+            lambda c: f"{c.speedup:.2f}x{interval_text(c.interval)} @k={c.k} / a_eff {_pct(c.effective_acceptance)} "
+                      f"/ a* {breakeven_text(c)}",
         )
-        lines.append(f"| {row['category']} | {row['recommended']} | {row['predicted']:.2f}x | " + " | ".join(cells) + " |")
-    lines += ["", f"Predicted overall speedup with each category's recommendation: {plan.routed_overall:.2f}x.", ""]
+        lines.append(f"| {row['category']} | {row['recommended']} | {row['predicted']:.2f}x{interval_text(row['interval'])} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", f"Predicted overall speedup with each category's recommendation: {plan.routed_overall:.2f}x"
+              f"{interval_text(plan.routed_interval)}.", ""]
     if plan.validation:
         lines += render_validation_markdown(plan.validation).splitlines() + [""]
     cmd = plan.config.get("command")
@@ -80,21 +91,32 @@ def render_plan_markdown(plan: Plan) -> str:
 
 def render_validation_markdown(validation: dict[str, Any]) -> str:
     lines = [
-        "| category | draft | k | predicted | measured | error |",
-        "|---|---|---:|---:|---:|---:|",
+        "| category | draft | k | predicted [95% interval] | measured | error | inside |",
+        "|---|---|---:|---:|---:|---:|:-:|",
     ]
     for c in validation["checks"]:
         k = "-" if c["k"] is None else c["k"]
         lines.append(
-            f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x | {c['measured']:.2f}x | "
-            f"{100 * c['error']:.1f}% |"
+            f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x{interval_text(c.get('interval'))} | "
+            f"{c['measured']:.2f}x | {100 * c['error']:.1f}% | {inside_text(c)} |"
         )
-    lines += [
-        "",
-        f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= 10%), "
-        f"max {100 * validation['max_abs_error']:.1f}% (goal <= 20%).",
-    ]
+    lines += ["", validation_summary(validation) + "."]
     return "\n".join(lines)
+
+
+def inside_text(check: dict[str, Any]) -> str:
+    inside = check.get("inside")
+    return "-" if inside is None else ("yes" if inside else "no")
+
+
+def validation_summary(validation: dict[str, Any]) -> str:
+    """One line: the errors and the share of categories inside their interval, with the goals."""
+    text = (f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= 10%), "
+            f"max {100 * validation['max_abs_error']:.1f}% (goal <= 20%)")
+    share = validation.get("inside_share")
+    if share is not None:
+        text += f"; {100 * share:.0f}% of categories measured inside their 95% interval (goal >= 80%)"
+    return text
 
 
 def plot_plan(plan: Plan, path: str | Path) -> Path:
@@ -106,8 +128,11 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
     for ax, cat in zip(axes.flat, cats):
         for d in plan.drafts:
-            pts = sorted((c.k, c.speedup) for c in plan.categories[cat] if c.draft == d)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
+            pts = sorted((c.k, c.speedup, c.interval) for c in plan.categories[cat] if c.draft == d)
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
+            if all(p[2] for p in pts):  # the 95% prediction interval as a band
+                ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts],
+                                color=line[0].get_color(), alpha=0.15, lw=0)
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(cat, fontsize=9)
         ax.set_xlabel("k", fontsize=8)
@@ -115,7 +140,8 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
         ax.axis("off")
     axes[0][0].set_ylabel("predicted speedup")
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{plan.model}: predicted speedup over plain decoding", fontsize=10)
+    fig.suptitle(f"{plan.model}: predicted speedup over plain decoding (bands: 95% prediction intervals)",
+                 fontsize=10)
     return save_figure(fig, path)
 
 
