@@ -106,6 +106,10 @@ def decode_steps(
         t0 = clock()
         if drafter is not None and budget > 0:
             draft = drafter.propose(context, budget)
+            if draft.scores is not None and hasattr(policy, "trim"):  # a scored tree, --k auto
+                full, draft = draft, policy.trim(draft, len(context))
+                if full.tokens and not draft.tokens:
+                    shadow = full.tokens[:1]  # the best node, checked against the plain step's token
         else:
             draft = Draft([])
             if drafter is not None and policy.shadow and left > 0:

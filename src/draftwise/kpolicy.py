@@ -27,6 +27,9 @@ class KPolicy(Protocol):
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None: ...
 
+    # Optional: ``trim(draft, context_len) -> Draft``. A policy that has it is handed every
+    # proposal that carries scores (a scored token tree) and returns the part to verify.
+
 
 class FixedK:
     """Propose k tokens every step (the plain policy)."""

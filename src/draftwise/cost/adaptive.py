@@ -12,6 +12,18 @@ counts (recent text matters more: a generation moves between copying and free wr
 position shrunk towards the one before it, and ``D`` and ``step`` come from the profile. k = 0 is
 a plain step. The chosen k caps the proposal: prompt lookup may still propose fewer tokens.
 
+**Trees.** A draft that scores its tree (suffix decoding: each node's estimated probability
+that its whole path is accepted, best first) proposes at the full node budget, and the policy
+then keeps the prefix of its nodes (:meth:`AdaptiveK.trim`) that maximises::
+
+    rate(n) = (1 + sum_{i<=n} min(1, lam s_i)) / step(n + 1, context)
+
+(the expected committed tokens of a tree are 1 plus the sum over its nodes of the probability
+that the node's path is accepted). ``lam`` calibrates the draft's scores on this generation:
+the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1. A
+tree trimmed to nothing still teaches it: its best node is compared with the token the plain
+step commits, for free, so trees come back when the draft turns right again.
+
 When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
 draft still proposes in the *shadow*: its first token is compared with the token the plain step
 commits, so the estimate keeps learning and speculation resumes when the text turns
@@ -26,12 +38,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from ..drafters.base import Draft
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import check_writable
 from .measure import measure_profile
 from .model import expected_committed_by_position, tokens_per_second
 from .profile import Profile, default_profile_path
+
+
+PRIOR_TOKENS = 4.0  # the calibration's prior weight: 4 tokens' worth at lam = 1
 
 
 class StepCosts(Protocol):
@@ -61,13 +77,16 @@ class AdaptiveK:
             raise ConfigError(f"k_max={k_max} must be >= 1")
         if not 0 < decay <= 1:
             raise ConfigError(f"decay={decay} must be in (0, 1]")
-        self.k_max = min(k_max, profile.max_n - 1)
+        #: a draft that scores its trees: propose at the full budget, then trim (see the docstring)
+        self.trees = DraftSpec.parse(draft).kind == "suffix"
+        self.k_max = profile.max_n - 1 if self.trees else min(k_max, profile.max_n - 1)
         self.profile = profile
         self.draft = draft
         self.decay = decay
         self.prior_hits, self.prior_tests = prior
         self.tested = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
+        self.predicted, self.got, self._pending, self._shadow = 0.0, 0.0, 0.0, 0.0
         self.draft_cost = [profile.draft_time(draft, k) for k in range(1, self.k_max + 1)]
         self.shadow = self.draft_cost[0] < 0.02 * profile.step_time(1)
         self.probe_every = probe_every
@@ -97,6 +116,8 @@ class AdaptiveK:
         return tokens_per_second(expected_committed_by_position(rates, k), cost)
 
     def choose(self, context_len: int) -> int:
+        if self.trees:
+            return self.k_max  # the tree is trimmed once proposed
         rates = self.rates()
         best_k, best = 0, self.expected_rate(0, context_len, rates)
         for k in range(1, self.k_max + 1):
@@ -112,6 +133,26 @@ class AdaptiveK:
             self._plain_run = 0
         return best_k
 
+    def calibration(self) -> float:
+        """lam: tokens accepted per token the kept trees' scores predicted (decayed; prior 1)."""
+        return (self.got + PRIOR_TOKENS) / (self.predicted + PRIOR_TOKENS)
+
+    def trim(self, draft: Draft, context_len: int) -> Draft:
+        """The prefix of a scored tree with the most expected tokens per second (None kept:
+        a plain step); a draft without scores is returned as it is."""
+        if not self.trees or draft.scores is None or not draft.tokens:
+            return draft
+        lam = self.calibration()
+        best_n, best, total = 0, 1.0 / self.profile.step_time(1, context_len), 0.0
+        for n, score in enumerate(draft.scores[: self.k_max], 1):
+            total += min(1.0, lam * score)
+            rate = (1.0 + total) / self.profile.step_time(n + 1, context_len)
+            if rate > best:
+                best_n, best = n, rate
+        self._pending = sum(draft.scores[:best_n])
+        self._shadow = draft.scores[0] if not best_n else 0.0
+        return draft.prefix(best_n)
+
     def _update(self, proposed: int, accepted: int) -> None:
         for j in range(self.k_max):
             self.tested[j] *= self.decay
@@ -125,11 +166,21 @@ class AdaptiveK:
         """A verified step: ``accepted`` of ``proposed`` tokens."""
         if proposed:
             self._update(proposed, accepted)
+        if self._pending:
+            self._calibrate(self._pending, accepted)
+            self._pending = 0.0
+
+    def _calibrate(self, predicted: float, got: float) -> None:
+        self.predicted = self.predicted * self.decay + predicted
+        self.got = self.got * self.decay + got
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         """A plain step with a shadow proposal: did its first token match what was committed?"""
         if proposal and committed:
             self._update(1, int(proposal[0] == committed[0]))
+            if self._shadow:  # a tree trimmed to nothing: its best node against the committed token
+                self._calibrate(self._shadow, int(proposal[0] == committed[0]))
+                self._shadow = 0.0
 
 
 def auto_policy(model: Any, draft: DraftSpec | str, *, status: Any = None) -> AdaptiveK:

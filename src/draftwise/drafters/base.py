@@ -30,18 +30,36 @@ class Draft:
             proposes a tree (:class:`draftwise.tree.TokenTree`), ``tokens == tree.tokens``
             (rows 1..m in topological order) and the ``k`` passed to ``propose`` was the node
             budget: ``len(tree) <= k``.
+    scores: for a tree, the draft's own estimate of the probability that each node's whole path
+            is accepted, rows 1..m, in descending order, so that every prefix of the rows is a
+            tree (suffix decoding's frequencies); ``--k auto`` trims the tree by them
+            (:meth:`prefix`). None when the draft has no such estimate.
     """
 
     tokens: list[int]
     probs: torch.Tensor | None = None
     tree: TokenTree | None = None
+    scores: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.tree is not None and list(self.tree.tokens) != list(self.tokens):
             raise ValueError("a tree draft's tokens must be its tree's tokens, rows 1..m in order")
+        if self.scores is not None and (len(self.scores) != len(self.tokens)
+                                        or any(a < b for a, b in zip(self.scores, self.scores[1:]))):
+            raise ValueError("a draft's scores must be one per token, in descending order")
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+    def prefix(self, n: int) -> Draft:
+        """The first ``n`` rows: a chain's first n tokens, or the subtree of a tree's first n
+        rows (a tree lists every parent before its children, so a prefix is a tree)."""
+        if n >= len(self.tokens):
+            return self
+        probs = None if self.probs is None else self.probs[:n]
+        tree = None if self.tree is None else TokenTree(self.tokens[:n], self.tree.parents[:n])
+        scores = None if self.scores is None else self.scores[:n]
+        return Draft(self.tokens[:n], probs, tree, scores)
 
 
 @runtime_checkable

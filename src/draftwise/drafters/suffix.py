@@ -161,12 +161,13 @@ def clear_shared_caches() -> None:
 class Proposal:
     """Where the last proposal came from: ``local`` (this generation), ``global`` (the cache)
     or ``none``; the match length, the node budget it earned and its score (expected number of
-    accepted tokens under the empirical frequencies)."""
+    accepted tokens under the empirical frequencies: the sum of its nodes' path ``probs``)."""
 
     source: str = "none"
     match_len: int = 0
     budget: int = 0
     score: float = 0.0
+    probs: Sequence[float] = ()
 
 
 class SuffixDrafter:
@@ -251,7 +252,9 @@ class SuffixDrafter:
                 if match is not None:
                     best = self._grow(self.cache.trie, match[0], match[1], k, "global", best)
         tokens, parents, self.last = best
-        return Draft(tokens, tree=TokenTree(tokens, parents)) if tokens else Draft([])
+        if not tokens:
+            return Draft([])
+        return Draft(tokens, tree=TokenTree(tokens, parents), scores=tuple(self.last.probs))
 
     def observe(self, num_accepted: int) -> None:
         pass  # committed tokens arrive with the next context
@@ -301,5 +304,5 @@ class SuffixDrafter:
         )
         score = sum(probs)
         if tokens and score > best[2].score:
-            return tokens, parents, Proposal(source, match_len, budget, score)
+            return tokens, parents, Proposal(source, match_len, budget, score, probs)
         return best
