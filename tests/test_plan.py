@@ -137,16 +137,21 @@ def test_plan_recommends_lookup_on_repetition_and_none_when_nothing_pays(tiny):
     plan = make_plan(tiny, rows, cheap, drafts=["lookup"], ks=[1, 2, 4], max_new_tokens=24)
     assert set(plan.categories) == {"copy", "free", "overall"}
     assert len(plan.categories["overall"]) == 3
-    for cands in plan.categories.values():  # ranked by the low end of the 95% interval
-        assert [c.interval[0] for c in cands] == sorted((c.interval[0] for c in cands), reverse=True)
+    for cands in plan.categories.values():  # greedy: ranked by the prediction
+        assert [c.speedup for c in cands] == sorted((c.speedup for c in cands), reverse=True)
         assert all(c.interval[0] <= c.speedup <= c.interval[1] for c in cands)
-    # on a free-verification machine any hit pays, so the largest k predicts the most; the pick
-    # is the candidate whose interval reaches highest at its low end
+    # on a free-verification machine any hit pays, so the best is the largest k
     best = plan.categories["copy"][0]
-    assert max(plan.categories["copy"], key=lambda c: c.speedup).k == 4
     assert best.acceptance  # the copy prompts repeat, so lookup gets some tokens right
-    assert plan.recommended["copy"] == ("lookup", best.k) and plan.predicted["copy"] == best.speedup > 1
-    assert best.interval[0] == max(c.interval[0] for c in plan.categories["copy"])
+    assert plan.recommended["copy"] == ("lookup", 4) and plan.predicted["copy"] > 1
+    # ranked by the interval's low end instead: the pick is the one that reaches highest there
+    low = make_plan(tiny, rows, cheap, drafts=["lookup"], ks=[1, 2, 4], max_new_tokens=24, pick="low")
+    for cands in low.categories.values():
+        assert [c.interval[0] for c in cands] == sorted((c.interval[0] for c in cands), reverse=True)
+    best = low.categories["copy"][0]
+    assert low.recommended["copy"] == ("lookup", best.k) and low.config["pick"] == "low"
+    with pytest.raises(ConfigError, match="pick="):
+        make_plan(tiny, rows, cheap, drafts=["lookup"], ks=[1], pick="mean")
     # a machine where a step of n tokens costs n plain steps: no k can pay
     linear = fake_profile(tiny, step=lambda n: 0.01 * n * 1.2)
     plan = make_plan(tiny, rows, linear, drafts=["lookup"], ks=[1, 2, 4], max_new_tokens=24)

@@ -51,6 +51,11 @@ from .common import (
 NO_PLOT = "matplotlib is not installed, so {what} was skipped (pip install 'draftwise[plot]')"
 
 
+class Pick(str, Enum):
+    low = "low"
+    point = "point"
+
+
 class Engine(str, Enum):
     vllm = "vllm"
     sglang = "sglang"
@@ -251,6 +256,9 @@ def plan_cmd(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
     validate_repeats: Annotated[int, typer.Option("--validate-repeats", min=1, help="Runs per generation when validating (best kept).")] = 2,
+    pick: Annotated[Pick | None, typer.Option(
+        "--pick", help="Rank candidates by the interval's low end or by the prediction "
+        "(default: low with --temperature > 0, point in greedy mode).")] = None,
     sure: Annotated[bool, typer.Option(
         "--sure", help="Speculate only where the 95% interval's low end beats plain decoding.")] = False,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
@@ -281,7 +289,8 @@ def plan_cmd(
         with progress_bar("plan") as report:
             plan = make_plan(
                 target, questions, profile, drafts=keys, ks=k_list, max_new_tokens=max_new_tokens,
-                sampling=SamplingConfig(temperature=temperature), sure=sure, progress=report,
+                sampling=SamplingConfig(temperature=temperature), sure=sure,
+                pick=pick.value if pick else None, progress=report,
             )
         plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
         plan.config["prompts_file"] = str(prompts) if prompts else "the Spec-Bench dev questions (draftwise.questions.DEFAULT_QUESTIONS)"

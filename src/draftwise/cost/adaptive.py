@@ -138,7 +138,7 @@ class AdaptiveK:
         return (self.got + PRIOR_TOKENS) / (self.predicted + PRIOR_TOKENS)
 
     def trim(self, draft: Draft, context_len: int) -> Draft:
-        """The prefix of a scored tree with the most expected tokens per second (None kept:
+        """The prefix of a scored tree with the most expected tokens per second (no node kept:
         a plain step); a draft without scores is returned as it is."""
         if not self.trees or draft.scores is None or not draft.tokens:
             return draft

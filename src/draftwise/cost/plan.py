@@ -213,18 +213,24 @@ def make_plan(
     max_new_tokens: int = 128,
     sampling: SamplingConfig | None = None,
     sure: bool = False,
+    pick: str | None = None,
     progress: Callable[[str, float], None] | None = None,
 ) -> Plan:
     """Trace ``questions`` (already sampled: :func:`~draftwise.questions.select_questions`) with
     each draft, predict every (draft, k), recommend. Spec-Bench rows (dicts) are accepted too.
 
     Each prediction carries a 95% prediction interval from its binomial counts
-    (:mod:`~draftwise.cost.intervals`); the pick per category is the (draft, k) whose interval
-    reaches highest at its low end, and it is used when its prediction beats plain decoding
-    (``sure``: when even its interval's low end does)."""
+    (:mod:`~draftwise.cost.intervals`). ``pick`` ranks the candidates of a category: ``"low"``
+    by the low end of the interval (the default with sampling, where a prediction averages one
+    random continuation), ``"point"`` by the prediction (the default in greedy mode, where the
+    replay is exact on the traced prompts). The pick is used when its prediction beats plain
+    decoding (``sure``: when even its interval's low end does)."""
     profile.check_model(model)
     cfg = sampling or SamplingConfig()
     sampled = not cfg.greedy
+    pick = pick or ("low" if sampled else "point")
+    if pick not in ("low", "point"):
+        raise ConfigError(f"pick={pick!r} must be 'low' (the interval's low end) or 'point'")
     rows = as_questions(questions)
     if not rows:
         raise ConfigError("no prompts to plan on")
@@ -317,7 +323,10 @@ def make_plan(
             values = speedup_draws(mine, [draws[(x["category"], d, k)] for x in mine])
             cand.interval = list(percentile_interval(values, cand.speedup))
             cands.append(cand)
-        categories[c] = sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
+        if pick == "low":
+            categories[c] = sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
+        else:
+            categories[c] = sorted(cands, key=lambda x: -x.speedup)
     recommended: dict[str, tuple[str, int]] = {}
     predicted: dict[str, float] = {}
     intervals: dict[str, list[float]] = {}
@@ -355,7 +364,7 @@ def make_plan(
         intervals=intervals,
         routed_interval=list(percentile_interval(speedup_draws(routed, routed_draws), routed_overall)),
         prompts=prompt_info,
-        config={"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature,
+        config={"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
                 "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")},
     )
 

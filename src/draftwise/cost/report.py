@@ -65,8 +65,8 @@ def render_plan_markdown(plan: Plan) -> str:
         "Each draft cell: predicted speedup at its best k / the acceptance it achieved "
         "(a_eff, the i.i.d. rate with E(a, k) = tokens per speculative step) / the acceptance "
         "it needs to break even at that k (a*). In brackets: the 95% prediction interval of the "
-        "speedup from the binomial acceptance counts; each draft's best k is the one whose interval "
-        "reaches highest at its low end.",
+        f"speedup from the binomial acceptance counts. Candidates are ranked by "
+        f"{'the low end of the interval' if plan.config.get('pick') == 'low' else 'the prediction'}.",
         "",
         "| category | recommended | predicted | " + " | ".join(plan.drafts) + " |",
         "|---|---|---:|" + "---|" * len(plan.drafts),
