@@ -294,7 +294,7 @@ def make_plan(
                     "category": row.category, "new_tokens": max(tr.new_tokens, 1),
                     "plain_s": _plain_seconds(profile, tr, sampled), "method_s": method_s,
                     "fixed_s": predict_seconds(profile, d, [], len(prompt_ids), tr.prefill_seconds, len(tr.tokens)),
-                    "counts": counts_from_steps(steps if exact else tr.steps, k),
+                    # the steps behind the interval: the replay's, or the sampled trace's cut to k
                     "trace": [(min(m, k), min(a, k)) for m, a in (steps if exact else tr.steps)],
                     "steps": len(steps) + 1, "committed": len(tr.tokens),
                     "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
@@ -310,7 +310,7 @@ def make_plan(
         phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
         for c in cats[:-1]:
             mine = [x for x in items if x["category"] == c]
-            pooled = sum((x["counts"] for x in mine), Counts())
+            pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
             context = statistics.mean(x["context"] for x in mine)
             u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
             draws[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
