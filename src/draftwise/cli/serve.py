@@ -63,6 +63,7 @@ def serve(
 
             from ..server.app import ServerSettings, create_app
             from ..server.speculation import AUTO, Speculation, startup_plan
+            from ..server.worker import ModelThread
         except ImportError as exc:
             raise ConfigError(f"{SERVE_EXTRA} ({exc})") from None
         spec = AUTO if draft.strip() == "auto" else DraftSpec.parse(draft)
@@ -78,21 +79,24 @@ def serve(
             warn(f"--host {host} is reachable from other machines and no --api-key is set: anyone who can "
                  "reach it can use the model")
         _setup_logging(log_level.lower())
-        loaded = load_with_status(
-            model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value, compile=compile_
+        # the model is loaded, planned with, warmed up and served on one thread (see ModelThread)
+        model_thread = ModelThread()
+        loaded = model_thread.call(
+            load_with_status, model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value,
+            compile=compile_,
         )
         if spec == AUTO and loaded_plan is None:
             err.print("making a plan on the dev questions (pass --plan to skip this) ...")
-            loaded_plan = startup_plan(loaded)
+            loaded_plan = model_thread.call(startup_plan, loaded)
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
         speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan)
-        speculation.warm_up()
+        model_thread.call(speculation.warm_up)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key or None, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
         )
-        app = create_app(loaded, speculation, settings)
+        app = create_app(loaded, speculation, settings, model_thread=model_thread)
     err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value})",
               highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)

@@ -35,7 +35,7 @@ from .metrics import ServerMetrics
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_error_body
 from .responses import Envelope
 from .speculation import Speculation
-from .worker import Event, Job, JobHandle, QueueFull, Worker
+from .worker import Event, Job, JobHandle, ModelThread, QueueFull, Worker
 
 _ERROR_STATUS = {"timeout": 504, "internal": 500, "invalid": 400, "cancelled": 503}
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
@@ -97,10 +97,13 @@ class Gate:
         await self.app(scope, counting_receive, send)
 
 
-def create_app(model: Any, speculation: Speculation, settings: ServerSettings) -> FastAPI:
-    """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it."""
+def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *,
+               model_thread: ModelThread | None = None) -> FastAPI:
+    """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it.
+    Pass the :class:`~draftwise.server.worker.ModelThread` that loaded the model, so the jobs run
+    on that thread too (a fresh one is made otherwise)."""
     metrics = ServerMetrics(settings.model_name)
-    worker = Worker(model, speculation, metrics, max_queue=settings.max_queue)
+    worker = Worker(model, speculation, metrics, max_queue=settings.max_queue, thread=model_thread)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
