@@ -1,18 +1,26 @@
 """Load test of ``draftwise serve``: N concurrent streaming clients x R requests each on the
 dev-question mix, speculation ``none`` against ``auto``, against one server.
 
-    python benchmarks/load_test.py --clients 64 --requests 4 --max-tokens 64 \
-        --plan benchmarks/results/plan/plan.json --out benchmarks/results/serve
+    python benchmarks/load_test.py --clients 64 --requests 4 --max-tokens 64 --k auto \
+        --plan benchmarks/results/trees-plan/plan.json --out benchmarks/results/serve
 
-1. References: each prompt (the first turn of ``--prompts`` dev questions spread over the
-   categories) is decoded greedily in this process with ``draftwise.api.generate``, exactly
-   what ``draftwise generate -n MAX_TOKENS`` runs.
-2. One server is started (``draftwise serve --draft auto --plan PLAN``) unless ``--url`` names
-   a running one. Each phase sends every client's R requests (client i's j-th request is
-   prompt ``(i * R + j) % P``): phase ``none`` with ``"speculative": {"draft": "none"}``, phase
-   ``auto`` with ``"speculative": {"category": CATEGORY}`` (the plan's choice for it). Whole
-   phases alternate, so each phase's aggregate tokens/s is its own.
-3. Per request: time to first token (client-side, queue included), end-to-end latency, the
+1. Prompts: every request of a phase asks a different question (``--prompts``, default
+   clients x requests). First turns of the dev questions come first, spread over the
+   categories; past the first turns, second turns of the multi-turn (MT-bench) questions, as a
+   conversation whose first answer is the reference answer to the first turn. No request
+   repeats another, so the suffix draft's cross-request cache cannot learn an answer it is
+   asked again.
+2. References: each prompt is decoded greedily in this process with ``draftwise.api.generate``
+   on the same token ids the server builds, exactly what ``draftwise generate -n MAX_TOKENS``
+   runs.
+3. One server is started (``draftwise serve --draft auto --plan PLAN``, with ``--k auto`` when
+   asked) unless ``--url`` names a running one. Each phase sends every client's R requests
+   (client i's j-th request is prompt ``(i * R + j) % P``): phase ``none`` with
+   ``"speculative": {"draft": "none"}``, phase ``auto`` with ``"speculative": {"category":
+   CATEGORY}`` (the plan's draft and k for it; with ``--k auto``, the plan's draft and the
+   adaptive k). Whole phases run one after the other, so each phase's aggregate tokens/s is
+   its own.
+4. Per request: time to first token (client-side, queue included), end-to-end latency, the
    server's own prefill time (``timings.prompt_ms``: TTFT without the queue), tokens, errors.
    A request is *lost* if its stream ends without a final chunk or an error.
 
@@ -36,11 +44,13 @@ from typing import Any
 import httpx
 
 from draftwise.api import generate
+from draftwise.chat import encode_conversation
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.loaders import load_model
-from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
 
 MODES = ("none", "auto")
+WARM_UP = "Name three primary colours."
 
 
 def pct(values: list[float], q: float) -> float:
@@ -51,21 +61,55 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
 
 
+def make_prompts(questions: list[Question], count: int) -> list[dict[str, Any]]:
+    """``count`` distinct prompts: first turns spread over the categories, then second turns of
+    the multi-turn questions (their answers are filled in by :func:`references`)."""
+    firsts = spread_questions(questions, min(count, len(questions)))
+    prompts = [{"question_id": q.question_id, "category": q.category, "turn": 1, "users": [q.turns[0]]}
+               for q in firsts]
+    multi = [q for q in questions if len(q.turns) > 1]
+    if count > len(questions) + len(multi):
+        raise SystemExit(f"--prompts {count}: the dev questions give only {len(questions) + len(multi)} "
+                         "distinct prompts (first turns and MT-bench second turns)")
+    if count > len(questions):
+        prompts += [{"question_id": q.question_id, "category": q.category, "turn": 2, "users": list(q.turns[:2])}
+                    for q in spread_questions(multi, count - len(questions))]
+    return prompts
+
+
 def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int) -> float:
+    """Each prompt's greedy answer (token ids) and, for a second turn, the first turn's answer
+    as the conversation's assistant message."""
     model = load_model(model_name)
+    first_answer: dict[Any, str] = {}
     t0 = time.perf_counter()
-    for p in prompts:
-        p["reference"] = generate(model, p["prompt"], max_new_tokens=max_tokens).token_ids
+    for p in sorted(prompts, key=lambda p: p["turn"]):  # first turns before the second turns that need them
+        p["answers"] = [first_answer[p["question_id"]]] if p["turn"] == 2 else []
+        ids = encode_conversation(model.tokenizer, p["users"], p["answers"], chat=True)
+        p["reference"] = generate(model, ids, max_new_tokens=max_tokens).token_ids
+        if p["turn"] == 1:
+            first_answer[p["question_id"]] = model.tokenizer.decode(p["reference"], skip_special_tokens=True)
     return time.perf_counter() - t0
 
 
+def messages(prompt: dict[str, Any]) -> list[dict[str, str]]:
+    out = []
+    for i, user in enumerate(prompt["users"]):
+        out.append({"role": "user", "content": user})
+        if i < len(prompt["answers"]):
+            out.append({"role": "assistant", "content": prompt["answers"][i]})
+    return out
+
+
 async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any], mode: str, max_tokens: int,
-                      client_id: int) -> dict[str, Any]:
-    spec = {"draft": "none"} if mode == "none" else {"category": prompt["category"]}
-    body = {"messages": [{"role": "user", "content": prompt["prompt"]}], "max_tokens": max_tokens,
+                      client_id: int, k_auto: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {"draft": "none"} if mode == "none" else {"category": prompt["category"]}
+    if mode != "none" and k_auto:
+        spec["k"] = "auto"
+    body = {"messages": messages(prompt), "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "return_token_ids": True, "speculative": spec}
     rec: dict[str, Any] = {"mode": mode, "client": client_id, "question_id": prompt["question_id"],
-                           "category": prompt["category"], "error": None, "lost": False}
+                           "turn": prompt["turn"], "category": prompt["category"], "error": None, "lost": False}
     t0 = time.perf_counter()
     final = None
     try:
@@ -96,14 +140,15 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any
     if final is not None:
         ids = final["choices"][0].get("token_ids", [])
         rec.update(tokens=final["usage"]["completion_tokens"], equal=ids == prompt["reference"],
-                   prefill_s=final["timings"]["prompt_ms"] / 1000, draft=final["speculative"]["draft"],
+                   prefill_s=final["timings"]["prompt_ms"] / 1000, decode_s=final["timings"]["predicted_ms"] / 1000,
+                   draft=final["speculative"]["draft"],
                    k=final["speculative"]["k"], mat=final["speculative"]["mean_committed_per_pass"])
         rec.setdefault("ttft", rec["e2e"])  # an empty answer: its first token is its end
     return rec
 
 
 async def phase(url: str, prompts: list[dict[str, Any]], mode: str, clients: int, requests: int,
-                max_tokens: int) -> tuple[list[dict[str, Any]], float]:
+                max_tokens: int, k_auto: bool) -> tuple[list[dict[str, Any]], float]:
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
 
@@ -111,7 +156,7 @@ async def phase(url: str, prompts: list[dict[str, Any]], mode: str, clients: int
             out = []
             for j in range(requests):  # bounded: R requests, one after the other
                 out.append(await one_request(client, url, prompts[(i * requests + j) % len(prompts)], mode,
-                                             max_tokens, i))
+                                             max_tokens, i, k_auto))
             return out
 
         t0 = time.perf_counter()
@@ -134,13 +179,30 @@ def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     }
 
 
+def by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Server-side tokens/s per category and phase (prefill included, queue excluded)."""
+    rows = []
+    for cat in dict.fromkeys(r["category"] for r in records):
+        ok = {m: [r for r in records if r["category"] == cat and r["mode"] == m and "decode_s" in r] for m in MODES}
+        if not all(ok.values()):
+            continue
+        tps = {m: sum(r["tokens"] for r in rs) / sum(r["prefill_s"] + r["decode_s"] for r in rs) for m, rs in ok.items()}
+        drafts = sorted({r["draft"] for r in ok["auto"]})
+        rows.append({"category": cat, "requests": len(ok["auto"]), "none_tps": tps["none"], "auto_tps": tps["auto"],
+                     "speedup": tps["auto"] / tps["none"], "draft": ", ".join(drafts),
+                     "mat": statistics.mean(r["mat"] for r in ok["auto"])})
+    return rows
+
+
 def render(summary: dict[str, Any]) -> str:
     s, cfg = summary["phases"], summary["config"]
     lines = [
         "# draftwise serve: load test", "",
         f"{cfg['clients']} concurrent streaming clients x {cfg['requests']} requests each per phase, greedy, "
-        f"max_tokens={cfg['max_tokens']}, {cfg['prompts']} dev questions (first turns, spread over the "
-        f"categories); model {cfg['model']}; server `{cfg['server']}`; {cfg['date']}.", "",
+        f"max_tokens={cfg['max_tokens']}, {cfg['prompts']} distinct prompts ({cfg['turns'][0]} dev questions' first "
+        f"turns spread over the categories, {cfg['turns'][1]} MT-bench second turns; none repeated); auto phase: "
+        f"the plan's draft per category with {'the adaptive k' if cfg['k'] == 'auto' else 'the plan' + chr(39) + 's k'}; "
+        f"model {cfg['model']}; server `{cfg['server']}`; {cfg['date']}.", "",
         f"Command: `{cfg['command']}`", "",
         "| speculation | requests | errors | lost | equal to `draftwise generate` | tokens/s | TTFT p50 | "
         "TTFT p99 | e2e p50 | e2e p99 | server TTFT p50 (prefill) | tokens/pass |",
@@ -159,6 +221,12 @@ def render(summary: dict[str, Any]) -> str:
               f"The plan's drafts in the auto phase: {s['auto']['drafts']}.", "",
               "TTFT as clients see it is mostly queue time: one request is served at a time, so a faster "
               "phase also waits less. The server-side TTFT isolates what speculation adds to the first token."]
+    lines += ["", "Per category, server side (tokens / (prefill + decode seconds) of the requests, same prompts "
+              "in both phases):", "", "| category | requests | none tok/s | auto tok/s | speedup | auto draft | "
+              "tokens/pass |", "|---|---:|---:|---:|---:|---|---:|"]
+    for row in summary.get("categories", []):
+        lines.append(f"| {row['category']} | {row['requests']} | {row['none_tps']:.1f} | {row['auto_tps']:.1f} | "
+                     f"{row['speedup']:.2f}x | {row['draft']} | {row['mat']:.2f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +257,7 @@ def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str
     exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
     cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--port", str(args.port),
            "--max-queue", str(max(128, args.clients * 2)), "--max-tokens-cap", str(args.max_tokens),
-           "--request-timeout", "3600"]
+           "--request-timeout", "3600"] + (["--k", "auto"] if args.k == "auto" else [])
     log = open(Path(args.out) / "server.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{args.port}"
@@ -212,28 +280,37 @@ def main() -> int:
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--requests", type=int, default=4, help="requests per client per phase")
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--prompts", type=int, default=32, help="dev questions in the mix")
-    ap.add_argument("--plan", default="benchmarks/results/plan/plan.json")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="distinct prompts in the mix (default: clients x requests, so none repeats)")
+    ap.add_argument("--plan", default="benchmarks/results/trees-plan/plan.json")
+    ap.add_argument("--k", choices=("plan", "auto"), default="auto",
+                    help="the auto phase's k: the plan's, or the adaptive k with the plan's draft")
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--url", default=None, help="use this running server (started with --draft auto)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve"))
     args = ap.parse_args()
+    if args.prompts is None:
+        args.prompts = args.clients * args.requests
     if min(args.clients, args.requests, args.max_tokens, args.prompts) < 1:
         ap.error("--clients, --requests, --max-tokens and --prompts must be >= 1")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    qs = spread_questions(read_questions(DEFAULT_QUESTIONS), args.prompts)
-    prompts = [{"question_id": q.question_id, "category": q.category, "prompt": q.prompt} for q in qs]
+    prompts = make_prompts(read_questions(DEFAULT_QUESTIONS), args.prompts)
     print(f"references: {len(prompts)} prompts, greedy, {args.max_tokens} tokens ...", flush=True)
     ref_s = references(args.model, prompts, args.max_tokens)
     proc, url, cmd = (None, args.url, ["(external)"]) if args.url else start_server(args)
     try:
-        asyncio.run(phase(url, prompts[:2], "auto", 2, 1, args.max_tokens))  # warm-up, not counted
+        # warm-up, not counted, on a prompt outside the mix: a warm-up on a measured prompt would
+        # put its answer in the suffix draft's cross-request cache before the auto phase asks it
+        warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [WARM_UP], "answers": [],
+                "reference": []}
+        asyncio.run(phase(url, [warm], "auto", 1, 1, 8, args.k == "auto"))
         records: list[dict[str, Any]] = []
         phases = {}
         for mode in MODES:
             print(f"phase {mode}: {args.clients} clients x {args.requests} requests ...", flush=True)
-            recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens))
+            recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens,
+                                             args.k == "auto"))
             records += recs
             phases[mode] = summarize(recs, wall)
             print(json.dumps(phases[mode]), flush=True)
@@ -248,8 +325,11 @@ def main() -> int:
                    "max_tokens": args.max_tokens, "prompts": len(prompts), "plan": args.plan,
                    "server": " ".join(["draftwise", *cmd[1:]]) if proc else args.url,
                    "command": "python benchmarks/load_test.py " + " ".join(sys.argv[1:]),
-                   "references_s": ref_s, "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()},
+                   "references_s": ref_s, "k": args.k,
+                   "turns": [sum(p["turn"] == 1 for p in prompts), sum(p["turn"] == 2 for p in prompts)],
+                   "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()},
         "phases": phases,
+        "categories": by_category(records),
         "goals": {"speedup": auto["tokens_per_s"] / none["tokens_per_s"] if none["tokens_per_s"] else 0.0,
                   "ttft_overhead": auto["ttft_p50_s"] / none["ttft_p50_s"] - 1,
                   "prefill_overhead": auto["prefill_p50_s"] / none["prefill_p50_s"] - 1},
