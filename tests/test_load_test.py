@@ -1,0 +1,53 @@
+"""benchmarks/load_test.py's prompt mix and per-category table (no server, no model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from draftwise.questions import Question
+
+pytest.importorskip("httpx")
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "load_test.py"
+_spec = importlib.util.spec_from_file_location("load_test", _PATH)
+assert _spec is not None and _spec.loader is not None
+load_test = importlib.util.module_from_spec(_spec)
+sys.modules.setdefault("load_test", load_test)
+_spec.loader.exec_module(load_test)
+
+
+def _questions() -> list[Question]:
+    return [Question(1, "writing", ("w1a", "w1b")), Question(2, "writing", ("w2a", "w2b")),
+            Question(3, "qa", ("q3",)), Question(4, "qa", ("q4",))]
+
+
+def test_the_mix_asks_first_turns_then_second_turns_and_never_repeats():
+    prompts = load_test.make_prompts(_questions(), 6)
+    assert [(p["question_id"], p["turn"]) for p in prompts] == [(1, 1), (3, 1), (2, 1), (4, 1), (1, 2), (2, 2)]
+    assert prompts[4]["users"] == ["w1a", "w1b"]
+    assert len({(p["question_id"], p["turn"]) for p in prompts}) == len(prompts)
+    assert [p["turn"] for p in load_test.make_prompts(_questions(), 3)] == [1, 1, 1]
+
+
+def test_more_prompts_than_the_questions_give_is_refused():
+    with pytest.raises(SystemExit, match="only 6 distinct prompts"):
+        load_test.make_prompts(_questions(), 7)
+
+
+def test_a_second_turn_carries_the_first_answer_as_the_assistant_message():
+    p = {"users": ["first?", "second?"], "answers": ["answer one"]}
+    assert load_test.messages(p) == [{"role": "user", "content": "first?"},
+                                     {"role": "assistant", "content": "answer one"},
+                                     {"role": "user", "content": "second?"}]
+
+
+def test_per_category_speed_is_tokens_over_server_seconds():
+    rec = {"category": "qa", "tokens": 60, "prefill_s": 0.5, "draft": "lookup", "mat": 2.0}
+    records = [dict(rec, mode="none", decode_s=2.5, mat=1.0, draft="none"), dict(rec, mode="auto", decode_s=1.0),
+               {"category": "qa", "mode": "auto", "error": "HTTP 500"}]  # failed: no decode_s, not counted
+    (row,) = load_test.by_category(records)
+    assert row["none_tps"] == pytest.approx(20.0) and row["auto_tps"] == pytest.approx(40.0)
+    assert row["speedup"] == pytest.approx(2.0) and row["draft"] == "lookup" and row["requests"] == 1
