@@ -17,6 +17,7 @@ from draftwise import SamplingConfig, generate, load_model  # noqa: E402
 from draftwise.cost.plan import Plan  # noqa: E402
 from draftwise.server.app import ServerSettings, create_app  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
+from draftwise.server.protocol import Speculative  # noqa: E402
 from draftwise.server.speculation import Speculation  # noqa: E402
 
 MSG = [{"role": "user", "content": "Count to five and back: one two three"}]
@@ -298,3 +299,17 @@ def test_metrics_count_speculation_like_vllm(live):
         assert name in text, name
     assert spec["accepted"] <= spec["proposed"] and spec["target_passes"] <= 40
     assert len(spec["acceptance_by_position"]) >= 1
+
+
+def test_a_server_with_k_auto_runs_the_plans_draft_with_the_adaptive_k():
+    plan = Plan(model="tiny", fingerprint="", dtype="float32", greedy=True, drafts=["lookup", "suffix"], ks=[2, 5],
+                categories={}, recommended={"overall": ("lookup", 2), "writing": ("suffix", 5)},
+                predicted={"overall": 1.2, "writing": 1.3}, routed_overall=1.2)
+    Spec = Speculative  # noqa: N806
+    fixed = Speculation(None, draft="auto", k=4, plan=plan)
+    adaptive = Speculation(None, draft="auto", k="auto", plan=plan)
+    assert (str(fixed.choose(Spec(category="writing")).draft), fixed.choose(Spec(category="writing")).k) == ("suffix", 5)
+    choice = adaptive.choose(Spec(category="writing"))
+    assert (str(choice.draft), choice.k, choice.chosen_by) == ("suffix", "auto", "plan")
+    choice = adaptive.choose(Spec(category="writing", k=3))  # the request's own k still wins
+    assert (choice.k, choice.chosen_by) == (3, "plan+request")

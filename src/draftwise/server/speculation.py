@@ -3,7 +3,9 @@
 Precedence: the request's ``speculative`` object, then the server's ``--draft``/``--k``. A
 ``draft`` of ``auto`` (the server's or the request's) asks the plan for the request's
 ``category`` (``overall`` when none is given): ``Plan.choose(category)`` -> (draft, k), and
-``none`` there means plain decoding. A request that only sets ``k`` keeps the server's draft.
+``none`` there means plain decoding. The plan's k is used unless the server runs with ``--k
+auto``: then the plan picks the draft and the adaptive k runs it (the load test measured 1.33x
+plain that way, see docs/serving.md). A request that only sets ``k`` keeps the server's draft.
 
 Drafters are made once and reused (a drafter is restarted per generation through ``start``).
 A ``model:`` draft loads weights from a path, so only the drafts named at start-up (the
@@ -92,7 +94,9 @@ class Speculation:
                                "with --draft auto (and --plan), or name a draft", param="speculative.draft",
                                code="unsupported_value")
             plan_draft, plan_k = self.plan.choose(category or "overall")
-            draft, k, by = DraftSpec.parse(plan_draft), max(plan_k, 1), "plan"
+            # a server started with --k auto adapts k for the plan's drafts too
+            draft, by = DraftSpec.parse(plan_draft), "plan"
+            k = AUTO if self.default_k == AUTO else max(plan_k, 1)
         assert isinstance(draft, DraftSpec)
         if req is not None and req.k is not None:
             k = req.k
