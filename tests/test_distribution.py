@@ -35,7 +35,8 @@ import draftwise.passes as decode_module  # the module whose one target pass cal
 from draftwise.decode import decode_steps
 from draftwise.drafters import Drafter, ModelDrafter, PromptLookupDrafter, SelfSpecDrafter
 from draftwise.drafters.eagle import EagleDrafter
-from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig, LoadedHead
+from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
+from draftwise.drafters.head_files import LoadedHead
 from draftwise.runtime.native import NativeRuntime
 from draftwise.sampling import SamplingConfig, logits_to_probs
 from draftwise.verify import Verdict, verify_sampled
@@ -55,7 +56,7 @@ SETTINGS: dict[str, tuple[SamplingConfig, int]] = {  # name -> (sampling, k)
     "top_k=5": (SamplingConfig(temperature=1.0, top_k=5), 3),
     "top_p=0.8": (SamplingConfig(temperature=1.0, top_p=0.8), 2),
 }
-DRAFTERS = ("model", "bad-model", "self", "lookup", "eagle")
+DRAFTERS = ("model", "bad-model", "self", "lookup", "eagle", "eagle3")
 
 
 def _tiny(seed: int, layers: int, head_scale: float, like=None):
@@ -78,11 +79,11 @@ def _tiny(seed: int, layers: int, head_scale: float, like=None):
     return hf
 
 
-def _eagle(target: NativeRuntime) -> Drafter:
+def _eagle(target: NativeRuntime, arch: str = "eagle1") -> Drafter:
     """A random EAGLE head over the target's features, scoring 16 of the 24 tokens (q is 0 on
-    the rest, which verification must make up for)."""
+    the rest, which verification must make up for); ``eagle3``: over both layers' and the input's."""
     torch.manual_seed(5)
-    head = EagleHead(HeadConfig.from_target(target.config))
+    head = EagleHead(HeadConfig.from_target(target.config, arch=arch, aux_layers=(0, 1, 1) if arch == "eagle3" else None))
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0.0, 0.3)
@@ -126,6 +127,7 @@ def world() -> World:
         "self": lambda: SelfSpecDrafter(target, [0]),
         "lookup": lambda: PromptLookupDrafter(),
         "eagle": lambda: _eagle(target),
+        "eagle3": lambda: _eagle(target, "eagle3"),
     }
     draft_hf = {"model": draft_hf, "bad-model": bad_hf}
     return World(target_hf, target, drafters, draft_hf, prompt, logits)
@@ -250,7 +252,7 @@ def eagle_logits(world: World, drafter: EagleDrafter, context: list[int]) -> tor
     n = len(world.prompt)
     cache = HeadCache(drafter.head.cfg, 64)
     with torch.inference_mode():
-        feats = world.target.features(0, n)  # [n, d]: the target holds the prompt
+        feats = drafter.head.lift(world.target.features(0, n))  # [n, d]: the target holds the prompt
         h = drafter.head(drafter.parts.embed(context[1 : n + 1])[None], feats[None], torch.arange(n)[None], cache)[0, -1:]
         for pos, token in enumerate(context[n + 1 :], start=n):
             h = drafter.head(drafter.parts.embed([token])[None], h[None], torch.tensor([[pos]]), cache)[0]
@@ -258,7 +260,7 @@ def eagle_logits(world: World, drafter: EagleDrafter, context: list[int]) -> tor
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("draft", ["model", "bad-model", "self", "eagle"])
+@pytest.mark.parametrize("draft", ["model", "bad-model", "self", "eagle", "eagle3"])
 def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     """Verification is lossless only if Draft.probs is the very distribution each proposed token
     was drawn from, shaped by the generation's sampling settings: probs rows equal
@@ -272,7 +274,7 @@ def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     proposal = drafter.propose(context, 3)
     assert proposal.probs is not None and proposal.probs.shape == (3, V)
     for i in range(3):
-        if draft == "eagle":
+        if draft.startswith("eagle"):
             q = logits_to_probs(eagle_logits(world, drafter, context + proposal.tokens[:i]), cfg)
         else:
             q = logits_to_probs(draft_logits(world, draft, context + proposal.tokens[:i]), cfg)

@@ -14,17 +14,8 @@ import torch
 
 from draftwise.decode import decode_steps
 from draftwise.drafters.eagle import EagleDrafter, TargetParts, default_head_folder, eagle_drafter
-from draftwise.drafters.eagle_head import (
-    HEAD_META,
-    HEAD_WEIGHTS,
-    EagleHead,
-    HeadCache,
-    HeadConfig,
-    LoadedHead,
-    load_head,
-    save_head,
-    target_fingerprint,
-)
+from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
+from draftwise.drafters.head_files import HEAD_META, HEAD_WEIGHTS, LoadedHead, load_head, save_head, target_fingerprint
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.runtime.native import NativeRuntime

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from draftwise.cli.export_head import export_head_cmd
 from draftwise.drafters.eagle import fingerprint_of
-from draftwise.drafters.eagle_head import EagleHead, HeadConfig, save_head
+from draftwise.drafters.eagle_head import EagleHead, HeadConfig
+from draftwise.drafters.head_files import save_head
 from draftwise.errors import ConfigError
 from draftwise.distill.head_export import (
     CONFIG_FILE,

@@ -31,7 +31,7 @@ from draftwise.distill.head_train import (
     head_loss,
     make_head_batch,
 )
-from draftwise.drafters.eagle_head import load_head, target_fingerprint
+from draftwise.drafters.head_files import load_head, target_fingerprint
 from draftwise.questions import Question
 
 PROMPTS = [
@@ -107,7 +107,7 @@ def test_features_match_the_runtime_and_the_cache_resumes(tiny, store, tmp_path,
     # a resumed extraction passes over only the sequences not in the index
     calls = []
     real = head_data._target_pass
-    monkeypatch.setattr(head_data, "_target_pass", lambda runtime, ids: calls.append(1) or real(runtime, ids))
+    monkeypatch.setattr(head_data, "_target_pass", lambda runtime, ids, aux: calls.append(1) or real(runtime, ids, aux))
     extract_features(tiny, seqs[:2], [1, 1], tmp_path)
     again = extract_features(tiny, seqs, [1] * 4, tmp_path)
     assert len(calls) == 4 and torch.equal(again.feats, feats.feats)
@@ -152,11 +152,18 @@ def test_heldout_metric_is_one_for_a_head_that_returns_the_true_feature(tiny, st
             s = feats.starts[self.i]
             return feats.feats[s + positions + 1].float()
 
+        def lift(self, f):
+            return f
+
+        def rollout(self, embeds, f, positions, steps):  # and every drafted row as well
+            return [self(embeds, f, positions)] * steps
+
     oracle = Oracle()
     for i in range(len(feats)):
         oracle.i = i
         got = evaluate_head(oracle, parts, feats, [i], eos={2}, device=torch.device("cpu"))
         assert got["acceptance"] > 0.99 and got["positions"] == 3  # responses [5, 6, 7, 2]: rows j = P .. P+2
+        assert got["acceptance_second"] > 0.99
 
 
 def test_run_saves_a_head_that_loads_and_resume_continues(tiny, tmp_path):

@@ -89,6 +89,9 @@ def decode_steps(
     share_cores()  # other draftwise processes on this machine: take our share of the cores
     clock = time.perf_counter
     t0 = clock()
+    prepare = getattr(drafter, "before_prefill", None)
+    if prepare is not None:  # e.g. an EAGLE head sets which layers the prefill records
+        prepare()
     logits = runtime.prefill(prompt_ids)  # [vocab]
     first = next_token(logits, cfg, generator)
     stats.verify_seconds += clock() - t0

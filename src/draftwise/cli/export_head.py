@@ -14,11 +14,12 @@ from ..distill.head_export import (
     WEIGHTS_FILE,
     export_speculators,
     final_norm_of,
+    lm_head_of,
     validate_speculators_config,
     verifier_id,
 )
 from ..drafters.eagle import fingerprint_of
-from ..drafters.eagle_head import load_head
+from ..drafters.head_files import load_head
 from ..fsutil import check_output_dir
 from .common import DType, ThreadsOpt, load_with_status, out, user_errors, warn
 
@@ -42,10 +43,11 @@ def export_head_cmd(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier export in --out.")] = False,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Write HEAD as a speculators EAGLE checkpoint (type 'eagle': EAGLE-1 with layernorms).
+    """Write HEAD as a speculators EAGLE checkpoint: type 'eagle3' for a head trained with
+    --arch eagle3 (the type vLLM loads), else 'eagle' (EAGLE-1 with layernorms).
 
     The target is loaded once, to check the head was trained for it and to copy its final norm
-    (the head applies it before the LM head). What the layout cannot say exactly is listed in
+    and (eagle3) its LM head rows, which the head borrows. What the layout cannot say exactly is listed in
     config.json under draftwise.not_represented; see ``draftwise.distill.head_export``.
     """
     with user_errors():
@@ -56,12 +58,13 @@ def export_head_cmd(
         target = load_with_status(model or str(target_name or "default"), "float32", threads=threads)
         load_head(head, fingerprint=fingerprint_of(target))  # refuses a head made for another target
         folder = export_speculators(
-            head, out_dir, verifier=hf_id, final_norm=final_norm_of(target), k=k, dtype=dtype.value,
+            head, out_dir, verifier=hf_id, final_norm=final_norm_of(target), lm_head=lm_head_of(target), k=k, dtype=dtype.value,
             max_positions=getattr(target.config, "max_position_embeddings", None), overwrite=overwrite,
         )
     size = (folder / WEIGHTS_FILE).stat().st_size / 2**20
+    kind = "eagle3" if loaded.head.cfg.arch == "eagle3" else MODEL_TYPE
     out.print(
-        f"head written to {folder}: speculators {MODEL_TYPE!r} layout, verifier {hf_id}, k={k}, "
+        f"head written to {folder}: speculators {kind!r} layout, verifier {hf_id}, k={k}, "
         f"{WEIGHTS_FILE} {size:.1f} MiB",
         highlight=False, markup=False,
     )

@@ -19,6 +19,11 @@ from ..threads import set_threads
 from .common import DeviceOpt, ThreadsOpt, load_with_status, out, phase_bars, plot_or_warn, user_errors
 
 
+class Arch(str, Enum):
+    eagle1 = "eagle1"
+    eagle3 = "eagle3"
+
+
 class Init(str, Enum):
     layer = "layer"
     random = "random"
@@ -83,6 +88,12 @@ def train_head_cmd(
     feature_norm: Annotated[
         bool | None, typer.Option("--feature-norm/--no-feature-norm", help="RMS-normalise the input feature (default no).")
     ] = None,
+    arch: Annotated[
+        Arch | None, typer.Option(help="eagle1 (fc mixes embedding and last-layer feature; default) or eagle3 (fc fuses 3 layers).")
+    ] = None,
+    ttt: Annotated[
+        int | None, typer.Option(help="Training-time-test steps: train on the head's own 2nd, 3rd.. drafted rows too (default 1 = off).")
+    ] = None,
     response_only: Annotated[
         bool | None,
         typer.Option("--response-only/--all-positions", help="Loss on response positions only, or on all (default all)."),
@@ -117,6 +128,7 @@ def train_head_cmd(
             "vocab_size_draft": vocab_size_draft, "batch": batch, "seq_len": seq_len, "lr": lr,
             "reg_weight": reg_weight, "noise": noise, "init": init.value if init else None,
             "holdout_percent": holdout_percent, "feature_norm": feature_norm, "response_only": response_only,
+            "arch": arch.value if arch else None, "ttt": ttt,
         }
         check_out(out_dir.expanduser(), resume=resume, overwrite=overwrite)  # before the model loads
         model = load_with_status(target, "float32", device=device)

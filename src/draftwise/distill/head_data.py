@@ -182,9 +182,11 @@ def magpie_questions(texts: Sequence[str]) -> list[Question]:
     return [Question(f"magpie-{i}", "magpie", (t,)) for i, t in enumerate(texts)]
 
 
-def sequence_key(target: Any, ids: Sequence[int]) -> str:
-    """What a sequence's features depend on: the target, its mode (dtype, quantisation), the ids."""
-    h = hashlib.sha256(f"{target.name}|{target.mode}|".encode())
+def sequence_key(target: Any, ids: Sequence[int], aux_layers: Sequence[int] | None = None) -> str:
+    """What a sequence's features depend on: the target, its mode (dtype, quantisation), the ids,
+    and the extra layers recorded for an EAGLE-3 head."""
+    extra = "" if not aux_layers else "aux=" + ",".join(map(str, aux_layers)) + "|"
+    h = hashlib.sha256(f"{target.name}|{target.mode}|{extra}".encode())
     h.update(",".join(map(str, ids)).encode())
     return h.hexdigest()[:24]
 
@@ -195,7 +197,8 @@ class FeatureStore:
 
     ``feats`` ``[N, d]`` float16, ``lse`` ``[N]`` float32, ``top`` ``[N]`` (the target's argmax
     over its full vocabulary), ``ids`` ``[N]``; sequence ``i`` is rows ``starts[i] ..
-    starts[i] + lengths[i] - 1``, its first ``prompt_lens[i]`` tokens the prompt."""
+    starts[i] + lengths[i] - 1``, its first ``prompt_lens[i]`` tokens the prompt. ``aux`` ``[N,
+    3d]`` float16: an EAGLE-3 head's input, the outputs of its three layers side by side."""
 
     feats: torch.Tensor
     lse: torch.Tensor
@@ -204,23 +207,29 @@ class FeatureStore:
     starts: list[int]
     lengths: list[int]
     prompt_lens: list[int]
+    aux: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.starts)
 
 
-def _target_pass(runtime: Any, ids: Sequence[int]) -> dict[str, torch.Tensor]:
-    """One full pass over ``ids`` from position 0 with capture on: features, lse, argmax."""
+def _target_pass(runtime: Any, ids: Sequence[int], aux: bool) -> dict[str, torch.Tensor]:
+    """One full pass over ``ids`` from position 0 with capture on: features (the last layer's
+    last, after the ``aux`` layers when asked), lse, argmax."""
     runtime.rollback(0)
     logits = runtime.forward(list(ids)).float()  # [L, vocab]
-    feats = runtime.features(0, len(ids))  # [L, d]
+    recorded = runtime.features(0, len(ids))  # [L, d] or [L, 4d]: aux layers, then the last
     runtime.rollback(0)
-    if not torch.isfinite(feats).all() or float(feats.abs().max()) > 6e4:
+    if not torch.isfinite(recorded).all() or float(recorded.abs().max()) > 6e4:
         raise ConfigError("the target's features do not fit float16 (|f| > 60000); this target is not supported yet")
-    return {
-        "feats": feats.to(torch.float16).cpu(), "lse": torch.logsumexp(logits, -1).cpu(),
+    d = recorded.shape[1] // (4 if aux else 1)
+    out = {
+        "feats": recorded[:, -d:].to(torch.float16).cpu(), "lse": torch.logsumexp(logits, -1).cpu(),
         "top": logits.argmax(-1).to(torch.int32).cpu(),
     }
+    if aux:
+        out["aux"] = recorded[:, :-d].to(torch.float16).contiguous().cpu()
+    return out
 
 
 def _read_index(folder: Path) -> dict[str, Any]:
@@ -239,9 +248,10 @@ def _read_index(folder: Path) -> dict[str, Any]:
 
 def extract_features(
     target: Any, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], data_dir: Path, *,
-    on_progress: Progress | None = None,
+    aux_layers: Sequence[int] | None = None, on_progress: Progress | None = None,
 ) -> FeatureStore:
-    """The target's features of every sequence, from ``DATA/features`` or one runtime pass each."""
+    """The target's features of every sequence, from ``DATA/features`` or one runtime pass each;
+    with ``aux_layers`` (an EAGLE-3 head's), those layers' outputs too (``FeatureStore.aux``)."""
     from safetensors.torch import load_file, save_file
 
     runtime = target.runtime
@@ -250,17 +260,18 @@ def extract_features(
     folder = data_dir / FEATURES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     index = _read_index(folder)
-    keys = [sequence_key(target, s) for s in sequences]
+    aux = tuple(int(i) for i in aux_layers) if aux_layers else None
+    keys = [sequence_key(target, s, aux) for s in sequences]
     first_of = {k: keys.index(k) for k in dict.fromkeys(keys)}
     todo = [first_of[k] for k in dict.fromkeys(keys) if k not in index["sequences"]]
     done, total = len(set(keys)) - len(todo), len(set(keys))
     if on_progress:
         on_progress(done, total)
     if todo:
-        runtime.capture_features(None)
+        runtime.capture_features(None if aux is None else (*aux, int(runtime.num_layers) - 1))
         try:
             for c in range(0, len(todo), CHUNK_SEQUENCES):
-                part = [_target_pass(runtime, sequences[i]) for i in todo[c : c + CHUNK_SEQUENCES]]
+                part = [_target_pass(runtime, sequences[i], aux is not None) for i in todo[c : c + CHUNK_SEQUENCES]]
                 name = f"chunk-{index['chunks']:05d}.safetensors"
                 with atomic_path(folder / name) as tmp:
                     save_file({k: torch.cat([p[k] for p in part]).contiguous() for k in part[0]}, str(tmp))
@@ -276,7 +287,7 @@ def extract_features(
         finally:
             runtime.capture_features(enabled=False)
     chunks: dict[str, dict[str, torch.Tensor]] = {}
-    parts: dict[str, list[torch.Tensor]] = {"feats": [], "lse": [], "top": []}
+    parts: dict[str, list[torch.Tensor]] = {"feats": [], "lse": [], "top": [], **({"aux": []} if aux else {})}
     starts, at = [], 0
     for key, seq in zip(keys, sequences):
         name, row, length = index["sequences"][key]
@@ -294,7 +305,7 @@ def extract_features(
     ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
     return FeatureStore(
         torch.cat(parts["feats"]), torch.cat(parts["lse"]), torch.cat(parts["top"]).long(), ids, starts,
-        [len(s) for s in sequences], [int(p) for p in prompt_lens],
+        [len(s) for s in sequences], [int(p) for p in prompt_lens], torch.cat(parts["aux"]) if aux else None,
     )
 
 

@@ -30,11 +30,12 @@ Not represented exactly, and recorded under ``draftwise.not_represented`` in con
   draft id the offset to its target id, draft ids in ascending target-id order), which an
   ``eagle`` loader ignores: it then drafts from the whole vocabulary (still lossless).
 
-Writing the head as ``eagle3`` would load in vLLM and compute something else: EAGLE-3's layer
-attends over ``concat(norm(embedding), norm(fc(fused features)))`` (a ``2d``-wide attention
+Writing an EAGLE-1 head as ``eagle3`` would load in vLLM and compute something else: EAGLE-3's
+layer attends over ``concat(norm(embedding), norm(fc(fused features)))`` (a ``2d``-wide attention
 input), keeps only the fused feature in the residual, and ``fc`` fuses several target layers
 (``eagle_aux_hidden_state_layer_ids``); our residual carries ``fc(concat(embedding, feature))``.
-No choice of weights maps one onto the other, so this module never writes ``eagle3``.
+No choice of weights maps one onto the other. A head trained with ``train-head --arch eagle3``
+*is* that layer, and is written as ``eagle3`` (:mod:`.head_export3`).
 
 Where this stands (read from the sources): ``speculators`` dropped the ``eagle`` type (a
 legacy converter module in 0.5-0.6, removed in 0.7), and vLLM's speculators loader accepts
@@ -50,9 +51,10 @@ from typing import Any
 
 import torch
 
-from ..drafters.eagle_head import LoadedHead, load_head
+from ..drafters.head_files import LoadedHead, load_head
 from ..errors import ConfigError
 from ..fsutil import atomic_path, claim_output_dir, write_json_atomic
+from .head_export3 import algorithm_block, eagle3_config, eagle3_tensors, is_eagle3
 
 COMMAND = "export-head"
 MODEL_TYPE = "eagle"
@@ -106,6 +108,12 @@ def final_norm_of(model: Any) -> torch.Tensor:
     return weight.detach().float().cpu()
 
 
+def lm_head_of(model: Any) -> torch.Tensor:
+    """The target's LM head ``[vocab, d]`` (float32), which an eagle3 export writes rows of."""
+    final_norm_of(model)  # the same runtime check
+    return model.runtime.head.detach().float().cpu()
+
+
 def vocab_maps(draft_tokens: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(t2d, d2t)`` in speculators' EAGLE-3 convention for a reduced vocabulary.
 
@@ -157,6 +165,12 @@ def speculators_config(
     target = loaded.meta.get("target") or {}
     vocab = target_vocab(loaded)
     draft_vocab = vocab if loaded.draft_tokens is None else int(loaded.draft_tokens.numel())
+    about = {key: target.get(key) for key in ("name", "fingerprint", "hidden_size", "vocab_size", "num_layers")}
+    if is_eagle3(loaded):
+        return eagle3_config(
+            loaded, layer=layer_config(loaded, max_positions), k=k, verifier=verifier,
+            draft_vocab=draft_vocab, dtype=dtype, draftwise={"source": loaded.meta.get("format"), "target": about},
+        )
     missing = [
         "embedding_layernorm: the head does not normalise the embedding; an eagle loader makes one (ones) that does",
         "hidden_states: the head reads the target's last-layer output before its final norm",
@@ -174,27 +188,31 @@ def speculators_config(
         "fusion_bias": False,
         "draft_vocab_size": draft_vocab,
         "torch_dtype": dtype,
-        "speculators_config": {
-            "algorithm": MODEL_TYPE,
-            "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": int(k), "verifier_accept_k": 1, "accept_tolerance": 0.0}
-            ],
-            "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": ["LlamaForCausalLM"]},
-        },
+        "speculators_config": algorithm_block(MODEL_TYPE, k, verifier),
         "draftwise": {
             "source": loaded.meta.get("format"),
-            "target": {key: target.get(key) for key in ("name", "fingerprint", "hidden_size", "vocab_size", "num_layers")},
+            "target": about,
             "not_represented": missing,
         },
     }
 
 
 def speculators_tensors(
-    loaded: LoadedHead, *, final_norm: torch.Tensor | None = None, dtype: str = "float32"
+    loaded: LoadedHead, *, final_norm: torch.Tensor | None = None, dtype: str = "float32",
+    lm_head: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
-    """The head's tensors under speculators' names (plus the final norm and vocabulary maps)."""
+    """The head's tensors under speculators' names (plus the final norm and vocabulary maps; an
+    eagle3 head also the target's LM head rows, from ``lm_head``, the target's ``[vocab, d]``)."""
     torch_dtype = _DTYPES[dtype]
+    maps = None if loaded.draft_tokens is None else vocab_maps(loaded.draft_tokens, target_vocab(loaded))
+    if is_eagle3(loaded):
+        tensors = eagle3_tensors(
+            loaded, final_norm=final_norm, lm_head=lm_head, dtype=torch_dtype,
+            draft_ids=None if maps is None else maps[0].nonzero().flatten(),
+        )
+        if maps is not None:
+            tensors["t2d"], tensors["d2t"] = maps[0].contiguous(), maps[1].contiguous()
+        return tensors
     state = loaded.head.state_dict()
     tensors = {WEIGHT_NAMES[name]: t.detach().to(torch_dtype).contiguous() for name, t in state.items()}
     if final_norm is not None:
@@ -202,9 +220,8 @@ def speculators_tensors(
         if tuple(final_norm.shape) != (d,):
             raise ConfigError(f"the target's final norm has shape {tuple(final_norm.shape)}; the head needs ({d},)")
         tensors[FINAL_NORM_NAME] = final_norm.detach().to(torch_dtype).contiguous()
-    if loaded.draft_tokens is not None:
-        t2d, d2t = vocab_maps(loaded.draft_tokens, target_vocab(loaded))
-        tensors["t2d"], tensors["d2t"] = t2d.contiguous(), d2t.contiguous()
+    if maps is not None:
+        tensors["t2d"], tensors["d2t"] = maps[0].contiguous(), maps[1].contiguous()
     return tensors
 
 
@@ -218,13 +235,16 @@ def export_speculators(
     dtype: str = "float32",
     max_positions: int | None = None,
     overwrite: bool = False,
+    lm_head: torch.Tensor | None = None,
 ) -> Path:
     """Write ``out_dir/config.json`` and ``out_dir/model.safetensors`` for the head in
     ``head_folder`` and return ``out_dir``.
 
     ``verifier``: the target's Hugging Face id (:func:`verifier_id`). ``final_norm``: the
     target's final-norm weight ``[d]`` (:func:`final_norm_of`); without it the file lacks
-    ``pre_lm_head_layernorm.weight`` and config.json says so. ``dtype``: float32 or bfloat16.
+    ``pre_lm_head_layernorm.weight`` and config.json says so. A head trained with ``--arch
+    eagle3`` is written as ``eagle3`` (:mod:`.head_export3`) and needs both ``final_norm`` and
+    ``lm_head`` (:func:`lm_head_of`). ``dtype``: float32 or bfloat16.
     ``out_dir`` must be new or empty, or (``overwrite``) an earlier export."""
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
@@ -237,7 +257,7 @@ def export_speculators(
         loaded, verifier=verifier.strip(), k=k, dtype=dtype, max_positions=max_positions,
         has_final_norm=final_norm is not None,
     )
-    tensors = speculators_tensors(loaded, final_norm=final_norm, dtype=dtype)
+    tensors = speculators_tensors(loaded, final_norm=final_norm, dtype=dtype, lm_head=lm_head)
     out = claim_output_dir(out_dir, COMMAND, overwrite=overwrite, holds="an exported head")
     from safetensors.torch import save_file
 

@@ -5,7 +5,7 @@ Files under the output folder ``OUT``:
 =============================  ==============================================================
 ``.draftwise-output``          the marker: ``--overwrite`` deletes, ``--resume`` continues, only
                                a folder that carries ``train-head``'s
-``eagle_head.safetensors``,    the head (:func:`~draftwise.drafters.eagle_head.save_head`): its
+``eagle_head.safetensors``,    the head (:func:`~draftwise.drafters.head_files.save_head`): its
 ``draftwise_head.json``        weights and draft vocabulary; the target's name and fingerprint,
                                the settings, the portable command, seconds per phase, the final
                                held-out acceptance
@@ -30,7 +30,8 @@ from typing import Any
 
 import torch
 
-from ..drafters.eagle_head import save_head, target_fingerprint
+from ..drafters.eagle_head import ARCHS, default_aux_layers
+from ..drafters.head_files import save_head, target_fingerprint
 from ..errors import ConfigError
 from ..fsutil import check_output_dir, claim_output_dir, check_writable, is_owned_by, write_text_atomic
 from ..loaders import load_model, parse_device
@@ -48,7 +49,7 @@ COMMAND = "train-head"
 DEFAULTS: dict[str, Any] = {
     "magpie": 0, "gen_tokens": 256, "gen_temperatures": [0.0, 0.7], "seed": 0, "vocab_size_draft": 8192,
     "batch": 4, "seq_len": 512, "lr": 1e-3, "reg_weight": 0.0, "noise": 0.0, "init": "layer",
-    "holdout_percent": 5.0, "response_only": False, "feature_norm": False,
+    "holdout_percent": 5.0, "response_only": False, "feature_norm": False, "arch": "eagle1", "ttt": 1,
 }
 DEFAULT_STEPS = 500
 _RULES = {  # name: (minimum, integer, strict)
@@ -56,7 +57,7 @@ _RULES = {  # name: (minimum, integer, strict)
     "vocab_size_draft": (0, True, False), "batch": (1, True, False), "seq_len": (2, True, False),
     "lr": (0, False, True), "reg_weight": (0, False, False), "noise": (0, False, False),
     "holdout_percent": (0, False, False), "steps": (1, True, False), "time_budget": (0, False, True),
-    "snapshot_every": (1, True, False),
+    "snapshot_every": (1, True, False), "ttt": (1, True, False),
 }
 
 
@@ -191,6 +192,9 @@ def train_head(
     settings = _merge(options, saved)
     if settings["init"] not in ("layer", "random"):
         raise ConfigError(f"--init {settings['init']!r} is not one of layer, random")
+    if settings["arch"] not in ARCHS:
+        raise ConfigError(f"--arch {settings['arch']!r} is not one of {', '.join(ARCHS)}")
+    aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
     vocab = int(target.runtime.vocab_size)
     if settings["vocab_size_draft"] > vocab:
         raise ConfigError(f"--vocab-size-draft {settings['vocab_size_draft']} exceeds the target's vocabulary ({vocab}); 0 = all")
@@ -241,7 +245,7 @@ def train_head(
     write_heldout(data, held_rows)
     status(f"features: one target pass per sequence ({len(sequences)}, cached in {data / 'features'})")
     store = timed("features", lambda: extract_features(
-        target, sequences, prompt_lens, data, on_progress=lambda d, t: bar("features", d, t)
+        target, sequences, prompt_lens, data, aux_layers=aux_layers, on_progress=lambda d, t: bar("features", d, t)
     ))
     held_flags = heldout_sequences(seq_prompts, settings["holdout_percent"])
     train_seqs = [i for i, h in enumerate(held_flags) if not h]
@@ -256,7 +260,9 @@ def train_head(
     else:
         draft_tokens = None
     parts = TargetParts.of(target.runtime, draft_tokens, torch_device)
-    head = build_head(target, init=settings["init"], seed=settings["seed"], feature_norm=settings["feature_norm"])
+    head = build_head(
+        target, init=settings["init"], seed=settings["seed"], feature_norm=settings["feature_norm"], arch=settings["arch"]
+    )
     head = head.to(torch_device)
     opt = torch.optim.AdamW(head.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
     run = RunProgress()

@@ -39,12 +39,13 @@ from .head_data import FeatureStore
 from .loop import GRAD_CLIP, RunProgress, graceful_interrupt, lr_schedule
 
 
-def build_head(target: Any, *, init: str, seed: int, feature_norm: bool = False) -> EagleHead:
+def build_head(target: Any, *, init: str, seed: int, feature_norm: bool = False, arch: str = "eagle1") -> EagleHead:
     """A head of the target's layer shape. ``init="layer"``: the decoder layer starts as the
-    target's last layer and fc passes the feature through (fc = [0 | I]), so the first step
-    starts from "run the last layer once more"; ``"random"``: torch's default initialisation.
-    ``feature_norm``: RMS-normalise the input feature first (see :class:`HeadConfig`)."""
-    cfg = HeadConfig.from_target(target.config, feature_norm=feature_norm)
+    target's last layer and fc passes the feature through (EAGLE-1: fc = [0 | I]; EAGLE-3: the
+    highest of the fused layers, fc = [0 | 0 | I]), so the first step starts from "run the last
+    layer once more"; ``"random"``: torch's default initialisation. ``feature_norm``: RMS-normalise
+    the input feature first (EAGLE-1; see :class:`HeadConfig`). ``arch``: eagle1 or eagle3."""
+    cfg = HeadConfig.from_target(target.config, feature_norm=feature_norm, arch=arch)
     torch.manual_seed(seed)
     head = EagleHead(cfg)
     if init == "layer":
@@ -54,7 +55,7 @@ def build_head(target: Any, *, init: str, seed: int, feature_norm: bool = False)
         d = cfg.hidden_size
         with torch.no_grad():
             head.fc.weight.zero_()
-            head.fc.weight[:, d:] = torch.eye(d)
+            head.fc.weight[:, -d:] = torch.eye(d)
     elif init != "random":
         raise ConfigError(f"--init {init!r} is not one of layer, random")
     return head
@@ -65,7 +66,7 @@ class HeadBatch:
     """Rows of B sequences, right-padded to n: inputs, teacher and masks."""
 
     embeds: torch.Tensor  # [B, n, d] embed(x_{t+1})
-    feats: torch.Tensor  # [B, n, d] f_t
+    feats: torch.Tensor  # [B, n, d] f_t (EAGLE-3: [B, n, 3d], the fused layers at t)
     positions: torch.Tensor  # [B, n] t
     next_feats: torch.Tensor  # [B, n, d] f_{t+1}
     lse: torch.Tensor  # [B, n] of position t+1
@@ -88,6 +89,7 @@ def make_head_batch(
     B, n = len(spans), max(1, max(L - 1 - lo for _, L, _, lo in spans))
     d = store.feats.shape[1]
     feats = torch.zeros(B, n + 1, d, dtype=torch.float32)
+    aux = None if store.aux is None else torch.zeros(B, n, store.aux.shape[1], dtype=torch.float32)
     x_next = torch.zeros(B, n, dtype=torch.long)
     lse = torch.zeros(B, n)
     top = torch.zeros(B, n, dtype=torch.long)
@@ -99,6 +101,8 @@ def make_head_batch(
         if m <= 0:
             continue
         feats[b, : m + 1] = store.feats[s + lo : s + L].float()
+        if aux is not None:
+            aux[b, :m] = store.aux[s + lo : s + L - 1].float()
         x_next[b, :m] = store.ids[s + lo + 1 : s + L]
         lse[b, :m] = store.lse[s + lo + 1 : s + L]
         top[b, :m] = store.top[s + lo + 1 : s + L]
@@ -110,32 +114,52 @@ def make_head_batch(
             valid[b, m - 1] = response[b, m - 1] = False
     embeds = parts.embed(x_next.to(device))  # [B, n, d]
     train = response if response_only else valid
+    inputs = feats[:, :n] if aux is None else aux
     return HeadBatch(
-        embeds, feats[:, :n].to(device), positions.to(device), feats[:, 1:].to(device), lse.to(device),
+        embeds, inputs.to(device), positions.to(device), feats[:, 1:].to(device), lse.to(device),
         top.to(device), train.to(device), response.to(device),
     )
 
 
+#: weight of training-time-test step j's KL: TTT_DECAY ** j (EAGLE-3 decays later steps)
+TTT_DECAY = 0.8
+
+
 def head_loss(
     head: EagleHead, parts: TargetParts, batch: HeadBatch, *, reg_weight: float, noise: float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None, ttt: int = 1,
 ) -> tuple[torch.Tensor, float, float]:
-    """(loss, KL part, regression part) averaged over the batch's training rows."""
+    """(loss, step 0's KL, regression part) averaged over the batch's training rows.
+
+    ``ttt`` > 1 adds EAGLE-3's training-time test (:meth:`EagleHead.rollout`): step j's rows are
+    the j-th drafted token of a chain, scored against the same teacher as step 0's row there, and
+    their KL enters with weight ``TTT_DECAY ** j``."""
     f_in = batch.feats
     if noise > 0:
         u = torch.rand(f_in.shape, generator=generator).to(f_in.device)
         f_in = f_in + (2 * u - 1) * noise
-    pred = head(batch.embeds, f_in, batch.positions)  # [B, n, d]
     m = batch.train
     if not bool(m.any()):
         raise ConfigError("a training batch has no rows to learn from: the sequences are too short")
-    pred_m, next_m = pred[m], batch.next_feats[m]  # [N, d]
-    log_q = F.log_softmax(parts.scores(pred_m), dim=-1)  # [N, V']
+    preds = head.rollout(batch.embeds, head.lift(f_in), batch.positions, max(1, ttt))  # [B, n, d] each
     with torch.no_grad():
-        log_p = parts.scores(next_m) - batch.lse[m][:, None]  # [N, V'], exact p over V'
-    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
-    reg = F.smooth_l1_loss(pred_m, next_m)
-    return kl + reg_weight * reg, float(kl.detach()), float(reg.detach())
+        log_p_all = parts.scores(batch.next_feats[m]) - batch.lse[m][:, None]  # [N, V'], exact p over V'
+    loss = torch.zeros((), device=f_in.device)
+    kl0 = 0.0
+    for j, pred in enumerate(preds):
+        rows = m.clone()
+        rows[:, :j] = False  # no real start for rows t < j
+        keep = rows[m]  # the step's rows among step 0's
+        if not bool(keep.any()):
+            continue
+        log_q = F.log_softmax(parts.scores(pred[rows]), dim=-1)  # [N_j, V']
+        log_p = log_p_all[keep]
+        kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean()
+        loss = loss + TTT_DECAY**j * kl
+        if j == 0:
+            kl0 = float(kl.detach())
+    reg = F.smooth_l1_loss(preds[0][m], batch.next_feats[m])
+    return loss + reg_weight * reg, kl0, float(reg.detach())
 
 
 def greedy_acceptance(
@@ -166,19 +190,31 @@ def evaluate_head(
     was_training = head.training
     head.eval()
     totals = [0, 0, 0, 0]
+    second = [0, 0]  # second drafted tokens right, among chains whose first was right
     for i in seqs:
         batch = make_head_batch(store, [i], parts, window=None, eos=eos, response_only=True, device=device)
-        if not bool(batch.response.any()):
+        r = batch.response
+        if not bool(r.any()):
             continue
-        pred = head(batch.embeds, batch.feats, batch.positions)[batch.response]  # [N, d]
-        counts = greedy_acceptance(parts.scores(pred), parts.rows, batch.top[batch.response])
+        step0, step1 = head.rollout(batch.embeds, head.lift(batch.feats), batch.positions, 2)
+        counts = greedy_acceptance(parts.scores(step0[r]), parts.rows, batch.top[r])
         totals = [a + b for a, b in zip(totals, counts)]
+        hit0 = _hits(parts.scores(step0[0]).argmax(-1), parts.rows, batch.top[0])  # [n]
+        hit1 = _hits(parts.scores(step1[0]).argmax(-1), parts.rows, batch.top[0])
+        chain = r[0, 1:] & r[0, :-1] & hit0[:-1]  # row t's chain starts at real row t - 1
+        second[0] += int((chain & hit1[1:]).sum())
+        second[1] += int(chain.sum())
     head.train(was_training)
     hits, rows, hits_in, rows_in = totals
     return {
         "acceptance": hits / rows if rows else math.nan, "acceptance_in_vocab": hits_in / rows_in if rows_in else math.nan,
         "positions": rows, "positions_in_vocab": rows_in,
+        "acceptance_second": second[0] / second[1] if second[1] else math.nan,
     }
+
+
+def _hits(pick: torch.Tensor, draft_tokens: torch.Tensor | None, target_top: torch.Tensor) -> torch.Tensor:
+    return (pick if draft_tokens is None else draft_tokens[pick]) == target_top
 
 
 @dataclass
@@ -243,7 +279,10 @@ def train_head_loop(
             for group in opt.param_groups:
                 group["lr"] = lr_now
             gen = torch.Generator().manual_seed(settings["seed"] * 1_000_003 + run.step)
-            loss, kl, reg = head_loss(head, parts, batch, reg_weight=settings["reg_weight"], noise=settings["noise"], generator=gen)
+            loss, kl, reg = head_loss(
+                head, parts, batch, reg_weight=settings["reg_weight"], noise=settings["noise"], generator=gen,
+                ttt=settings.get("ttt", 1),
+            )
             opt.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, GRAD_CLIP))

@@ -64,7 +64,10 @@ class Draft:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes tokens for the target to verify."""
+    """Proposes tokens for the target to verify.
+
+    A drafter may also define ``before_prefill()``, which the decode loop calls before the
+    target's prefill of each generation (an EAGLE head sets which layers the target records)."""
 
     name: str
 

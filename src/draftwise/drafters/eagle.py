@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from .base import Draft, draft_autoregressive
-from .eagle_head import HeadCache, LoadedHead, load_head, target_fingerprint
+from .eagle_head import HeadCache
+from .head_files import LoadedHead, load_head, target_fingerprint
 
 #: heads that ship with draftwise, one folder per target (named like its converted folder)
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"
@@ -140,12 +141,19 @@ class EagleDrafter:
         if capture is None:
             raise ConfigError(f"the {type(runtime).__name__} runtime cannot record features; EAGLE needs them")
         d = hidden_size(runtime)
+        layers = loaded.head.cfg.feature_layers
+        num_layers = getattr(runtime, "num_layers", None)
+        if layers is not None and num_layers is not None and max(layers) >= int(num_layers):
+            raise ConfigError(
+                f"the draft head fuses layers {list(layers)} and the target has {num_layers}: "
+                "it was trained for another model"
+            )
         if loaded.head.cfg.hidden_size != d:
             raise ConfigError(
                 f"the draft head is {loaded.head.cfg.hidden_size} wide and the target's features {d}: "
                 "it was trained for another model"
             )
-        capture(None)
+        capture(loaded.head.cfg.feature_layers)
         self.rt = runtime
         self.head = loaded.head
         self.meta = loaded.meta
@@ -156,6 +164,11 @@ class EagleDrafter:
         self._generator = torch.Generator()
         self._fed = 0  # head rows (positions) computed from the target's real features
         self.topk, self.depth = int(topk), int(depth)
+
+    def before_prefill(self) -> None:
+        """Make the target record this head's layers (several heads may share one runtime: a
+        bench or a server running EAGLE-1 and EAGLE-3 heads); a no-op when it already does."""
+        self.rt.capture_features(self.head.cfg.feature_layers)
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
         self._sampling, self._generator = sampling, generator
@@ -175,7 +188,8 @@ class EagleDrafter:
         start = min(self._fed, known - 1)  # always re-run the last real row: its output starts the draft
         with torch.inference_mode():
             self.cache.rollback(start)
-            hidden = self._rows(context[start + 1 : known + 1], self.rt.features(start, known), start)[-1:]
+            real = self.head.lift(self.rt.features(start, known).float())  # EAGLE-3: fc fuses 3 layers
+            hidden = self._rows(context[start + 1 : known + 1], real, start)[-1:]
             self._fed = known
             if self.topk > 1 and self._sampling.greedy and k > 1:
                 return self._tree(hidden, known, k)
