@@ -213,16 +213,16 @@ class FeatureStore:
         return len(self.starts)
 
 
-def _target_pass(runtime: Any, ids: Sequence[int], aux: bool) -> dict[str, torch.Tensor]:
+def _target_pass(runtime: Any, ids: Sequence[int], aux: int) -> dict[str, torch.Tensor]:
     """One full pass over ``ids`` from position 0 with capture on: features (the last layer's
-    last, after the ``aux`` layers when asked), lse, argmax."""
+    last, after ``aux`` other layers when asked), lse, argmax."""
     runtime.rollback(0)
     logits = runtime.forward(list(ids)).float()  # [L, vocab]
-    recorded = runtime.features(0, len(ids))  # [L, d] or [L, 4d]: aux layers, then the last
+    recorded = runtime.features(0, len(ids))  # [L, (aux + 1) d]: aux layers, then the last
     runtime.rollback(0)
     if not torch.isfinite(recorded).all() or float(recorded.abs().max()) > 6e4:
         raise ConfigError("the target's features do not fit float16 (|f| > 60000); this target is not supported yet")
-    d = recorded.shape[1] // (4 if aux else 1)
+    d = recorded.shape[1] // (aux + 1)
     out = {
         "feats": recorded[:, -d:].to(torch.float16).cpu(), "lse": torch.logsumexp(logits, -1).cpu(),
         "top": logits.argmax(-1).to(torch.int32).cpu(),
@@ -271,7 +271,7 @@ def extract_features(
         runtime.capture_features(None if aux is None else (*aux, int(runtime.num_layers) - 1))
         try:
             for c in range(0, len(todo), CHUNK_SEQUENCES):
-                part = [_target_pass(runtime, sequences[i], aux is not None) for i in todo[c : c + CHUNK_SEQUENCES]]
+                part = [_target_pass(runtime, sequences[i], len(aux or ())) for i in todo[c : c + CHUNK_SEQUENCES]]
                 name = f"chunk-{index['chunks']:05d}.safetensors"
                 with atomic_path(folder / name) as tmp:
                     save_file({k: torch.cat([p[k] for p in part]).contiguous() for k in part[0]}, str(tmp))

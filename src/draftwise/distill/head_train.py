@@ -174,9 +174,7 @@ def greedy_acceptance(
     >>> greedy_acceptance(q, torch.tensor([4, 7]), torch.tensor([7, 7, 9]))
     (1, 3, 1, 2)
     """
-    pick = q_logits.argmax(-1)
-    tokens = pick if draft_tokens is None else draft_tokens[pick]
-    hit = tokens == target_top
+    hit = _hits(q_logits.argmax(-1), draft_tokens, target_top)
     inside = torch.ones_like(hit) if draft_tokens is None else torch.isin(target_top, draft_tokens)
     return int(hit.sum()), int(hit.numel()), int(hit[inside].sum()), int(inside.sum())
 
