@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from ..drafters.spec import int_ranges
+from ..drafters.layer_lists import int_ranges
 from ..errors import ConfigError
 from .breakeven import DRAFT_KIND_COSTS
 

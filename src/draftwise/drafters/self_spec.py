@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..runtime.native import NativeRuntime
 from .base import Draft, draft_autoregressive
-from .spec import format_layers
+from .layer_lists import format_layers
 
 
 class SelfSpecDrafter:
