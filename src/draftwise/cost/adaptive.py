@@ -78,7 +78,8 @@ class AdaptiveK:
         if not 0 < decay <= 1:
             raise ConfigError(f"decay={decay} must be in (0, 1]")
         #: a draft that scores its trees: propose at the full budget, then trim (see the docstring)
-        self.trees = DraftSpec.parse(draft).kind == "suffix"
+        spec = DraftSpec.parse(draft)
+        self.trees = spec.kind == "suffix" or spec.then is not None
         self.k_max = profile.max_n - 1 if self.trees else min(k_max, profile.max_n - 1)
         self.profile = profile
         self.draft = draft

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from typing import Any
 
 from ..drafters.spec import DraftSpec
@@ -223,8 +224,14 @@ def export_dict(
         raise ConfigError(f"k={k!r} must be an integer >= 1 (tokens proposed per step)")
     if num_layers is not None and (isinstance(num_layers, bool) or num_layers < 1):
         raise ConfigError(f"num_layers={num_layers!r} must be an integer >= 1")
-    if kind == "none":
-        body: dict[str, Any] = {"supported": True, "options": {}, "note": _NO_PAY}
+    body: dict[str, Any]
+    if spec.then is not None:  # no engine pairs a copy draft with an EAGLE head in one tree
+        body = dict(export_dict(replace(spec, then=None), k, eng, num_layers=num_layers))
+        body = {key: body[key] for key in ("options", "note")} | {"supported": False}
+        body["note"] = (f"{eng} has no hybrid of a copy draft and an EAGLE head; the options are its "
+                        f"copy part's ({replace(spec, then=None)}). " + body["note"]).strip()
+    elif kind == "none":
+        body = {"supported": True, "options": {}, "note": _NO_PAY}
     elif kind == "suffix":
         body = _suffix(eng, spec, k)
     elif eng == "vllm":

@@ -92,8 +92,11 @@ def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: 
     token through a target pass, untimed, as verification would give it; self-speculation,
     which shares the target's cache, proposes from the same context each time."""
     shares_cache = isinstance(drafter, SelfSpecDrafter)
-    reads_target = hasattr(drafter, "rt") and hasattr(runtime, "features") and getattr(drafter, "rt") is runtime
+    reads_target = hasattr(runtime, "features") and getattr(drafter, "rt", None) is runtime
     context = list(prompt)
+    prepare = getattr(drafter, "before_prefill", None)
+    if prepare is not None:  # an EAGLE head sets the layers the target records
+        prepare()
     runtime.rollback(0)
     runtime.prefill(context[:-1])
     sampling, generator = SamplingConfig(), torch.Generator().manual_seed(0)

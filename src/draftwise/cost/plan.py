@@ -62,7 +62,7 @@ from .intervals import (
 )
 from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
 from .profile import Profile
-from .replay import Trace, expected_steps, predict_seconds, replay_hits, replay_lookup, replayable, trace_generation
+from .replay import Trace, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
 
 PLAN_SCHEMA = "draftwise.plan/1"
 NONE = "none"
@@ -282,12 +282,12 @@ def make_plan(
                         # draft's cache of earlier outputs grows as in a real run (a private one)
                         replays[(d, k)] = make_drafter(specs[d], model, shared_cache=False)
                     steps = replay_lookup(replays[(d, k)], prompt_ids, ref.tokens, k, max_new_tokens)
-                elif cfg.greedy and specs[d].kind != "eagle":
+                elif cfg.greedy and not rates_only(specs[d]):
                     steps = replay_hits(traces[d].hits(), k, max_new_tokens)
                 else:
                     steps = expected_steps(traces[d], k)
                 tr = traces.get(d, ref)
-                exact = cfg.greedy and specs[d].kind != "eagle"  # else: steps from the trace's rates
+                exact = cfg.greedy and not rates_only(specs[d])  # else: steps from the trace's rates
                 method_s = predict_seconds(profile, d, steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens),
                                            sampled=sampled)
                 per.setdefault((d, k), []).append({

@@ -114,8 +114,18 @@ def trace_generation(
 # -- replaying a trace at another k --------------------------------------------------------
 def replayable(spec: DraftSpec | str) -> bool:
     """Drafts whose proposals are a pure function of what they have seen (prompt lookup, its
-    trees, suffix decoding): their greedy steps at any k replay exactly from the committed tokens."""
-    return DraftSpec.parse(spec).kind in ("lookup", "suffix")
+    trees, suffix decoding): their greedy steps at any k replay exactly from the committed tokens.
+    A hybrid (``suffix+eagle:...``) is not: its head needs the target's features."""
+    spec = DraftSpec.parse(spec)
+    return spec.kind in ("lookup", "suffix") and spec.then is None
+
+
+def rates_only(spec: DraftSpec | str) -> bool:
+    """Drafts whose steps at another k come from a traced run's acceptance rates, not from its
+    per-position hits: an EAGLE head (its chain at k depends on its own earlier guesses) and a
+    hybrid (a tree each step)."""
+    spec = DraftSpec.parse(spec)
+    return spec.kind == "eagle" or spec.then is not None
 
 
 def accepted_along(draft: Any, truth: Sequence[int]) -> int:

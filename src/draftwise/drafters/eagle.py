@@ -181,7 +181,7 @@ class EagleDrafter:
         out = self.head(self.parts.embed(tokens)[None], feats[None].float(), positions, self.cache)
         return out[0]  # [n, d]
 
-    def propose(self, context: Sequence[int], k: int) -> Draft:
+    def propose(self, context: Sequence[int], k: int, *, scored: bool = False) -> Draft:
         known = int(self.rt.length)  # positions the target has features for: all but the last token
         if k < 1 or known < 1 or known != len(context) - 1 or len(context) + k > self.cache.max_context:
             return Draft([])
@@ -191,7 +191,7 @@ class EagleDrafter:
             real = self.head.lift(self.rt.features(start, known).float())  # EAGLE-3: fc fuses 3 layers
             hidden = self._rows(context[start + 1 : known + 1], real, start)[-1:]
             self._fed = known
-            if self.topk > 1 and self._sampling.greedy and k > 1:
+            if self.topk > 1 and self._sampling.greedy and k > 1 and not scored:
                 return self._tree(hidden, known, k)
             state = {"hidden": hidden, "pos": known}
 
@@ -200,7 +200,24 @@ class EagleDrafter:
                 state["pos"] += 1
                 return self.parts.logits(state["hidden"])[0]
 
-            return draft_autoregressive(self.parts.logits(hidden)[0], step, k, self._sampling, self._generator)
+            first = self.parts.logits(hidden)[0]
+            if not scored:
+                return draft_autoregressive(first, step, k, self._sampling, self._generator)
+            seen = [first]
+
+            def step_seen(token: int) -> torch.Tensor:
+                seen.append(step(token))
+                return seen[-1]
+
+            draft = draft_autoregressive(first, step_seen, k, self._sampling, self._generator)
+            top = torch.stack([torch.softmax(row, -1).max() for row in seen[: len(draft)]])
+            return Draft(draft.tokens, draft.probs, None, tuple(torch.cumprod(top, 0).tolist()))
+
+    def propose_scored(self, context: Sequence[int], k: int) -> Draft:
+        """A chain as :meth:`propose` gives, with scores: the product of the head's top
+        probabilities along it (its estimate that the chain is accepted; a hybrid draft merges
+        the chain into a copy draft's tree by them)."""
+        return self.propose(context, k, scored=True)
 
     def _tree(self, hidden: torch.Tensor, known: int, budget: int) -> Draft:
         """A greedy EAGLE-2 tree of at most ``budget`` nodes (see the module docstring)."""

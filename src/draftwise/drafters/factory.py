@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,6 +11,7 @@ from ..errors import ConfigError
 from ..loaders import cache_dir, load_model
 from .base import Drafter
 from .eagle import eagle_drafter
+from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter
 from .model import ModelDrafter, check_same_tokenizer
 from .packs import META_FILE, default_draft_folder
@@ -82,11 +84,12 @@ def _self_drafter(spec: DraftSpec, model: Any) -> SelfSpecDrafter:
     return SelfSpecDrafter(rt, layers)
 
 
-def _suffix_drafter(spec: DraftSpec, model: Any, shared: bool) -> SuffixDrafter:
+def _suffix_drafter(spec: DraftSpec, model: Any, shared: bool, cache_key: str | None = None) -> SuffixDrafter:
     """A suffix drafter whose global cache is the process-wide one for (this model, this spec):
     every generation in the process that runs this draft on this model learns from the earlier
-    ones. Another spec (another cache size, ``cache=0``) never sees it, so interleaved methods
-    in one benchmark cannot read each other's answers. ``shared=False``: a private cache."""
+    ones. Another spec (another cache size, ``cache=0``, a hybrid's ``suffix+eagle:...``, whose
+    ``cache_key`` is the whole hybrid spec) never sees it, so interleaved methods in one benchmark
+    cannot read each other's answers. ``shared=False``: a private cache."""
     context = getattr(getattr(model, "runtime", None), "max_context", None)
     for key in ("nodes", "depth"):
         value = getattr(spec, key)
@@ -96,7 +99,7 @@ def _suffix_drafter(spec: DraftSpec, model: Any, shared: bool) -> SuffixDrafter:
     if not spec.cache:
         cache = None
     elif shared:
-        cache = process_cache((str(getattr(model, "folder", None) or id(model)), str(spec)), spec.cache, depth)
+        cache = process_cache((str(getattr(model, "folder", None) or id(model)), cache_key or str(spec)), spec.cache, depth)
     else:
         cache = SuffixCache(spec.cache, depth)
     return SuffixDrafter(nodes=spec.nodes, depth=spec.depth, factor=spec.factor, min_prob=spec.min_prob, cache=cache)
@@ -116,6 +119,12 @@ def make_drafter(
             return spec
         raise ConfigError(f"draft={spec!r} is neither a drafter nor a spec ({SPEC_HELP})")
     spec = DraftSpec.parse(spec)
+    if spec.then is not None:  # the copy draft's cache is the hybrid's own (keyed by the whole spec)
+        first = replace(spec, then=None)
+        copy = _suffix_drafter(first, model, shared_cache, cache_key=str(spec)) if first.kind == "suffix" else make_drafter(first, model)
+        head = make_drafter(spec.then, model)
+        assert copy is not None and head is not None
+        return HybridDrafter(copy, head, label=str(spec))
     if spec.kind == "lookup":
         return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram, branches=spec.branches)
     if spec.kind == "suffix":

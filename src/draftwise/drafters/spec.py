@@ -19,6 +19,8 @@ profiles, plans, bench and export accept.
 ``eagle:PATH``         a feature-level draft head (EAGLE) trained by ``draftwise train-head``
 ``eagle:default``      the head that ships for the target; ``eagle:default,topk=4,depth=6``: greedy
                        steps propose EAGLE-2 token trees (K children per expanded node)
+``suffix+eagle:PATH``  a hybrid: a copy draft (``suffix`` or ``lookup``, with its options) and an
+                       EAGLE head's guess in one tree (:mod:`draftwise.drafters.hybrid`)
 =====================  =======================================================================
 
 A :class:`DraftSpec` is frozen and validated when built; ``str(spec)`` is its canonical form, the
@@ -33,16 +35,22 @@ key profiles and plans use, so ``lookup:min=1,max=3`` and ``lookup`` name the sa
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Union
 
 from ..errors import ConfigError
+from .layer_lists import clip as _clip
+from .layer_lists import format_layers, parse_layer_list
 
 SPEC_HELP = (
     "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
-    "self[:exit=L|layers=..|skip=..], model:PATH, model:default, eagle:PATH, eagle:default"
+    "self[:exit=L|layers=..|skip=..], model:PATH, model:default, eagle:PATH, eagle:default, "
+    "suffix+eagle:default"
 )
+#: where a hybrid spec's second part begins: a ``+`` before a draft kind
+_PLUS = re.compile(r"\+\s*(?=(?:none|lookup|suffix|self|model|eagle)\b)")
 KINDS = ("none", "lookup", "suffix", "self", "model", "eagle")
 LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tokens
 MAX_NODES = 256  # the most tokens a draft proposes in one step (k, or a tree's nodes)
@@ -56,69 +64,6 @@ _OPTIONS = {
 
 DraftKind = Literal["none", "lookup", "suffix", "self", "model", "eagle"]
 KValue = Union[int, str]  # an int >= 1, or "auto"
-
-
-def _clip(text: str, limit: int = 60) -> str:
-    """A user's value for an error message, cut so a huge one cannot flood the terminal."""
-    return repr(text if len(text) <= limit else text[:limit] + "...")
-
-
-def int_ranges(text: str) -> list[tuple[str, int, int]]:
-    """``"0-3, 7"`` -> ``[("0-3", 0, 3), ("7", 7, 7)]``: each comma-separated part with its
-    bounds (empty parts skipped). A part that is not ``N`` or ``N-M`` raises ``ValueError(part)``;
-    callers check the bounds and word the error for their option.
-
-    >>> int_ranges("0-3, 7")
-    [('0-3', 0, 3), ('7', 7, 7)]
-    """
-    out: list[tuple[str, int, int]] = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        lo_text, dash, hi_text = part.partition("-")
-        try:
-            lo = int(lo_text)
-            hi = int(hi_text) if dash else lo
-        except ValueError:
-            raise ValueError(part) from None
-        out.append((part, lo, hi))
-    return out
-
-
-def parse_layer_list(text: str) -> tuple[int, ...]:
-    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``: sorted, unique, each >= 0 (no upper bound here).
-
-    >>> parse_layer_list("7, 0-3")
-    (0, 1, 2, 3, 7)
-    """
-    try:
-        ranges = int_ranges(text)
-    except ValueError:
-        raise ConfigError(f"cannot read layer list {_clip(text)}; write it like '0-3,7'") from None
-    out: set[int] = set()
-    for part, lo, hi in ranges:
-        if lo < 0 or hi < lo or hi - lo > 100_000:
-            raise ConfigError(f"layer range {_clip(part)} is not a range of layer numbers like '0-3'")
-        out.update(range(lo, hi + 1))
-    if not out:
-        raise ConfigError(f"the layer list {_clip(text)} is empty; write it like '0-3,7'")
-    return tuple(sorted(out))
-
-
-def format_layers(layers: Sequence[int]) -> str:
-    """``[0, 1, 2, 3, 7]`` -> ``"0-3,7"`` (the inverse of :func:`parse_layer_list`).
-
-    >>> format_layers([0, 1, 2, 3, 7, 9, 10])
-    '0-3,7,9-10'
-    """
-    parts: list[list[int]] = []
-    for i in sorted(set(layers)):
-        if parts and i == parts[-1][1] + 1:
-            parts[-1][1] = i
-        else:
-            parts.append([i, i])
-    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
 
 
 def _split_options(text: str, kind: str) -> dict[str, str]:
@@ -191,8 +136,16 @@ class DraftSpec:
     cache: int = int(SUFFIX["cache"])
     factor: float = SUFFIX["factor"]
     min_prob: float = SUFFIX["min_prob"]
+    then: DraftSpec | None = None  # a hybrid's EAGLE head (``suffix+eagle:default``)
 
     def __post_init__(self) -> None:
+        if self.then is not None and (
+            self.kind not in ("suffix", "lookup") or self.then.kind != "eagle" or self.then.then is not None
+        ):
+            raise ConfigError(
+                f"a hybrid draft is a copy draft (suffix or lookup) + an eagle head, e.g. "
+                f"suffix+eagle:default; got {self.kind}+{self.then}"
+            )
         if self.kind not in KINDS:
             raise ConfigError(f"unknown draft kind {_clip(str(self.kind))}; use one of: {SPEC_HELP}")
         if self.kind == "lookup" and not 1 <= self.min_ngram <= self.max_ngram:
@@ -221,6 +174,9 @@ class DraftSpec:
             return spec
         if not isinstance(spec, str):
             raise ConfigError(f"draft={spec!r} is not a draft spec string ({SPEC_HELP})")
+        first, *more = _PLUS.split(spec, maxsplit=1)
+        if more:
+            return replace(cls.parse(first), then=cls.parse(more[0]))
         kind, colon, rest = spec.strip().partition(":")
         kind = kind.strip()
         if kind == "model":
@@ -265,6 +221,8 @@ class DraftSpec:
         )
 
     def __str__(self) -> str:
+        if self.then is not None:
+            return f"{replace(self, then=None)}+{self.then}"
         if self.kind == "lookup":
             opts = [f"max={self.max_ngram}"] if self.max_ngram != LOOKUP_MAX else []
             opts += [f"min={self.min_ngram}"] if self.min_ngram != LOOKUP_MIN else []
@@ -358,7 +316,7 @@ def split_draft_list(text: str) -> list[str]:
         piece = piece.strip()
         if not piece:
             continue
-        head = piece.partition("@")[0]
+        head = _PLUS.split(piece.partition("@")[0], maxsplit=1)[0]
         continues = ":" not in head and ("=" in head or head.replace("-", "").isdigit())
         if specs and continues and ":" in specs[-1]:
             specs[-1] += "," + piece

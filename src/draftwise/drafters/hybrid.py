@@ -1,0 +1,127 @@
+"""Hybrid drafts (``suffix+eagle:default``): copy what the text repeats, and guess from the target's
+features where nothing repeats.
+
+A suffix or lookup draft is nearly free and right where the answer copies the prompt or an
+earlier answer; on open-ended text it often proposes nothing and the step is a plain one. An
+EAGLE head costs a few milliseconds a step and guesses a token or two anywhere. The hybrid asks
+both each step:
+
+- **greedy**: one token tree, the copy draft's tree with the head's chain of ``extra`` tokens
+  merged in from the root (a head token equal to a node already there joins that node). Every
+  node carries an estimate of the probability that its whole path is accepted: the copy draft's
+  frequencies, and for the head's nodes the product of the head's top probabilities along its
+  chain; a node both propose keeps the larger. Rows are ordered best first, so every prefix is
+  a tree and ``--k auto`` trims the merged tree by those scores as it trims a suffix tree.
+- **sampled**: the copy draft's tree when it proposes one, else the head's chain with its
+  distributions (tree verification of point masses and of distributions are separate schemes;
+  see :mod:`draftwise.verify_tree`). Either way each step is an ordinary lossless step.
+
+The same pairing, suffix decoding in front of a trained speculator, is what ArcticInference
+runs for its hybrid mode (Oliaro et al., 2024, section 4); this is a CPU version of the idea,
+written for draftwise's tree verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..sampling import SamplingConfig
+from ..tree import TokenTree
+from .base import Draft, Drafter
+
+#: head tokens merged into each greedy tree (the head's k=1 pays best on the default model)
+EXTRA = 1
+
+
+def merge_chain(draft: Draft, chain: Sequence[int], chain_scores: Sequence[float]) -> Draft:
+    """``draft`` (a scored tree, a scored chain, or empty) with ``chain`` merged in from the root;
+    rows re-ordered by descending score (parents before children on ties), so every prefix is a
+    tree.
+
+    >>> base = Draft([5, 6], tree=TokenTree([5, 6], [0, 1]), scores=(0.9, 0.5))
+    >>> d = merge_chain(base, [5, 7], [0.95, 0.6])
+    >>> d.tokens, d.tree.parents, d.scores
+    ([5, 7, 6], [0, 1, 1], (0.95, 0.6, 0.5))
+    """
+    tokens = list(draft.tokens)
+    if draft.tree is not None:
+        parents = list(draft.tree.parents)
+    else:
+        parents = list(range(len(tokens)))
+    scores = list(draft.scores) if draft.scores is not None else [0.0] * len(tokens)
+    parent = 0  # row of the current chain node's parent (0: the root)
+    for token, score in zip(chain, chain_scores):
+        row = next((j + 1 for j in range(len(tokens)) if parents[j] == parent and tokens[j] == token), None)
+        if row is None:
+            tokens.append(int(token))
+            parents.append(parent)
+            scores.append(float(score))
+            row = len(tokens)
+        else:
+            scores[row - 1] = max(scores[row - 1], float(score))
+        parent = row
+    depth = [0] * (len(tokens) + 1)
+    for j, p in enumerate(parents, 1):
+        depth[j] = depth[p] + 1
+    order = sorted(range(1, len(tokens) + 1), key=lambda j: (-scores[j - 1], depth[j], j))
+    new = {0: 0, **{old: i for i, old in enumerate(order, 1)}}
+    tree = TokenTree([tokens[j - 1] for j in order], [new[parents[j - 1]] for j in order])
+    return Draft(list(tree.tokens), None, tree, tuple(scores[j - 1] for j in order))
+
+
+class HybridDrafter:
+    """A copy draft (suffix, lookup) and an EAGLE head in one draft (see the module docstring).
+
+    copy:  a drafter that proposes scored trees or chains (point masses).
+    head:  an :class:`~draftwise.drafters.eagle.EagleDrafter` (chains; ``propose_scored``).
+    extra: head tokens merged into a greedy tree each step.
+    """
+
+    def __init__(self, copy: Drafter, head: Any, *, extra: int = EXTRA, label: str | None = None) -> None:
+        self.copy, self.head, self.extra = copy, head, int(extra)
+        self.rt = getattr(head, "rt", None)  # the target whose features the head reads
+        self.name = label or f"{copy.name}+{head.name}"
+        self._greedy = True
+
+    def before_prefill(self) -> None:
+        for part in (self.copy, self.head):
+            prepare = getattr(part, "before_prefill", None)
+            if prepare is not None:
+                prepare()
+
+    def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
+        self._greedy = sampling.greedy
+        self.copy.start(prompt, sampling, generator)
+        self.head.start(prompt, sampling, generator)
+
+    def propose(self, context: Sequence[int], k: int) -> Draft:
+        if k < 1:
+            return Draft([])
+        copied = self.copy.propose(context, k)
+        if not self._greedy:
+            return copied if copied.tokens else self.head.propose(context, min(k, self.extra))
+        guess = self.head.propose_scored(context, min(k, self.extra))
+        if not guess.tokens:
+            return copied
+        if copied.tokens and copied.scores is None:  # an unscored copy draft: trust it as a chain
+            copied = Draft(copied.tokens, None, copied.tree, tuple(1.0 for _ in copied.tokens))
+        merged = merge_chain(copied, guess.tokens, guess.scores or ())
+        return merged.prefix(k)
+
+    def observe(self, num_accepted: int) -> None:
+        self.copy.observe(num_accepted)
+        self.head.observe(num_accepted)
+
+    # the suffix draft's cache hooks, where the copy draft has them (bench warm-ups, servers)
+    def finish(self) -> None:
+        finish = getattr(self.copy, "finish", None)
+        if finish is not None:
+            finish()
+
+    def discard(self) -> None:
+        discard = getattr(self.copy, "discard", None)
+        if discard is not None:
+            discard()
