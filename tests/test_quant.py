@@ -1,4 +1,4 @@
-"""Weight formats of the native runtime: 4-bit (the GGUF's own blocks), int8, packed bfloat16."""
+"""Weight formats of the native runtime: 4-bit (the GGUF's own blocks), int8, packed float32 and bfloat16."""
 
 from __future__ import annotations
 
@@ -48,6 +48,20 @@ def test_packed_bfloat16_linear_matches_plain() -> None:
     w, x = torch.randn(32, 64, generator=g).bfloat16(), torch.randn(3, 64, generator=g).bfloat16()
     lin = Linear(w)
     assert _rel_err(lin(x), F.linear(x, w)) < 0.01
+
+
+def test_packed_float32_linear_matches_plain_and_is_batch_invariant() -> None:
+    """Each row's result is bit-identical whatever the rows beside it (the oneDNN kernel's
+    property that makes a verification pass compute each position as a one-token pass does)."""
+    g = torch.Generator().manual_seed(3)
+    w, b, x = torch.randn(96, 160, generator=g), torch.randn(96, generator=g), torch.randn(20, 160, generator=g)
+    lin = Linear(w, b)
+    assert _rel_err(lin(x), F.linear(x, w, b)) < 1e-5
+    if lin.kind != "mkldnn":
+        pytest.skip(f"this torch build packs float32 for {lin.kind}, which promises no batch invariance")
+    alone = torch.cat([lin(x[i : i + 1]) for i in range(20)])
+    for n in (2, 3, 5, 8, 16, 17, 20):
+        assert torch.equal(lin(x[:n]), alone[:n]), n
 
 
 def test_int4_refuses_a_shape_it_cannot_take() -> None:

@@ -267,6 +267,18 @@ def _curves(data: Any, what: str) -> dict[int, list[float]]:
     return {int(c): _seconds(v, f"{what}[{c}]") for c, v in data.items()}
 
 
+def _kernel_tag(model: Any) -> str:
+    """``-mkldnn``, ``-mkl``...: the matmul kernels the native runtime packed for (a profile
+    measured with one kernel says nothing of another's costs; MKL's and oneDNN's T(n) differ by
+    up to 1.7x on AMD CPUs), or ``""`` for a runtime that does not say."""
+    try:
+        kinds = {str(getattr(m, "kind", type(m).__name__.lower())) for m in model.runtime.matmuls(0)}
+    except (AttributeError, TypeError, IndexError):
+        return ""
+    return "-" + "+".join(sorted(kinds))
+
+
 def default_profile_path(model: Any) -> Path:
-    """Where ``draftwise profile`` saves a model's profile unless told otherwise."""
-    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{model.mode}.json"
+    """Where ``draftwise profile`` saves a model's profile unless told otherwise: one file per
+    model, mode and matmul kernel (``<model>-float32-mkldnn.json``)."""
+    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{model.mode}{_kernel_tag(model)}.json"

@@ -3,9 +3,9 @@
 Every class here is a callable ``y = x W^T + b`` on a 2-D ``x`` (``[n, K]`` -> ``[n, N]``), so
 the decoder in :mod:`draftwise.runtime.native` does not know which one it runs.
 
-- :class:`Linear`: float32 weights re-laid out for MKL once at load (``F.linear`` packs again on
-  every call); bfloat16 weights re-laid out for oneDNN once at load, which lets a pass over
-  1-16 rows cost about what one row does.
+- :class:`Linear`: float32 and bfloat16 weights re-laid out for oneDNN once at load
+  (``F.linear`` packs again on every call), which lets a pass over 1-16 rows cost little more
+  than one row; MKL's packed float32 format where oneDNN cannot take the weight.
 - :class:`Int8Linear`: per-output-channel symmetric int8 (``torch._weight_int8pack_mm``).
 - :class:`Int4Linear`: 4-bit weights in groups of 32 along K, ``w = d * q + m`` with
   ``q`` in 0..15 and one ``(d, m)`` per group: exactly GGUF's Q4_1 block (Q4_0 is ``m = -8 d``).
@@ -58,8 +58,8 @@ _WORKS: dict[str, bool] = {}
 
 
 def kernel_works(kind: str) -> bool:
-    """Whether this torch build runs ``kind`` (mkl, mkldnn_bf16, int8, int4), checked once on a
-    small random matrix against ``F.linear``."""
+    """Whether this torch build runs ``kind`` (mkldnn_fp32, mkl, mkldnn_bf16, int8, int4),
+    checked once on a small random matrix against ``F.linear``."""
     if kind in _WORKS:
         return _WORKS[kind]
     gen = torch.Generator().manual_seed(0)
@@ -70,6 +70,14 @@ def kernel_works(kind: str) -> bool:
         if torch.backends.mkl.is_available() and hasattr(mkl, "_mkl_reorder_linear_weight"):
             ok = _check(
                 lambda: torch.ops.mkl._mkl_linear(x, torch.ops.mkl._mkl_reorder_linear_weight(w, 3), w, None, 3),
+                lambda: F.linear(x, w),
+            )
+    elif kind == "mkldnn_fp32":
+        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            ok = _check(
+                lambda: torch.ops.mkldnn._linear_pointwise(
+                    x, torch.ops.mkldnn._reorder_linear_weight(w, 3), None, "none", [], ""
+                ),
                 lambda: F.linear(x, w),
             )
     elif kind == "mkldnn_bf16":
@@ -98,8 +106,19 @@ class Linear:
     ``F.linear`` packs the weight again on every call, which is cheap next to one token's
     matrix-vector product but makes a pass over 4 tokens cost about twice a pass over 1 (and 8
     tokens three times): exactly the verification pass speculative decoding needs to be cheap.
-    Pre-packed once at load (MKL for float32, oneDNN for bfloat16), 2-8 tokens cost about what
-    1 does. The packed copy takes 2-3x the weight's memory.
+    The weight is pre-packed once at load for oneDNN (float32 and bfloat16), else for MKL
+    (float32). The packed copy takes 2-3x the weight's memory.
+
+    oneDNN comes first for float32 for two measured reasons (``benchmarks/linear_kernels.py``):
+
+    - speed on AMD CPUs: MKL's small-batch path there is slow. The default model's whole pass
+      on a 2-core AMD EPYC: 4 tokens 126 ms with MKL, 74 ms with oneDNN; 1 token 59 vs 57 ms;
+      T(8)/T(1) 2.40 vs 1.43;
+    - batch invariance: with oneDNN a row's result is bit-identical whatever the number of
+      rows beside it (``tests/test_quant.py`` checks it); MKL's packed kernel changes its
+      summation order at 3+ rows. (The whole pass still differs from one-token passes in the
+      last bits: torch's attention kernel is not invariant to the number of queries. Greedy
+      equality with plain decoding stays a measured property, tested on the real models.)
     """
 
     __slots__ = ("weight", "bias", "packed", "kind")
@@ -110,7 +129,10 @@ class Linear:
         self.kind = "dense"
         if not pack or weight.device.type != "cpu":
             return
-        if weight.dtype == torch.float32 and kernel_works("mkl"):
+        if weight.dtype == torch.float32 and kernel_works("mkldnn_fp32"):
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH)
+            self.kind = "mkldnn"
+        elif weight.dtype == torch.float32 and kernel_works("mkl"):
             self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, PACK_BATCH)
             self.kind = "mkl"
         elif weight.dtype == torch.bfloat16 and kernel_works("mkldnn_bf16"):
@@ -123,10 +145,10 @@ class Linear:
         return _nbytes(self.weight) + _nbytes(self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kind == "mkl":
-            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
         if self.kind == "mkldnn":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.kind == "mkl":
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
         return F.linear(x, self.weight, self.bias)
 
 
