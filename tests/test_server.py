@@ -235,7 +235,9 @@ def test_hung_up_stream_frees_the_worker(slow):
 
 
 def test_full_queue_gets_429_and_timeout_504(slow):
-    app, server = start(slow, draft="none", max_queue=1, max_tokens_cap=60, request_timeout_s=3)
+    # the timeout here only has to outlast two queued 60-token requests (>= 2.4 s of sleeps, more
+    # on a slow machine): the 504 is tested by the second server below
+    app, server = start(slow, draft="none", max_queue=1, max_tokens_cap=60, request_timeout_s=10)
     worker = app.state.worker
     body = {"messages": MSG, "max_tokens": 60, "temperature": 0}
     with server:
