@@ -200,3 +200,20 @@ def test_plan_draft_names_load_canonical(tiny, tmp_path):
     back = Plan.from_dict(json.loads(json.dumps(data)))
     assert back.drafts == ["lookup"] and {c.draft for c in back.categories["overall"]} == {"lookup"}
     assert Path(plan.save(tmp_path / "x" / "plan.json")).is_file()
+
+
+def test_token_overhead_counts_only_time_outside_the_steps(tiny, monkeypatch):
+    """Each pass sleeping 20 ms (a slow or noisy machine) is step time, not per-token overhead;
+    a 5 ms sleep per streamed token outside the loop's clocks is overhead."""
+    import time
+
+    from draftwise.cost import measure
+    from draftwise.text import TextAssembler
+
+    forward, prefill = tiny.runtime.forward, tiny.runtime.prefill
+    monkeypatch.setattr(tiny.runtime, "forward", lambda *a, **kw: (time.sleep(0.02), forward(*a, **kw))[1])
+    monkeypatch.setattr(tiny.runtime, "prefill", lambda *a, **kw: (time.sleep(0.02), prefill(*a, **kw))[1])
+    assert measure._token_overhead(tiny, 16) < 0.004
+    push = TextAssembler.push
+    monkeypatch.setattr(TextAssembler, "push", lambda self, ids: (time.sleep(0.005), push(self, ids))[1])
+    assert 0.004 < measure._token_overhead(tiny, 16) < 0.009

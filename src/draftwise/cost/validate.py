@@ -36,8 +36,9 @@ def validate_plan(
 ) -> dict[str, Any]:
     """Measure each category's recommendation (and ``extra`` (draft, k) settings on every
     prompt) against plain decoding; return per-setting predicted vs measured speedups.
-    Each generation runs ``repeats`` times back to back and keeps its best time; with sampling
-    its repeats share one seed (``seed`` + the prompt's index), so they decode the same text."""
+    Each generation runs ``repeats`` times, the settings interleaved repeat by repeat, and keeps
+    its best time; with sampling its repeats share one seed (``seed`` + the prompt's index), so
+    they decode the same text."""
     if repeats < 1:
         raise ConfigError(f"repeats={repeats} must be >= 1")
     rows = as_questions(questions)
@@ -60,17 +61,20 @@ def validate_plan(
         order: list[tuple[str, int]] = [(NONE, 0), *sorted(mine)]
         shift = qi % len(order)
         order = order[shift:] + order[:shift]
-        results = {}
         # with sampling, one seed per prompt: the repeats of a setting decode the same
         # continuation, so keeping the best run filters timing noise, not luckier text
         cfg = SamplingConfig(temperature=temperature, seed=None if temperature == 0 else seed + qi)
-        for j, s in enumerate(order):
-            if progress:
-                progress(f"{s[0]}@k={s[1]} on q{row.question_id}", (qi + j / len(order)) / len(rows))
-            results[s] = max(  # best of `repeats`: a shared machine only ever adds time
-                _timed(model, prompt_ids, max_new, cfg, drafters.get(s), max(s[1], 1), last=r == repeats - 1)
-                for r in range(repeats)
-            )
+        # best of `repeats` (a shared machine only ever adds time), the settings interleaved
+        # repeat by repeat: a slow spell of several seconds then costs each setting at most one
+        # run, where back-to-back repeats let it take every run of one setting
+        results = dict.fromkeys(order, 0.0)
+        for r in range(repeats):
+            for j, s in enumerate(order):
+                if progress:
+                    done = (r * len(order) + j) / (repeats * len(order))
+                    progress(f"{s[0]}@k={s[1]} on q{row.question_id}", (qi + done) / len(rows))
+                tps = _timed(model, prompt_ids, max_new, cfg, drafters.get(s), max(s[1], 1), last=r == repeats - 1)
+                results[s] = max(results[s], tps)
         plain_tps.append({"category": row.category, "tps": results[(NONE, 0)]})
         for s in mine:
             measured.setdefault(s, []).append(
