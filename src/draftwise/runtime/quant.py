@@ -116,9 +116,10 @@ class Linear:
       T(8)/T(1) 2.40 vs 1.43;
     - batch invariance: with oneDNN a row's result is bit-identical whatever the number of
       rows beside it (``tests/test_quant.py`` checks it); MKL's packed kernel changes its
-      summation order with more rows (seen at 4, 16 and 17). (The whole pass still differs from one-token passes in the
-      last bits: torch's attention kernel is not invariant to the number of queries. Greedy
-      equality with plain decoding stays a measured property, tested on the real models.)
+      summation order with more rows (seen at 4, 16 and 17). (The whole pass still differs
+      from one-token passes in the last bits: torch's attention kernel is not invariant to the
+      number of queries. Greedy equality with plain decoding stays a measured property, tested
+      on the real models.)
     """
 
     __slots__ = ("weight", "bias", "packed", "kind")
