@@ -9,8 +9,8 @@ timed with the kernels interleaved round by round (``--rounds`` rounds; the medi
 and T(n)/T(1), the price of verifying n tokens in units of one decoding step). Batch invariance:
 the largest difference between the logits of a row of an n-token pass and those of the same
 token fed alone after the same prefix (0: the verification pass computes each position exactly
-as plain decoding does; the matmuls of oneDNN are invariant, attention's kernel is not). Writes ``result.json`` and ``summary.md`` under ``--out``; about 3 minutes
-on 2 cores.
+as plain decoding does; the matmuls of oneDNN are invariant, attention's kernel is not).
+Writes ``result.json`` and ``summary.md`` under ``--out``; about 3 minutes on 2 cores.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _load(kernel: str):  # type: ignore[no-untyped-def]
     return model.runtime, kinds
 
 
-def _invariant(rt, prompt: list[int], n: int) -> float:  # type: ignore[no-untyped-def]
+def _max_row_diff(rt, prompt: list[int], n: int) -> float:  # type: ignore[no-untyped-def]
     """The largest logit difference between a row of an n-token pass and that token's one-token
     pass after the same prefix (0.0: bit-identical)."""
     ids = list(range(500, 500 + n))
@@ -94,7 +94,7 @@ def main() -> None:
                     times[k][n].append(time.perf_counter() - t)
                     rt.rollback(args.context)
             print(f"round {r + 1}/{args.rounds}", flush=True)
-        invariant = {k: {n: _invariant(rt, prompt, n) for n in SIZES if n > 1} for k, rt in runtimes.items()}
+        invariant = {k: {n: _max_row_diff(rt, prompt, n) for n in SIZES if n > 1} for k, rt in runtimes.items()}
     result = {
         "machine": {"processor": platform.processor() or platform.machine(), "threads": torch.get_num_threads()},
         "torch": torch.__version__,

@@ -72,22 +72,15 @@ def kernel_works(kind: str) -> bool:
                 lambda: torch.ops.mkl._mkl_linear(x, torch.ops.mkl._mkl_reorder_linear_weight(w, 3), w, None, 3),
                 lambda: F.linear(x, w),
             )
-    elif kind == "mkldnn_fp32":
+    elif kind in ("mkldnn_fp32", "mkldnn_bf16"):
         if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+            dt = torch.float32 if kind == "mkldnn_fp32" else torch.bfloat16
+            wd, xd = w.to(dt), x.to(dt)
             ok = _check(
                 lambda: torch.ops.mkldnn._linear_pointwise(
-                    x, torch.ops.mkldnn._reorder_linear_weight(w, 3), None, "none", [], ""
-                ),
-                lambda: F.linear(x, w),
-            )
-    elif kind == "mkldnn_bf16":
-        if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-            wb, xb = w.bfloat16(), x.bfloat16()
-            ok = _check(
-                lambda: torch.ops.mkldnn._linear_pointwise(
-                    xb, torch.ops.mkldnn._reorder_linear_weight(wb, 3), None, "none", [], ""
+                    xd, torch.ops.mkldnn._reorder_linear_weight(wd, 3), None, "none", [], ""
                 ).float(),
-                lambda: F.linear(xb.float(), wb.float()),
+                lambda: F.linear(xd.float(), wd.float()),
             )
     elif kind == "int8":
         ok = _check(lambda: Int8Linear(w)(x), lambda: F.linear(x, w))
