@@ -16,6 +16,8 @@ from draftwise.cost.breakeven import (
     cost_ratio_from_c,
     cost_ratio_from_profile,
     cost_ratio_from_times,
+    kind_curves,
+    plot_speedup,
     sweep,
 )
 from draftwise.cost.model import (
@@ -203,6 +205,21 @@ def test_cli_plot(tmp_path):
     res = run("--a", "0.1:0.9:0.2", "--k", "1-4", "--draft-kind", "lookup,model", "--plot", str(png))
     assert res.exit_code == 0, res.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_cli_plot_kind_follows_the_extension(tmp_path):
+    pytest.importorskip("matplotlib")
+    svg = tmp_path / "s.svg"
+    res = run("--c", "0.1", "--k", "1-3", "--plot", str(svg))
+    assert res.exit_code == 0, res.output
+    assert b"<svg" in svg.read_bytes()[:400]
+
+
+def test_a_plot_matplotlib_cannot_write_is_refused_in_the_library_too(tmp_path):
+    pytest.importorskip("matplotlib")
+    with pytest.raises(ConfigError, match=r"cannot write a \.txt file"):
+        plot_speedup(tmp_path / "s.txt", [1, 2], kind_curves(["lookup"]))
+    assert not (tmp_path / "s.txt").exists()
 
 
 @pytest.mark.parametrize(

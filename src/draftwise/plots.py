@@ -1,6 +1,8 @@
-"""Shared plotting plumbing: every PNG draftwise writes goes through :func:`save_figure`.
+"""Shared plotting plumbing: every plot draftwise writes goes through :func:`save_figure`.
 
-matplotlib is optional (``pip install 'draftwise[plot]'``). Without it :func:`pyplot` raises
+A plot's kind comes from its file's extension (``.png``, ``.pdf``, ``.svg`` ...);
+:func:`check_plot_path` refuses one matplotlib cannot write in one line, so a command calls it
+before any work. matplotlib is optional (``pip install 'draftwise[plot]'``). Without it :func:`pyplot` raises
 :class:`PlottingUnavailable`, and a command that also writes other files calls its plot through
 :func:`try_plot`, which reports one line and carries on: a missing plot never costs the user the
 tables and JSON the run produced.
@@ -14,7 +16,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .errors import ConfigError
-from .fsutil import write_json_atomic
 
 T = TypeVar("T")
 
@@ -68,16 +69,43 @@ def try_plot(
         return None
 
 
-def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
-    """Lay out ``fig``, write it to ``path`` (folders created), close it, return the path."""
+def plot_formats() -> list[str]:
+    """The file extensions matplotlib can write, without the dot: ``['avif', 'eps', ... 'png',
+    ... 'svg', ...]`` (raises :class:`PlottingUnavailable` without matplotlib)."""
+    pyplot()
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(FigureCanvasBase.get_supported_filetypes())
+
+
+def check_plot_path(path: str | Path, what: str = "the plot") -> Path:
+    """``path`` if matplotlib can write a file with its extension, else a ConfigError naming the
+    extensions it can write: ``check_plot_path("speedup.txt", "--plot")`` raises ``--plot
+    speedup.txt: matplotlib cannot write a .txt file; end the name with one of .avif, .eps, ...
+    (e.g. speedup.png)``. Needs matplotlib (:class:`PlottingUnavailable` otherwise)."""
     path = Path(path)
+    formats = plot_formats()
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix not in formats:
+        kind = f"a .{suffix} file" if suffix else "a file without an extension"
+        raise ConfigError(
+            f"{what} {path}: matplotlib cannot write {kind}; end the name with one of "
+            f"{', '.join('.' + f for f in formats)} (e.g. {path.with_suffix('.png')})"
+        )
+    return path
+
+
+def save_figure(fig: Any, path: str | Path, *, dpi: int = 110) -> Path:
+    """Lay out ``fig``, write it to ``path`` (folders created), close it, return the path.
+    The kind of file follows the extension (:func:`check_plot_path`)."""
+    try:
+        path = check_plot_path(path)
+    except ConfigError:
+        pyplot().close(fig)
+        raise
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)
     return path
 
-
-def write_json(path: str | Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON to ``path`` atomically (folders created); return the path."""
-    return write_json_atomic(path, data)

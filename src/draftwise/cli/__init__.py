@@ -11,7 +11,8 @@ from __future__ import annotations
 import typer
 
 from . import (
-    bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, serve, train_head,
+    bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, profile, serve,
+    train_head,
 )
 
 app = typer.Typer(
@@ -24,7 +25,7 @@ app = typer.Typer(
 app.command("generate")(generate.generate)
 app.command("models")(generate.models)
 app.command("breakeven")(breakeven.breakeven)
-app.command("profile")(plan.profile_cmd)
+app.command("profile")(profile.profile_cmd)
 app.command("plan")(plan.plan_cmd)
 app.command("bench")(bench.bench)
 app.command("bench-runtime")(bench_runtime.bench_runtime)

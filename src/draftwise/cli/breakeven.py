@@ -28,12 +28,9 @@ from ..cost.breakeven import (
     sweep,
 )
 from ..cost.parsing import parse_acceptances, parse_draft_kinds, parse_floats, parse_ks
-from ..cost.profile import Profile
-from ..plots import plotting_available
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..fsutil import check_writable
-from .common import err, out, user_errors
+from .common import out, plot_file, read_profile, user_errors
 
 
 def _curves(
@@ -70,7 +67,7 @@ def _curves(
     v: float | list[float] = v_vals[0] if len(v_vals) == 1 else v_vals
 
     if profile_path is not None:
-        profile = Profile.load(profile_path)
+        profile = read_profile(profile_path)
         if not k_given:
             ks = [x for x in ks if x + 1 <= profile.max_n] or [1]
         if max(ks) + 1 > profile.max_n:
@@ -184,19 +181,13 @@ def breakeven(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     plot: Annotated[
-        Path | None, typer.Option("--plot", help="Save a PNG of speedup against acceptance for several k.")
+        Path | None,
+        typer.Option("--plot", help="Save speedup against acceptance for several k (.png, .pdf, .svg ...)."),
     ] = None,
 ) -> None:
     """When does speculation pay? E(a, k), speedup, break-even acceptance and the best k (no model needed)."""
     with user_errors():
-        if plot is not None:
-            if plot.is_dir():
-                raise ConfigError(f"--plot {plot} is a folder; give a file path such as {plot / 'speedup.png'}")
-            check_writable(plot.expanduser().parent, "folder of --plot")
-            if not plotting_available():
-                err.print("matplotlib is not installed, so the plot was skipped (pip install 'draftwise[plot]')",
-                          markup=False, highlight=False)
-                plot = None
+        plot = plot_file(plot)  # before any work: a folder, an unknown extension, no matplotlib
         acceptances = parse_acceptances(a)
         curves, markers, v_val, ks = _curves(
             c=c, draft_ms=draft_ms, t1_ms=t1_ms, draft_kind=draft_kind, v_text=v,

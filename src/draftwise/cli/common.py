@@ -8,6 +8,8 @@ with any undecodable byte shown as an escape.
 
 from __future__ import annotations
 
+import os
+import shlex
 import sys
 from pathlib import Path
 from collections.abc import Callable, Iterator
@@ -19,9 +21,12 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..cost.profile import Profile
+from ..drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
 from ..errors import ConfigError, DraftwiseError
+from ..fsutil import check_writable
 from ..loaders import load_model
-from ..plots import try_plot
+from ..plots import PLOT_INSTALL_HINT, check_plot_path, plotting_available, try_plot
 from ..threads import check_threads, set_threads
 
 err = Console(stderr=True)
@@ -69,6 +74,23 @@ def plot_or_warn(draw: Callable[..., T], *args: Any, label: str = "the plot", **
     return try_plot(draw, *args, label=label, warn=warn, **kwargs)
 
 
+def command_line() -> str:
+    """This run's command, quoted for a shell (``draftwise distill --out 'my draft'``), for the
+    files a run writes to say how they were made."""
+    return shlex.join(["draftwise", *sys.argv[1:]])
+
+
+def parse_number_list(text: str | None, kind: type[T], flag: str, example: str) -> list[T] | None:
+    """A comma-separated option as a list of ``kind`` (None when the option is not given):
+    ``parse_number_list("0,0.7", float, "--gen-temperatures", "0,0.7")`` is ``[0.0, 0.7]``."""
+    if text is None:
+        return None
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]  # type: ignore[call-arg]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} must be comma-separated numbers, like {example}") from None
+
+
 def utf8_text(text: str, what: str) -> str:
     """``text`` if it is valid Unicode; a non-UTF-8 argument (which Python keeps as surrogate
     escapes) is a ConfigError naming the first bad byte."""
@@ -93,6 +115,77 @@ def read_stdin_text(what: str = "the prompt on standard input") -> str:
             f"{what} is not valid UTF-8 (byte 0x{exc.object[exc.start]:02x} at offset {exc.start}); "
             "pass UTF-8 text"
         ) from None
+
+
+def parse_drafts(text: str, flag: str) -> list[DraftSpec]:
+    """The drafts of ``--draft``/``--drafts`` (profile, plan): specs, comma-separated, each listed
+    once (``lookup`` and ``lookup:min=1`` are one draft). k comes from ``--ks``, not ``@k=``."""
+    specs: list[DraftSpec] = []
+    for item in split_draft_list(text):
+        if "@" in item:
+            raise ConfigError(f"{flag} takes draft specs without @k (got {item!r}); give the k values with --ks")
+        spec = DraftSpec.parse(item)
+        if spec not in specs:
+            specs.append(spec)
+    if not specs:
+        raise ConfigError(f"{flag} needs at least one draft, e.g. {flag} lookup,self ({SPEC_HELP})")
+    return specs
+
+
+def output_file(path: Path, what: str) -> Path:
+    """``path`` (``~`` expanded) can be written as a file: not a folder, and its folder writable
+    (created if needed). Call it before any measuring."""
+    path = path.expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder; give a file path inside it, e.g. {path / 'out.json'}")
+    check_writable(path.parent, f"folder of {what}")
+    return path
+
+
+def plot_file(path: Path | None, what: str = "--plot") -> Path | None:
+    """The file a ``--plot`` option names, checked before any work: not a folder, an extension
+    matplotlib can write (``.png``, ``.pdf``, ``.svg`` ...), a writable folder. Without
+    matplotlib: one warning line and None, so the command still does the rest."""
+    if path is None:
+        return None
+    path = path.expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder; give a file path inside it, e.g. {path / 'plot.png'}")
+    if not plotting_available():
+        warn(f"skipped the plot {path}: matplotlib is not installed ({PLOT_INSTALL_HINT})")
+        return None
+    return output_file(check_plot_path(path, what), what)
+
+
+MAKE_PROFILE = "`draftwise profile --out profile.json` writes one"
+
+
+def _nearest_folder(path: Path) -> Path:
+    """``path``'s closest ancestor that exists (``draftwise profile --out`` creates the rest)."""
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
+def read_profile(path: Path, what: str = "--profile") -> Profile:
+    """The profile a ``--profile`` option names. A folder, a device, an unreadable file, or a
+    missing one whose folder cannot be written is one line that says which, and how to make a
+    profile; a missing file elsewhere, or a file that is not a profile, is
+    :meth:`Profile.load`'s line."""
+    path = path.expanduser()
+    if path.is_dir():
+        raise ConfigError(f"{what} {path} is a folder, not a profile file; give a profile JSON ({MAKE_PROFILE})")
+    if path.exists() and not path.is_file():
+        raise ConfigError(f"{what} {path} is not a regular file; give a profile JSON ({MAKE_PROFILE})")
+    if path.is_file() and not os.access(path, os.R_OK):
+        raise ConfigError(f"{what} {path} cannot be read (permission denied); give a profile JSON you can read")
+    if not path.exists():
+        folder = _nearest_folder(path)
+        if not (folder.is_dir() and os.access(folder, os.W_OK | os.X_OK)):
+            raise ConfigError(f"no profile at {path}, and {folder} cannot be written; make one where you can "
+                              "write, e.g. `draftwise profile --out profile.json`, and pass --profile profile.json")
+    return Profile.load(path)
 
 
 @contextmanager
@@ -135,6 +228,9 @@ def load_with_status(
 ModelOpt = Annotated[
     str, typer.Option("--model", "-m", help="'default', a built-in name, a HF folder or a .gguf file.")
 ]
+TargetOpt = Annotated[  # the model a draft or a head is trained for (distill, train-head)
+    str, typer.Option("--target", "-t", help="'default', a built-in name, a HF folder or a .gguf file.")
+]
 QuestionsOpt = Annotated[
     Path,
     typer.Option(
@@ -149,9 +245,24 @@ RuntimeOpt = Annotated[
 ]
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask where the OS has one (a
+    container limited to 2 of 64 cores has 2), else ``os.cpu_count()``."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _threads_given(value: int | None) -> int | None:
     with user_errors():  # checked as it is parsed: one line, before anything runs
-        return check_threads(value)
+        check_threads(value)
+    cores = usable_cores()
+    if value is not None and value > cores:
+        # a probe measured --threads 1000 on 2 cores at 0.5 tok/s, against 17 tok/s without --threads
+        warn(f"--threads {value} is more than the {cores} CPU cores this process can use; threads beyond the "
+             f"cores wait for each other and decode many times slower (use --threads {cores} or leave it out)")
+    return value
 
 
 # the options of every command that runs a model (load_with_status takes them as they are)
@@ -175,6 +286,11 @@ def progress_bar(label: str) -> Iterator[Callable[[str, float], None]]:
     ) as bar:
         task = bar.add_task(label, total=1.0)
         yield lambda desc, frac: bar.update(task, completed=frac, description=f"{label}: {desc}")
+
+
+def status_printer(progress: Any) -> Callable[[str], None]:
+    """``on_status`` for a long run under :func:`phase_bars`: each message a dim line above the bars."""
+    return lambda msg: progress.console.print(msg, style="dim", highlight=False, markup=False)
 
 
 @contextmanager

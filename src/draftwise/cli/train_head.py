@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import shlex
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,10 +11,12 @@ from typing import Annotated, Any
 import typer
 
 from ..distill.head_run import check_out, train_head
-from ..errors import ConfigError
 from ..plots import pyplot, save_figure
 from ..threads import set_threads
-from .common import DeviceOpt, ThreadsOpt, load_with_status, out, phase_bars, plot_or_warn, user_errors
+from .common import (
+    DeviceOpt, TargetOpt, ThreadsOpt, command_line, load_with_status, out, parse_number_list, phase_bars, plot_or_warn,
+    status_printer, user_errors,
+)
 
 
 class Arch(str, Enum):
@@ -27,15 +27,6 @@ class Arch(str, Enum):
 class Init(str, Enum):
     layer = "layer"
     random = "random"
-
-
-def _temperatures(text: str | None) -> list[float] | None:
-    if text is None:
-        return None
-    try:
-        return [float(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"--gen-temperatures {text!r} must be comma-separated numbers, like 0,0.7") from None
 
 
 def draw_curve(log_path: Path, png: Path) -> Path | None:
@@ -61,52 +52,93 @@ def draw_curve(log_path: Path, png: Path) -> Path | None:
     return save_figure(fig, png)
 
 
+def _result_json(result: Any) -> str:
+    return json.dumps({
+        "out_dir": str(result.out_dir), "steps": result.steps, "planned_steps": result.planned_steps,
+        "stopped": result.stopped, "first_loss": result.first_loss, "loss": result.loss, "heldout": result.heldout,
+        "draft_vocab_size": result.draft_vocab_size, "train_sequences": result.train_sequences,
+        "heldout_sequences": result.heldout_sequences, "seconds": result.phase_seconds,
+    })
+
+
+def _print_result(result: Any, png: Path | None) -> None:
+    held = result.heldout or {}
+    acc = f"{held['acceptance']:.3f} ({held['acceptance_in_vocab']:.3f} where the target token is in the draft vocab)" if held else "not measured"
+    loss = f"{result.first_loss:.4f} -> {result.loss:.4f}" if result.loss is not None else "no step run"
+    secs = ", ".join(f"{k} {v:.0f} s" for k, v in result.phase_seconds.items())
+    out.print(
+        f"head saved to {result.out_dir}: {result.steps}/{result.planned_steps} steps ({result.stopped}), loss {loss}; "
+        f"held-out greedy acceptance at k=1 {acc}; draft vocabulary {result.draft_vocab_size}; {secs}"
+        + (f"; curve {png}" if png else ""),
+        highlight=False, markup=False,
+    )
+
+
+def _train(model: Any, out_dir: Path, options: dict[str, Any], **run: Any) -> Any:
+    """:func:`~draftwise.distill.head_run.train_head` behind one progress bar per phase."""
+    with phase_bars() as (progress, bar):
+
+        def on_step(s: Any) -> None:
+            held = f"  held-out acc {s.heldout['acceptance']:.3f}" if s.heldout else ""
+            bar("training", s.step, s.steps, f"loss {s.loss:.3f} (kl {s.kl:.3f}){held}")
+
+        return train_head(
+            model, out_dir, on_status=status_printer(progress), on_phase=bar, on_step=on_step, **run, **options
+        )
+
+
+# the options of train_head_cmd whose declaration takes more than a line
+DataDirOpt = Annotated[Path | None, typer.Option(
+    "--data-dir", help="Cache of sequences, Magpie prompts and features (default OUT/data).")]
+GenTemperaturesOpt = Annotated[str | None, typer.Option(
+    "--gen-temperatures", help="One answer per prompt per temperature, 0 = greedy (default 0,0.7).")]
+VocabOpt = Annotated[int | None, typer.Option(
+    "--vocab-size-draft", help="Draft vocabulary: the N most frequent tokens (default 8192; 0 = all).")]
+SeqLenOpt = Annotated[int | None, typer.Option(
+    "--seq-len", help="Rows per sequence: its last N positions (default 512).")]
+RegWeightOpt = Annotated[float | None, typer.Option(
+    "--reg-weight", help="Weight of the feature regression (smooth L1), EAGLE-1 (default 0).")]
+InitOpt = Annotated[Init | None, typer.Option(
+    help="Start: layer (the target's last layer, fc passing the feature; default) or random.")]
+FeatureNormOpt = Annotated[bool | None, typer.Option(
+    "--feature-norm/--no-feature-norm", help="RMS-normalise the input feature (default no).")]
+ArchOpt = Annotated[Arch | None, typer.Option(
+    help="eagle1 (fc mixes embedding and last-layer feature; default) or eagle3 (fc fuses 3 layers).")]
+TttOpt = Annotated[int | None, typer.Option(
+    help="Training-time-test steps: train on the head's own 2nd, 3rd.. drafted rows too (default 1 = off).")]
+ResponseOnlyOpt = Annotated[bool | None, typer.Option(
+    "--response-only/--all-positions", help="Loss on response positions only, or on all (default all).")]
+HoldoutOpt = Annotated[float | None, typer.Option(
+    "--holdout-percent", help="Share of prompts whose sequences are held out (default 5).")]
+TimeBudgetOpt = Annotated[float | None, typer.Option(
+    "--time-budget", help="Seconds of training (steps and evaluations); stops cleanly.")]
+SnapshotOpt = Annotated[int, typer.Option(
+    "--snapshot-every", min=1, help="Measure held-out acceptance and checkpoint every N steps.")]
+
+
 def train_head_cmd(
     out_dir: Annotated[Path, typer.Option("--out", "-o", help="Output folder for the head.")],
-    target: Annotated[str, typer.Option("--target", "-t", help="'default', a built-in name, a HF folder or a .gguf file.")] = "default",
-    data_dir: Annotated[
-        Path | None, typer.Option("--data-dir", help="Cache of sequences, Magpie prompts and features (default OUT/data).")
-    ] = None,
+    target: TargetOpt = "default",
+    data_dir: DataDirOpt = None,
     magpie: Annotated[int | None, typer.Option(help="Extra prompts the target writes itself (Magpie); default 0.")] = None,
     gen_tokens: Annotated[int | None, typer.Option("--gen-tokens", help="Target tokens per answer (default 256).")] = None,
-    gen_temperatures: Annotated[
-        str | None, typer.Option("--gen-temperatures", help="One answer per prompt per temperature, 0 = greedy (default 0,0.7).")
-    ] = None,
+    gen_temperatures: GenTemperaturesOpt = None,
     seed: Annotated[int | None, typer.Option(help="Seed (default 0).")] = None,
-    vocab_size_draft: Annotated[
-        int | None, typer.Option("--vocab-size-draft", help="Draft vocabulary: the N most frequent tokens (default 8192; 0 = all).")
-    ] = None,
+    vocab_size_draft: VocabOpt = None,
     steps: Annotated[int | None, typer.Option(help="Training steps (default 500).")] = None,
     batch: Annotated[int | None, typer.Option(help="Sequences per step (default 4).")] = None,
-    seq_len: Annotated[int | None, typer.Option("--seq-len", help="Rows per sequence: its last N positions (default 512).")] = None,
+    seq_len: SeqLenOpt = None,
     lr: Annotated[float | None, typer.Option(help="Peak AdamW learning rate (default 1e-3).")] = None,
-    reg_weight: Annotated[
-        float | None, typer.Option("--reg-weight", help="Weight of the feature regression (smooth L1), EAGLE-1 (default 0).")
-    ] = None,
+    reg_weight: RegWeightOpt = None,
     noise: Annotated[float | None, typer.Option(help="Uniform noise on input features, half-width (default 0).")] = None,
-    init: Annotated[Init | None, typer.Option(help="Start: layer (the target's last layer, fc passing the feature; default) or random.")] = None,
-    feature_norm: Annotated[
-        bool | None, typer.Option("--feature-norm/--no-feature-norm", help="RMS-normalise the input feature (default no).")
-    ] = None,
-    arch: Annotated[
-        Arch | None, typer.Option(help="eagle1 (fc mixes embedding and last-layer feature; default) or eagle3 (fc fuses 3 layers).")
-    ] = None,
-    ttt: Annotated[
-        int | None, typer.Option(help="Training-time-test steps: train on the head's own 2nd, 3rd.. drafted rows too (default 1 = off).")
-    ] = None,
-    response_only: Annotated[
-        bool | None,
-        typer.Option("--response-only/--all-positions", help="Loss on response positions only, or on all (default all)."),
-    ] = None,
-    holdout_percent: Annotated[
-        float | None, typer.Option("--holdout-percent", help="Share of prompts whose sequences are held out (default 5).")
-    ] = None,
-    time_budget: Annotated[
-        float | None, typer.Option("--time-budget", help="Seconds of training (steps and evaluations); stops cleanly.")
-    ] = None,
-    snapshot_every: Annotated[
-        int, typer.Option("--snapshot-every", min=1, help="Measure held-out acceptance and checkpoint every N steps.")
-    ] = 50,
+    init: InitOpt = None,
+    feature_norm: FeatureNormOpt = None,
+    arch: ArchOpt = None,
+    ttt: TttOpt = None,
+    response_only: ResponseOnlyOpt = None,
+    holdout_percent: HoldoutOpt = None,
+    time_budget: TimeBudgetOpt = None,
+    snapshot_every: SnapshotOpt = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the train-head run in --out.")] = False,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an earlier train-head run in --out.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as one JSON object.")] = False,
@@ -119,9 +151,9 @@ def train_head_cmd(
     prompts the target writes. Options left unset take their defaults, or with --resume the
     checkpoint's values.
     """
-    command = shlex.join(["draftwise", *sys.argv[1:]])
+    command = command_line()
     with user_errors():
-        temps = _temperatures(gen_temperatures)
+        temps = parse_number_list(gen_temperatures, float, "--gen-temperatures", "0,0.7")
         set_threads(threads)
         options: dict[str, Any] = {
             "magpie": magpie, "gen_tokens": gen_tokens, "gen_temperatures": temps, "seed": seed,
@@ -132,34 +164,12 @@ def train_head_cmd(
         }
         check_out(out_dir.expanduser(), resume=resume, overwrite=overwrite)  # before the model loads
         model = load_with_status(target, "float32", device=device)
-        with phase_bars() as (progress, bar):
-
-            def on_step(s: Any) -> None:
-                held = f"  held-out acc {s.heldout['acceptance']:.3f}" if s.heldout else ""
-                bar("training", s.step, s.steps, f"loss {s.loss:.3f} (kl {s.kl:.3f}){held}")
-
-            result = train_head(
-                model, out_dir, data_dir=data_dir, steps=steps, time_budget=time_budget, snapshot_every=snapshot_every,
-                resume=resume, overwrite=overwrite, device=device, command=command,
-                on_status=lambda msg: progress.console.print(msg, style="dim", highlight=False, markup=False),
-                on_phase=bar, on_step=on_step, **options,
-            )
+        result = _train(
+            model, out_dir, options, data_dir=data_dir, steps=steps, time_budget=time_budget,
+            snapshot_every=snapshot_every, resume=resume, overwrite=overwrite, device=device, command=command,
+        )
     png = plot_or_warn(draw_curve, result.out_dir / "train_log.jsonl", result.out_dir / "curve.png", label="curve.png")
     if as_json:
-        print(json.dumps({
-            "out_dir": str(result.out_dir), "steps": result.steps, "planned_steps": result.planned_steps,
-            "stopped": result.stopped, "first_loss": result.first_loss, "loss": result.loss, "heldout": result.heldout,
-            "draft_vocab_size": result.draft_vocab_size, "train_sequences": result.train_sequences,
-            "heldout_sequences": result.heldout_sequences, "seconds": result.phase_seconds,
-        }))
+        print(_result_json(result))
         return
-    held = result.heldout or {}
-    acc = f"{held['acceptance']:.3f} ({held['acceptance_in_vocab']:.3f} where the target token is in the draft vocab)" if held else "not measured"
-    loss = f"{result.first_loss:.4f} -> {result.loss:.4f}" if result.loss is not None else "no step run"
-    secs = ", ".join(f"{k} {v:.0f} s" for k, v in result.phase_seconds.items())
-    out.print(
-        f"head saved to {result.out_dir}: {result.steps}/{result.planned_steps} steps ({result.stopped}), loss {loss}; "
-        f"held-out greedy acceptance at k=1 {acc}; draft vocabulary {result.draft_vocab_size}; {secs}"
-        + (f"; curve {png}" if png else ""),
-        highlight=False, markup=False,
-    )
+    _print_result(result, png)

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..plots import pyplot, save_figure
+from ..plots import check_plot_path, pyplot, save_figure
 from .model import (
     CostRatio,
     breakeven_acceptance,
@@ -206,6 +206,35 @@ def _r_opt(x: float | None) -> float | None:
 
 
 # -- the plot -----------------------------------------------------------------------------
+def _speedup_panel(ax: Any, curve: CostCurve, ks: Sequence[int], lines: Mapping[str, CostRatio], colors: Any) -> None:
+    """One panel of :func:`plot_speedup`: S(a) for each k, the S = 1 line, and a vertical line
+    at each of ``lines``' lowest break-even acceptance over ``ks``."""
+    grid = [i / 200 for i in range(0, 198)]  # a in [0, 0.985]
+    for j, k in enumerate(ks):
+        r = curve.ratio(k)
+        ax.plot(grid, [speedup(a, k, r) for a in grid], label=f"k={k}", color=colors(j % 10))
+    ax.axhline(1.0, color="black", linewidth=1, linestyle="-", label="S = 1")
+    for i, (name, ratio) in enumerate(lines.items()):
+        found = min_breakeven(ratio, ks)
+        if found is None:
+            continue
+        a_star, k_star = found
+        ax.axvline(a_star, color="grey", linestyle=[":", "--", "-."][i % 3], linewidth=1)
+        ax.annotate(
+            f"{name} a*={a_star:.2f} (k={k_star})",
+            xy=(a_star, 0.02),
+            xycoords=("data", "axes fraction"),
+            rotation=90,
+            fontsize=7,
+            va="bottom",
+            ha="right",
+        )
+    ax.set_title(curve.name, fontsize=10)
+    ax.set_xlabel("acceptance a")
+    ax.set_xlim(0, 1)
+    ax.grid(alpha=0.3)
+
+
 def plot_speedup(
     path: str | Path,
     ks: Sequence[int],
@@ -215,18 +244,16 @@ def plot_speedup(
     markers: Mapping[str, CostRatio] | None = None,
     title: str | None = None,
 ) -> Path:
-    """Draw S(a) against acceptance for several k, one panel per cost curve, and save a PNG.
+    """Draw S(a) against acceptance for several k, one panel per cost curve, and save it to
+    ``path`` (the kind of file follows its extension: .png, .pdf, .svg ...).
 
     Each panel has the S = 1 line and a vertical line per draft kind (at its typical cost
     :data:`DRAFT_KIND_COSTS`, with verification cost ``v``) and per entry of ``markers`` (e.g.
     a profile's drafts) at its lowest break-even acceptance over ``ks``. Needs matplotlib
     (imported here, with the Agg backend, so the core never imports it).
     """
-    try:
-        plt = pyplot()
-    except ImportError:  # pragma: no cover - matplotlib is a dependency of the plot only
-        raise ConfigError("--plot needs matplotlib: pip install 'draftwise[plot]'") from None
-
+    plt = pyplot()  # without matplotlib: one ConfigError naming the install
+    path = check_plot_path(path)  # before drawing: an extension matplotlib cannot write
     if not curves:
         raise ConfigError("plot_speedup needs at least one cost curve")
     ks = list(ks)
@@ -236,36 +263,13 @@ def plot_speedup(
         kind: cost_ratio_from_c(c, v) for kind, c in DRAFT_KIND_COSTS.items()
     }
     lines.update(markers or {})
-    grid = [i / 200 for i in range(0, 198)]  # a in [0, 0.985]
 
     fig, axes = plt.subplots(
         1, len(curves), figsize=(6 * len(curves), 4.5), squeeze=False, sharey=True
     )
     colors = plt.get_cmap("tab10")
     for ax, curve in zip(axes[0], curves):
-        for j, k in enumerate(ks):
-            r = curve.ratio(k)
-            ax.plot(grid, [speedup(a, k, r) for a in grid], label=f"k={k}", color=colors(j % 10))
-        ax.axhline(1.0, color="black", linewidth=1, linestyle="-", label="S = 1")
-        for i, (name, ratio) in enumerate(lines.items()):
-            found = min_breakeven(ratio, ks)
-            if found is None:
-                continue
-            a_star, k_star = found
-            ax.axvline(a_star, color="grey", linestyle=[":", "--", "-."][i % 3], linewidth=1)
-            ax.annotate(
-                f"{name} a*={a_star:.2f} (k={k_star})",
-                xy=(a_star, 0.02),
-                xycoords=("data", "axes fraction"),
-                rotation=90,
-                fontsize=7,
-                va="bottom",
-                ha="right",
-            )
-        ax.set_title(curve.name, fontsize=10)
-        ax.set_xlabel("acceptance a")
-        ax.set_xlim(0, 1)
-        ax.grid(alpha=0.3)
+        _speedup_panel(ax, curve, ks, lines, colors)
     axes[0][0].set_ylabel("predicted speedup S = E(a, k) / R(k)")
     axes[0][-1].legend(fontsize=8, loc="upper left")
     if title:
