@@ -172,7 +172,7 @@ def test_k_auto_runs_an_adaptive_policy(tiny, monkeypatch):
             return 1e-6
 
     _, server = start(tiny, k="auto")
-    monkeypatch.setattr(Speculation, "_profile", lambda self, spec: Costs())
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
     with server:
         r = client(server).chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=30,
                                                    extra_body={"return_token_ids": True})
@@ -303,13 +303,15 @@ def test_metrics_count_speculation_like_vllm(live):
     assert len(spec["acceptance_by_position"]) >= 1
 
 
-def test_a_server_with_k_auto_runs_the_plans_draft_with_the_adaptive_k():
+def test_a_server_with_k_auto_runs_the_plans_draft_with_the_adaptive_k(monkeypatch):
     plan = Plan(model="tiny", fingerprint="", dtype="float32", greedy=True, drafts=["lookup", "suffix"], ks=[2, 5],
                 categories={}, recommended={"overall": ("lookup", 2), "writing": ("suffix", 5)},
                 predicted={"overall": 1.2, "writing": 1.3}, routed_overall=1.2)
     Spec = Speculative  # noqa: N806
     fixed = Speculation(None, draft="auto", k=4, plan=plan)
     adaptive = Speculation(None, draft="auto", k="auto", plan=plan)
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: "a profile")
+    adaptive.warm_up()  # k auto needs the profile, read at start-up
     assert (str(fixed.choose(Spec(category="writing")).draft), fixed.choose(Spec(category="writing")).k) == ("suffix", 5)
     choice = adaptive.choose(Spec(category="writing"))
     assert (str(choice.draft), choice.k, choice.chosen_by) == ("suffix", "auto", "plan")

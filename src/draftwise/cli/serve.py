@@ -5,13 +5,14 @@ from __future__ import annotations
 import ipaddress
 import logging
 import math
+import os
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from ..cost.plan import load_plan
-from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k
+from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
 from ..errors import ConfigError
 from .common import (
     CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, RuntimeChoice, RuntimeOpt, ThreadsOpt, err,
@@ -19,6 +20,7 @@ from .common import (
 )
 
 SERVE_EXTRA = "draftwise serve needs FastAPI and uvicorn: pip install 'draftwise[serve]'"
+API_KEY_ENV = "DRAFTWISE_API_KEY"
 
 
 def _is_loopback(host: str) -> bool:
@@ -43,9 +45,12 @@ def serve(
     k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto'.")] = "4",
     plan: Annotated[Path | None, typer.Option("--plan", help="A plan from `draftwise plan --out` for --draft "
                                               "auto (default: one made at start-up on the dev questions).")] = None,
+    allow_draft: Annotated[str, typer.Option("--allow-draft", help="More drafts a request may name (comma-"
+                                             "separated specs); --draft, the plan's drafts and none always "
+                                             "may. Any other draft gets 400.")] = "",
     host: Annotated[str, typer.Option("--host", help="Address to bind; keep 127.0.0.1 unless behind a proxy.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
-    api_key: Annotated[str | None, typer.Option("--api-key", envvar="DRAFTWISE_API_KEY",
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar=API_KEY_ENV,
                                                 help="Require 'Authorization: Bearer KEY' (all but /health).")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests that may wait; more get 429.")] = 128,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
@@ -68,6 +73,8 @@ def serve(
             raise ConfigError(f"{SERVE_EXTRA} ({exc})") from None
         spec = AUTO if draft.strip() == "auto" else DraftSpec.parse(draft)
         k_value = parse_k(k)
+        allowed = _allowed_drafts(allow_draft)
+        api_key = _api_key(api_key)
         loaded_plan = load_plan(plan) if plan is not None else None
         if loaded_plan is not None and spec != AUTO:
             warn("--plan is used only with --draft auto; requests may still ask for it with draft 'auto'")
@@ -90,16 +97,35 @@ def serve(
             loaded_plan = model_thread.call(startup_plan, loaded)
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
-        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan)
-        model_thread.call(speculation.warm_up)
+        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed)
+        model_thread.call(speculation.warm_up)  # a draft that cannot run here fails now, in one line
         settings = ServerSettings(
-            model_name=served_model_name or loaded.name, api_key=api_key or None, max_queue=max_queue,
+            model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
         )
         app = create_app(loaded, speculation, settings, model_thread=model_thread)
-    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value})",
-              highlight=False, markup=False)
+    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}; "
+              f"requests may name: {', '.join(speculation.allowed)})", highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+def _allowed_drafts(text: str) -> list[DraftSpec]:
+    """``--allow-draft lookup:max=4,min=2,suffix`` -> the specs (``auto`` is not a draft)."""
+    specs = split_draft_list(text)
+    if "auto" in (s.strip() for s in specs):
+        raise ConfigError("--allow-draft takes draft specs; 'auto' is --draft auto (the plan's drafts are allowed)")
+    return [DraftSpec.parse(s) for s in specs]
+
+
+def _api_key(given: str | None) -> str | None:
+    """The key, stripped; an empty one is refused, since it would serve with no authentication.
+    (click reads an empty environment variable as unset, so it is looked up here too.)"""
+    if given is None and API_KEY_ENV in os.environ:
+        given = os.environ[API_KEY_ENV]
+    if given is not None and not given.strip():
+        raise ConfigError(f"the API key (--api-key or {API_KEY_ENV}) is empty, which would turn authentication "
+                          "off; give a key, or unset both to serve without one")
+    return None if given is None else given.strip()
 
 
 def _setup_logging(level: str) -> None:

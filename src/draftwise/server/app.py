@@ -5,9 +5,12 @@ chunk format, ending ``data: [DONE]``, or not), ``/v1/models``, ``/health`` and 
 
 Everything that can be refused is refused before the request queues: the body's schema
 (:mod:`~draftwise.server.protocol`, HTTP 400 naming the parameter), the model name (404), the
-prompt over the context or ``max_tokens`` over the cap (400), speculation the server cannot
-run (400), a full queue (429). The gate in front of the app checks the API key (401, every
-path but ``/health``, constant-time compare) and the body size (413) before a body is parsed.
+prompt over the context or ``max_tokens`` over the cap (400), a draft the server was not
+started with or ``k: "auto"`` on a server that read no profile (400), a full queue (429). So a
+streamed request is refused with its status too, never with a 200 and an error event. Error
+bodies are ASCII JSON, since they may quote what a client sent. The gate in front of the app
+checks the API key (401, every path but ``/health``, constant-time compare) and the body size
+(413) before a body is parsed.
 """
 
 from __future__ import annotations
@@ -52,6 +55,11 @@ class ServerSettings:
     max_tokens_cap: int = 1024
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        if self.api_key is not None and not self.api_key.strip():
+            raise ConfigError("the API key is empty, which would turn authentication off; give a key, or None "
+                              "to serve without one")
 
 
 class Gate:
@@ -99,7 +107,8 @@ class Gate:
 
 def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *,
                model_thread: ModelThread | None = None) -> FastAPI:
-    """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it.
+    """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it,
+    after the allowed drafters are built (``Speculation.warm_up``, a no-op if it already ran).
     Pass the :class:`~draftwise.server.worker.ModelThread` that loaded the model, so the jobs run
     on that thread too (a fresh one is made otherwise)."""
     metrics = ServerMetrics(settings.model_name)
@@ -107,6 +116,7 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(worker.warm_up)  # before the first request is accepted
         worker.start()
         yield
         await asyncio.to_thread(worker.stop)
@@ -114,26 +124,45 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
     app = FastAPI(title="draftwise", version="1", lifespan=lifespan,
                   description="OpenAI-compatible server with lossless speculative decoding.")
     app.state.worker, app.state.metrics, app.state.settings = worker, metrics, settings
+    _add_error_handlers(app, metrics)
+    _add_info_routes(app, model, worker, metrics, settings)
+    _add_completion_routes(app, Intake(model, speculation, settings, worker))
+    app.add_middleware(Gate, settings=settings, metrics=metrics)
+    return app
 
-    def refuse(exc: APIError) -> JSONResponse:
-        metrics.reject(exc.status)
-        headers = {"Retry-After": "1"} if exc.status == 429 else None
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+class ErrorResponse(JSONResponse):
+    """An error body as ASCII JSON: it may quote what a client sent, a lone surrogate included,
+    which UTF-8 (Starlette's JSONResponse) cannot encode."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(content, ensure_ascii=True, separators=(",", ":")).encode()
+
+
+def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
+    """Every refusal in OpenAI's error schema, counted by status."""
 
     @app.exception_handler(APIError)
     async def _api_error(_: Request, exc: APIError) -> JSONResponse:
-        return refuse(exc)
+        metrics.reject(exc.status)
+        headers = {"Retry-After": "1"} if exc.status == 429 else None
+        return ErrorResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         metrics.reject(400)
-        return JSONResponse(validation_error_body(list(exc.errors())), status_code=400)
+        return ErrorResponse(validation_error_body(list(exc.errors())), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         metrics.reject(exc.status_code)
         code = _HTTP_CODES.get(exc.status_code, str(exc.status_code))
-        return JSONResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+        return ErrorResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+
+
+def _add_info_routes(app: FastAPI, model: Any, worker: Worker, metrics: ServerMetrics,
+                     settings: ServerSettings) -> None:
+    """``/health``, ``/metrics`` and ``/v1/models``."""
 
     @app.get("/health")
     async def health() -> Response:
@@ -152,8 +181,28 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
             "max_model_len": model.runtime.max_context,
         }]}
 
-    def prompt_ids_chat(body: ChatCompletionRequest) -> list[int]:
-        tok = model.tokenizer
+
+def _add_completion_routes(app: FastAPI, intake: Intake) -> None:
+    """``/v1/chat/completions`` and ``/v1/completions``."""
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
+        return await intake.respond(body, intake.prompt_ids_chat(body), "chat", request)
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Any:
+        return await intake.respond(body, intake.prompt_ids_text(body), "text", request)
+
+
+class Intake:
+    """Turns a validated body into a queued job and the job's events into a response: the
+    prompt's ids, the token budget, the speculation (all refused here, before queueing)."""
+
+    def __init__(self, model: Any, speculation: Speculation, settings: ServerSettings, worker: Worker) -> None:
+        self.model, self.speculation, self.settings, self.worker = model, speculation, settings, worker
+
+    def prompt_ids_chat(self, body: ChatCompletionRequest) -> list[int]:
+        tok = self.model.tokenizer
         if not getattr(tok, "chat_template", None):
             raise APIError(400, "this model has no chat template; use /v1/completions", param="messages")
         roles = [m.role for m in body.messages]
@@ -166,73 +215,74 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
             ids = ids["input_ids"]
         return [int(i) for i in ids]
 
-    def prompt_ids_text(body: CompletionRequest) -> list[int]:
+    def prompt_ids_text(self, body: CompletionRequest) -> list[int]:
         if isinstance(body.prompt, str):
-            return encode_conversation(model.tokenizer, [body.prompt], chat=False)
+            return encode_conversation(self.model.tokenizer, [body.prompt], chat=False)
         try:
-            return check_token_ids(body.prompt, model.runtime.vocab_size)
+            return check_token_ids(body.prompt, self.model.runtime.vocab_size)
         except ConfigError as exc:
             raise APIError(400, str(exc), param="prompt", code="invalid_value") from None
 
-    def make_job(body: ChatCompletionRequest | CompletionRequest, ids: list[int], request_id: str) -> Job:
-        if body.model is not None and body.model != settings.model_name:
-            raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
-                           f"'{settings.model_name}' (see /v1/models)", param="model", code="model_not_found")
+    def token_budget(self, body: ChatCompletionRequest | CompletionRequest, ids: list[int]) -> int:
+        """The most new tokens this request may generate: its limit, else the server's cap, and
+        never past the context (HTTP 400 when the prompt or the limit does not fit)."""
         where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         if not ids:
             raise APIError(400, "the prompt is empty; send some text", param=where)
-        context, cap = model.runtime.max_context, settings.max_tokens_cap
+        context, cap = self.model.runtime.max_context, self.settings.max_tokens_cap
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
         limit = body.token_limit
         if limit is not None and limit > cap:
             raise APIError(400, f"{name}={limit} is over this server's cap of {cap} tokens (--max-tokens-cap)",
                            param=name, code="invalid_value")
         room = context - len(ids)
-        if room < 1 or (limit is not None and limit > room):
-            raise APIError(400, f"the prompt has {len(ids)} tokens and {name} is {limit}: more than the "
-                           f"context of {context} tokens; shorten the prompt or lower {name}",
-                           param=where if limit is None else name, code="context_length_exceeded")
+        if room < 1:
+            raise APIError(400, f"the prompt has {len(ids)} tokens, which leaves no room for an answer in the "
+                           f"context of {context} tokens; shorten the prompt to at most {context - 1} tokens",
+                           param=where, code="context_length_exceeded")
+        if limit is not None and limit > room:
+            raise APIError(400, f"the prompt has {len(ids)} tokens and {name} is {limit}: more than the context "
+                           f"of {context} tokens; shorten the prompt or lower {name} to at most {room}",
+                           param=name, code="context_length_exceeded")
+        return min(limit or cap, room)
+
+    def job(self, body: ChatCompletionRequest | CompletionRequest, ids: list[int], request_id: str) -> Job:
+        settings = self.settings
+        if body.model is not None and body.model != settings.model_name:
+            raise APIError(404, f"the model '{body.model}' does not exist; this server serves "
+                           f"'{settings.model_name}' (see /v1/models)", param="model", code="model_not_found")
+        max_tokens = self.token_budget(body, ids)
         try:
             sampling = SamplingConfig(temperature=body.temperature, top_k=body.top_k, top_p=body.top_p,
                                       seed=body.seed)
         except ConfigError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
-        return Job(request_id=request_id, prompt_ids=ids, max_tokens=min(limit or cap, room),
-                   sampling=sampling, stop=body.stop_list, choice=speculation.choose(body.speculative),
+        return Job(request_id=request_id, prompt_ids=ids, max_tokens=max_tokens, sampling=sampling,
+                   stop=body.stop_list, choice=self.speculation.choose(body.speculative),
                    timeout_s=settings.request_timeout_s)
 
-    def submit(job: Job) -> JobHandle:
+    def submit(self, job: Job) -> JobHandle:
         try:
-            return worker.submit(job)
+            return self.worker.submit(job)
         except QueueFull as exc:
             raise APIError(429, str(exc), type="rate_limit_error", code="queue_full") from None
 
-    def failure(ev: Event) -> APIError:
-        status = _ERROR_STATUS.get(ev.code, 500)
-        return APIError(status, ev.error, type=_ERROR_TYPE.get(status, "server_error"), code=ev.code)
-
-    async def respond(body: Any, ids: list[int], kind: str, request: Request) -> Any:
+    async def respond(self, body: Any, ids: list[int], kind: str, request: Request) -> Any:
         request_id = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
-        job = make_job(body, ids, request_id)
-        handle = submit(job)
-        env = Envelope(request_id, kind, settings.model_name)  # type: ignore[arg-type]
+        handle = self.submit(self.job(body, ids, request_id))
+        env = Envelope(request_id, kind, self.settings.model_name)  # type: ignore[arg-type]
         if body.stream:
-            return EventSourceResponse(_stream(handle, env, body, failure), ping=15, sep="\n")
-        return await _collect(handle, env, body, request, failure)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Any:
-        return await respond(body, prompt_ids_chat(body), "chat", request)
-
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Any:
-        return await respond(body, prompt_ids_text(body), "text", request)
-
-    app.add_middleware(Gate, settings=settings, metrics=metrics)
-    return app
+            return EventSourceResponse(_stream(handle, env, body), ping=15, sep="\n")
+        return await _collect(handle, env, body, request)
 
 
-async def _stream(handle: JobHandle, env: Envelope, body: Any, failure: Any) -> AsyncIterator[str]:
+def _failure(ev: Event) -> APIError:
+    """A job's error event as the HTTP error it answers with."""
+    status = _ERROR_STATUS.get(ev.code, 500)
+    return APIError(status, ev.error, type=_ERROR_TYPE.get(status, "server_error"), code=ev.code)
+
+
+async def _stream(handle: JobHandle, env: Envelope, body: Any) -> AsyncIterator[str]:
     """The SSE events of one request; leaving early (a client hung up) cancels its generation."""
     try:
         if env.kind == "chat":
@@ -247,13 +297,13 @@ async def _stream(handle: JobHandle, env: Envelope, body: Any, failure: Any) -> 
                 if body.include_usage:
                     yield json.dumps(env.usage_chunk(ev.result))
             elif ev.kind == "error":
-                yield json.dumps(failure(ev).body())
+                yield json.dumps(_failure(ev).body())
         yield "[DONE]"
     finally:
         handle.cancel()  # no effect once the job is done
 
 
-async def _collect(handle: JobHandle, env: Envelope, body: Any, request: Request, failure: Any) -> Any:
+async def _collect(handle: JobHandle, env: Envelope, body: Any, request: Request) -> Any:
     """Wait for the whole answer, cancelling the generation if the client hangs up meanwhile."""
     pending: asyncio.Future[Event] | None = None
     try:
@@ -269,7 +319,7 @@ async def _collect(handle: JobHandle, env: Envelope, body: Any, request: Request
                 assert ev.result is not None and ev.stats is not None
                 return JSONResponse(env.full(ev.result, ev.stats, handle.job.choice, token_ids=body.return_token_ids))
             if ev.kind == "error":
-                raise failure(ev)
+                raise _failure(ev)
     finally:
         if pending is not None:
             pending.cancel()

@@ -7,13 +7,18 @@ the parameter, and the app turns it into HTTP 400 in OpenAI's error schema
 (:func:`validation_error_body`). As in vLLM's ``entrypoints/openai/protocol.py``, the models
 are the one place a request is checked; handlers never re-validate by hand.
 
+Two refusals hold for every field of every body: a lone surrogate (``"\\ud800"``, valid JSON
+but not Unicode, which the tokenizer cannot encode) anywhere in a string, and ``true``/``false``
+where a number is expected (``"max_tokens": true`` is not 1).
+
 Extensions beyond OpenAI's API: ``top_k`` (as in vLLM), ``return_token_ids`` (vLLM's name:
 the generated ids come back in each choice) and ``speculative`` (how this request speculates).
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from types import UnionType
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -53,11 +58,21 @@ def _param_path(loc: tuple[Any, ...]) -> str | None:
     return out or None
 
 
+#: pydantic refuses a lone surrogate in a constrained string itself (``string_unicode``); the
+#: other strings are checked by :class:`_Strict`. Both answer with this.
+SURROGATE = "holds a lone surrogate (\\ud800-\\udfff), which is not valid Unicode; send UTF-8 text"
+
+
+def _message(error: dict[str, Any]) -> str:
+    if error.get("type") == "string_unicode":
+        return SURROGATE
+    return str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+
+
 def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
     """The first pydantic/FastAPI validation error as one OpenAI error naming its parameter."""
     e = errors[0] if errors else {"type": "invalid", "loc": (), "msg": "invalid request"}
-    kind, param = e.get("type", ""), _param_path(tuple(e.get("loc", ())))
-    msg = str(e.get("msg", "invalid value")).removeprefix("Value error, ")
+    kind, param, msg = e.get("type", ""), _param_path(tuple(e.get("loc", ()))), _message(e)
     if kind == "json_invalid":
         return error_body("the request body is not valid JSON", code="invalid_json")
     if kind == "missing" and param is None:
@@ -67,12 +82,53 @@ def validation_error_body(errors: list[dict[str, Any]]) -> dict[str, Any]:
                           param=param, code="unsupported_parameter")
     if kind == "missing":
         return error_body(f"'{param}' is required", param=param, code="missing_required_parameter")
+    if kind == "string_unicode" and param is None:  # in a field's name: pydantic gives no location
+        return error_body(f"the body {msg}", code="invalid_value")
     code = "unsupported_parameter" if "not supported" in msg else "invalid_value"
     return error_body(f"invalid '{param}': {msg}" if param else msg, param=param, code=code)
 
 
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string, or a string in a list or dict (keys included), holds a lone surrogate."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return any(map(_has_lone_surrogate, items))
+
+
+def _takes(annotation: Any, kind: type) -> bool:
+    """Whether a field's annotation accepts ``kind`` (``int | None`` takes int; a model is its own)."""
+    if annotation is kind:
+        return True
+    if get_origin(annotation) in (Union, UnionType, Annotated):
+        return any(_takes(a, kind) for a in get_args(annotation))
+    return False
+
+
 class _Strict(BaseModel):
+    """Unknown fields, lone surrogates and booleans for numbers are refused in every body."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_number(cls, v: Any, info: Any) -> Any:
+        annotation = cls.model_fields[info.field_name].annotation
+        if isinstance(v, bool) and not _takes(annotation, bool):
+            what = "a whole number" if _takes(annotation, int) else "a number" if _takes(annotation, float) else None
+            raise ValueError(f"must be {what or 'a value'}, not a boolean ({str(v).lower()})")
+        return v
+
+    @field_validator("*")
+    @classmethod
+    def _no_lone_surrogates(cls, v: Any) -> Any:
+        if _has_lone_surrogate(v):
+            raise ValueError(SURROGATE)
+        return v
 
 
 class StreamOptions(_Strict):
@@ -117,9 +173,9 @@ def _no_union_noise(what: str):  # type: ignore[no-untyped-def]
         try:
             return handler(v)
         except ValidationError as exc:
-            inner = exc.errors()[0]
-            if inner.get("type") == "value_error":  # our own message: keep it
-                raise ValueError(str(inner["msg"]).removeprefix("Value error, ")) from None
+            ours = next((e for e in exc.errors() if e.get("type") in ("value_error", "string_unicode")), None)
+            if ours is not None:  # our own message (or pydantic's surrogate), from whichever branch: keep it
+                raise ValueError(_message(ours)) from None
             raise ValueError(f"must be {what}") from None
 
     return classmethod(check)

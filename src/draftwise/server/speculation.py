@@ -2,30 +2,43 @@
 
 Precedence: the request's ``speculative`` object, then the server's ``--draft``/``--k``. A
 ``draft`` of ``auto`` (the server's or the request's) asks the plan for the request's
-``category`` (``overall`` when none is given): ``Plan.choose(category)`` -> (draft, k), and
-``none`` there means plain decoding. The plan's k is used unless the server runs with ``--k
-auto``: then the plan picks the draft and the adaptive k runs it (the load test measured 1.33x
-plain that way, see docs/serving.md). A request that only sets ``k`` keeps the server's draft.
+``category`` through :func:`draftwise.cost.route.route`, the routing ``bench`` and ``generate``
+use too (the overall pick for a category the plan has not seen, ``none`` meaning plain
+decoding). The plan's k is used unless the server runs with ``--k auto``: then the plan picks
+the draft and the adaptive k runs it (the load test measured 1.33x plain that way, see
+docs/serving.md). A request that only sets ``k`` keeps the server's draft.
 
-Drafters are made once and reused (a drafter is restarted per generation through ``start``).
-A ``model:`` draft loads weights from a path, so only the drafts named at start-up (the
-server's ``--draft`` and the plan's drafts) may be used: a client never makes the server open
-a path. ``k="auto"`` reads the machine profile once per draft (measured at start-up when the
-server's own k is ``auto``) and builds a fresh :class:`~draftwise.cost.adaptive.AdaptiveK` per
-request, since the policy learns from one generation's acceptance.
+Only the drafts the server was started with may run: ``--draft``, the plan's drafts, the
+``--allow-draft`` list, and ``none``. A request naming any other draft (``eagle:/etc``,
+``model:/x``, ``lookup:max=7``) gets HTTP 400 listing the allowed ones, before anything is
+built for it: a client never makes the server open a path, and no loader's error (which would
+tell whether a path exists) reaches a client.
+
+State, all of it made by :meth:`Speculation.warm_up` on the model thread before the first
+request and only read afterwards, so it is bounded by the allowed list:
+
+- one drafter per allowed draft, reused by every request (a drafter is restarted per generation
+  through ``start``; a suffix drafter's cache of earlier answers is therefore one per server);
+- when the server's k is ``auto``, one machine profile covering every allowed draft, read (or
+  measured, once) at start-up. A request never starts a measurement: on a server with a fixed
+  k, a request asking ``k: "auto"`` gets 400. Each request gets a fresh
+  :class:`~draftwise.cost.adaptive.AdaptiveK`, since the policy learns from one generation's
+  acceptance.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..cost.adaptive import AdaptiveK, resolve_profile
 from ..cost.plan import Plan, make_plan
+from ..cost.route import route
 from ..drafters.base import Drafter
 from ..drafters.factory import make_drafter
+from ..drafters.layer_lists import clip
 from ..drafters.spec import DraftSpec, KValue
 from ..errors import ConfigError
 from ..kpolicy import KPolicy
@@ -51,32 +64,56 @@ class Choice:
         return "none" if self.draft.is_none else f"{self.draft}@k={self.k}"
 
 
-class Speculation:
-    """The server's speculation settings, its drafters and profiles."""
+def allowed_drafts(default: DraftSpec | str, plan: Plan | None, allow: Iterable[DraftSpec | str]) -> dict[str, DraftSpec]:
+    """The drafts a server started with ``--draft default``, ``plan`` and ``--allow-draft allow``
+    may run, by canonical spec (``none`` always: plain decoding opens nothing).
 
-    def __init__(self, model: Any, *, draft: DraftSpec | str, k: KValue, plan: Plan | None) -> None:
+    >>> sorted(allowed_drafts("lookup", None, ["lookup:min=1,max=3", "suffix"]))
+    ['lookup', 'none', 'suffix']
+    """
+    named: list[DraftSpec | str] = [] if default == AUTO else [default]
+    if plan is not None:
+        named += plan.drafts
+        named += [draft for draft, _ in plan.recommended.values()]
+    specs = [NONE, *(DraftSpec.parse(d) for d in [*named, *allow])]
+    return {str(s): s for s in specs}
+
+
+class Speculation:
+    """The server's speculation settings, and the drafters and profile of its allowed drafts."""
+
+    def __init__(self, model: Any, *, draft: DraftSpec | str, k: KValue, plan: Plan | None,
+                 allow: Iterable[DraftSpec | str] = ()) -> None:
         self.model = model
         self.default_draft = draft if draft == AUTO else DraftSpec.parse(draft)
         self.default_k = k
         self.plan = plan
         if self.default_draft == AUTO and plan is None:
             raise ConfigError("--draft auto needs a plan: pass --plan PATH, or let the server make one at start-up")
+        #: canonical spec -> spec; nothing else is ever built, so the caches below are bounded by it
+        self.allowed = allowed_drafts(self.default_draft, plan, allow)
         self._drafters: dict[str, Drafter | None] = {}
-        self._profiles: dict[str, Any] = {}
-        self._lock = threading.Lock()
-        named = [] if self.default_draft == AUTO else [self.default_draft]
-        named += [DraftSpec.parse(d) for d in (plan.drafts if plan else [])]
-        self.allowed_models = {str(s) for s in named if s.kind == "model"}
+        self._profile: Any = None  # one profile covering every allowed draft, when k may be auto
+        self._warm = False
 
     def warm_up(self) -> None:
-        """Make the start-up drafts now (a model draft loads its weights) and, where k is auto,
-        read or measure the profile, so the first request does not pay for it."""
-        specs = [] if self.default_draft == AUTO else [self.default_draft]
-        specs += [DraftSpec.parse(d) for d in (self.plan.drafts if self.plan else [])]
-        for spec in specs:
-            self.drafter(spec)
-            if self.default_k == AUTO and not spec.is_none:
-                self._profile(spec)
+        """Build every allowed drafter now (a model or eagle draft loads its weights; a draft
+        that cannot run on this model fails here, at start-up, not in a request) and, when the
+        server's k is ``auto``, read or measure the profile for all of them. Idempotent; run on
+        the model thread before serving (``create_app`` does)."""
+        if self._warm:
+            return
+        for key, spec in self.allowed.items():
+            self._drafters[key] = make_drafter(spec, self.model)
+        if self.default_k == AUTO:
+            drafts = [key for key in self.allowed if key != "none"]
+            if drafts:
+                log.info("reading (or measuring, once) this machine's profile for %s, k=auto", ", ".join(drafts))
+                self._profile = self._resolve_profile(drafts)
+        self._warm = True
+
+    def _resolve_profile(self, drafts: list[str]) -> Any:
+        return resolve_profile(self.model, drafts)
 
     def choose(self, req: Speculative | None) -> Choice:
         """The request's speculation, validated (HTTP 400 naming ``speculative.*`` if refused)."""
@@ -89,48 +126,46 @@ class Speculation:
         if req is not None and req.category is not None and req.draft is None:
             draft = AUTO
         if draft == AUTO:
-            if self.plan is None:
-                raise APIError(400, "this server has no plan, so draft 'auto' is not available; start it "
-                               "with --draft auto (and --plan), or name a draft", param="speculative.draft",
-                               code="unsupported_value")
-            plan_draft, plan_k = self.plan.choose(category or "overall")
-            # a server started with --k auto adapts k for the plan's drafts too
-            draft, by = DraftSpec.parse(plan_draft), "plan"
-            k = AUTO if self.default_k == AUTO else max(plan_k, 1)
+            draft, k = self._plan_choice(category)
+            by = "plan"
         assert isinstance(draft, DraftSpec)
         if req is not None and req.k is not None:
             k = req.k
             by = "plan+request" if by == "plan" else "request"
-        if draft.kind == "model" and str(draft) not in self.allowed_models:
-            named = ", ".join(sorted(self.allowed_models)) or "none"
-            raise APIError(400, f"model drafts are fixed at start-up (this server has: {named}); "
-                           "a request cannot load weights from a path", param="speculative.draft",
-                           code="unsupported_value")
+        self._check_allowed(draft)
+        if k == AUTO and not draft.is_none and self._profile is None:
+            raise APIError(400, f"k 'auto' is not available on this server: it runs a fixed k ({self.default_k}), "
+                           "so no machine profile was read at start-up; send a number, or start the server "
+                           "with --k auto", param="speculative.k", code="unsupported_value")
         return Choice(draft=NONE if draft.is_none else draft, k=0 if draft.is_none else k,
                       chosen_by=by, category=category)
 
-    def drafter(self, spec: DraftSpec) -> Drafter | None:
-        key = str(spec)
-        with self._lock:
-            if key not in self._drafters:
-                self._drafters[key] = make_drafter(spec, self.model)
-            return self._drafters[key]
+    def _plan_choice(self, category: str | None) -> tuple[DraftSpec, KValue]:
+        """The plan's draft for ``category`` and its k; a server started with ``--k auto`` adapts k
+        for the plan's drafts too."""
+        if self.plan is None:
+            raise APIError(400, "this server has no plan, so draft 'auto' is not available; start it "
+                           "with --draft auto (and --plan), or name a draft", param="speculative.draft",
+                           code="unsupported_value")
+        draft, k, _ = route(self.plan, category, self.default_k)
+        return draft, k
 
-    def _profile(self, spec: DraftSpec) -> Any:
-        key = str(spec)
-        with self._lock:
-            if key not in self._profiles:
-                log.info("reading (or measuring, once) this machine's profile for %s, k=auto", key)
-                self._profiles[key] = resolve_profile(self.model, key)
-            return self._profiles[key]
+    def _check_allowed(self, draft: DraftSpec) -> None:
+        """Refuse a draft the server was not started with, before anything is built for it."""
+        if str(draft) not in self.allowed:
+            raise APIError(400, f"the draft {clip(str(draft))} is not one this server runs; allowed: "
+                           f"{', '.join(self.allowed)} (the server's operator adds drafts with --allow-draft)",
+                           param="speculative.draft", code="draft_not_allowed")
 
     def build(self, choice: Choice) -> tuple[Drafter | None, int | KPolicy]:
         """The drafter and k (a number, or a fresh adaptive policy) for one generation."""
         if choice.draft.is_none:
             return None, 1
-        drafter = self.drafter(choice.draft)
+        if not self._warm:
+            raise RuntimeError("Speculation.warm_up() has not run: the server builds its drafters at start-up")
+        drafter = self._drafters[str(choice.draft)]  # choose() let only allowed drafts through
         if choice.k == AUTO:
-            return drafter, AdaptiveK(self._profile(choice.draft), str(choice.draft))
+            return drafter, AdaptiveK(self._profile, str(choice.draft))
         assert isinstance(choice.k, int)
         return drafter, choice.k
 

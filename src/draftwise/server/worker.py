@@ -114,7 +114,6 @@ class JobHandle:
         self._loop = loop
         self._events: asyncio.Queue[Event] = asyncio.Queue()
         self._cancelled = threading.Event()
-        self.finished = threading.Event()
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -155,7 +154,6 @@ class Worker:
         self._thread = thread or ModelThread()
         self._running: Future[None] | None = None
         self.running = 0
-        self.served = 0
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
@@ -166,6 +164,10 @@ class Worker:
     @property
     def alive(self) -> bool:
         return self._running is not None and not self._running.done()
+
+    def warm_up(self) -> None:
+        """Build the allowed drafters (and the profile, for k auto) on the model thread."""
+        self._thread.call(self.speculation.warm_up)
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
@@ -230,9 +232,7 @@ class Worker:
                 self._end(handle, "error", now, None, None, SpecStats(), None)
             finally:
                 self.running -= 1
-                self.served += 1
                 self._current = None
-                handle.finished.set()
 
     def _run(self, handle: JobHandle) -> None:
         job, m = handle.job, self.metrics
