@@ -22,6 +22,8 @@ from draftwise.cli import app
 from draftwise.cost.plan import Plan
 from draftwise.questions import Question
 
+from .images import is_complete_png
+
 N = 8
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a haiku about rain.", "Now make it rhyme."]},
@@ -115,8 +117,8 @@ def test_summary_has_the_documented_schema(bench):
     md = (out / "summary.md").read_text()
     assert md == render_markdown(summary)
     assert "## overall" in md and "| lookup |" in md and "Command:" in md
-    assert (out / "speedup.png").stat().st_size > 0
-    assert (out / "acceptance_by_position.png").stat().st_size > 0
+    assert is_complete_png(out / "speedup.png")
+    assert is_complete_png(out / "acceptance_by_position.png")
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporary file behind
 
 
@@ -222,7 +224,7 @@ def test_any_category_is_its_own_group(tiny, tmp_path):
     assert list(summary["groups"]) == ["qa", "code", "overall"]
     assert summary["groups"]["code"]["lookup"]["questions"] == 2
     assert "## code" in (tmp_path / "summary.md").read_text()
-    assert (tmp_path / "speedup.png").stat().st_size > 0
+    assert is_complete_png(tmp_path / "speedup.png")
 
 
 def test_drafts_auto_follows_the_plan_and_its_overall_pick_for_unseen_categories(tiny, qfile, tmp_path):
@@ -277,9 +279,14 @@ def test_hf_peers_run_interleaved_on_the_same_prompts(tiny, qfile, tmp_path):
     assert list(overall) == ["none", "self:exit=1", "hf", "hf-lookup", "hf-early-exit"]
     for name in ("hf", "hf-lookup", "hf-early-exit"):
         row = overall[name]
-        assert row["tokens_per_s"] > 0 and row["speedup"] > 0
+        lines = (tmp_path / "answers" / f"{name}.jsonl").read_text().splitlines()
+        answers = [json.loads(line)["choices"][0] for line in lines]
+        assert len(answers) == 3
+        # Spec-Bench's rate: the mean over questions of new tokens / wall time; speedup: over plain's
+        rate = sum(sum(a["new_tokens"]) / sum(a["wall_time"]) for a in answers) / 3
+        assert row["tokens_per_s"] == pytest.approx(rate)
+        assert row["speedup"] == pytest.approx(rate / overall["none"]["tokens_per_s"])
         assert row["mat"] is None and row["acceptance"] is None
-        assert len((tmp_path / "answers" / f"{name}.jsonl").read_text().splitlines()) == 3
     peers = {m.name: m for m in hf_methods(tiny, build_methods(tiny, "self:exit=1", 3, ()), 3)}
     assert peers["hf-early-exit"].hf_kwargs["assistant_early_exit"] == 1
     assert peers["hf-lookup"].hf_kwargs["prompt_lookup_num_tokens"] == 3

@@ -7,6 +7,7 @@ No timing assertions: the timed benchmark itself is ``draftwise bench-modes``.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ from draftwise.bench.modes_probe import MATMUL_LISTS, llama_cpp_available, matmu
 from draftwise.cli import app
 from draftwise.errors import ConfigError
 
+from .images import is_complete_png
+
 PROMPTS = ["Name three colours.", "Write a haiku about the sea."]
+N = 6  # tokens per run in the report fixture
 
 
 def _questions(tmp_path: Path) -> Path:
@@ -92,10 +96,14 @@ def report(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory, one
     out = tmp_path_factory.mktemp("modes")
     questions = _questions(out)
     return run_modes_benchmark(
-        model=str(tiny_chat_folder), questions=questions, num_prompts=2, max_new_tokens=6,
+        model=str(tiny_chat_folder), questions=questions, num_prompts=2, max_new_tokens=N,
         modes=("float32", "q4"), drafts=("lookup",), k=2, out_dir=out / "out", progress=False,
         bandwidth_mib=8, command="draftwise bench-modes --test",
     ) | {"_out": out / "out"}
+
+
+def _per_prompt(report: dict[str, Any], mode: str) -> list[dict[str, Any]]:
+    return [p["modes"][mode] for p in report["prompts"]]
 
 
 def test_report_fields(report: dict[str, Any]) -> None:
@@ -104,27 +112,63 @@ def test_report_fields(report: dict[str, Any]) -> None:
     assert report["config"]["drafts"] == [{"name": "lookup", "spec": "lookup", "k": 2}]
     assert [len(p["modes"]) for p in report["prompts"]] == [2, 2]
     assert report["prompts"][0]["order"] != report["prompts"][1]["order"]  # rotated
-    for mode in ("float32", "q4"):
-        r = report["results"][mode]
-        assert r["num_prompts"] == 2
-        assert r["plain_tokens_per_second"]["median"] > 0
-        assert r["plain_overall_tokens_per_second"] > 0
-        assert r["ratio_to_float32"]["median"] > 0
-        assert r["roofline"]["roofline_tokens_per_second_copy_bw"] > 0
-        assert r["roofline"]["percent_of_roofline"] > 0
-        assert r["split"]["forward_ms"] > 0 and r["split"]["rest_ms"] > 0
-        lookup = r["drafts"]["lookup"]
-        assert lookup["speedup_over_plain"]["median"] > 0 and lookup["ratio_to_float32_plain"]["median"] > 0
+    assert report["results"]["q4"]["split"]["context"] == report["prompts"][0]["prompt_tokens"]
     f32, q4 = report["results"]["float32"], report["results"]["q4"]
-    # float32 against itself: same tokens, zero logit difference
+    # float32 against itself: same tokens, zero logit difference, the same argmax on every prompt
     assert f32["plain_equal_to_float32"] == 2 and f32["first_divergence_from_float32"] == [None, None]
-    assert f32["prefill_logits_vs_float32"]["max_abs"] == 0
+    assert f32["prefill_logits_vs_float32"] == {"max_abs": 0, "mean_abs": 0, "same_argmax": 2}
+    assert f32["ratio_to_float32"] == {"median": 1.0, "mean": 1.0, "min": 1.0, "max": 1.0}
     # q4 reads fewer bytes per token, and its logits differ (4-bit weights, bf16 activations)
     assert q4["roofline"]["weight_bytes_per_token"]["total"] < f32["roofline"]["weight_bytes_per_token"]["total"]
-    assert q4["prefill_logits_vs_float32"]["max_abs"] > 0
-    assert 0 <= q4["plain_equal_to_float32"] <= 2
+    diff = q4["prefill_logits_vs_float32"]
+    assert diff["max_abs"] >= diff["mean_abs"] > 0
+    assert diff["same_argmax"] == sum(r["prefill_logits_vs_float32"]["same_argmax"] for r in _per_prompt(report, "q4"))
     # not a GGUF: every matmul of q4 is quantized at load; float32 quantizes nothing
     assert set(q4["weight_sources"]) == {"quantized"} and f32["weight_sources"] == {}
+
+
+def test_fidelity_counts_agree_with_the_prompts(report: dict[str, Any]) -> None:
+    """q4's count of outputs equal to float32's is the prompts that never diverge; a prompt
+    whose prefill argmax differs diverges at its first token, one whose argmax agrees later."""
+    q4 = report["results"]["q4"]
+    divergence = [r["first_divergence_from_float32"] for r in _per_prompt(report, "q4")]
+    assert q4["first_divergence_from_float32"] == divergence
+    assert q4["plain_equal_to_float32"] == divergence.count(None)
+    for r, at in zip(_per_prompt(report, "q4"), divergence):
+        assert r["plain_equal_to_float32"] is (at is None)
+        assert at is None or 0 <= at < N
+        assert (at == 0) is (not r["prefill_logits_vs_float32"]["same_argmax"])
+
+
+@pytest.mark.parametrize("mode", ["float32", "q4"])
+def test_summary_is_computed_from_the_prompt_records(report: dict[str, Any], mode: str) -> None:
+    """Each summary figure is the stated function of the per-prompt seconds (N tokens each)."""
+    r, recs = report["results"][mode], _per_prompt(report, mode)
+    ref = [x["plain_seconds"] for x in _per_prompt(report, "float32")]
+    plain = [x["plain_seconds"] for x in recs]
+    assert r["num_prompts"] == 2
+    assert r["plain_tokens_per_second"]["median"] == pytest.approx(statistics.median(N / s for s in plain))
+    assert r["plain_overall_tokens_per_second"] == pytest.approx(N * 2 / sum(plain))
+    assert r["ratio_to_float32"]["median"] == pytest.approx(statistics.median(f / s for f, s in zip(ref, plain)))
+    roof, copy_gbps = r["roofline"], report["bandwidth"]["copy_gbps"]
+    weight_bytes = roof["weight_bytes_per_token"]["total"]
+    assert roof["roofline_tokens_per_second_copy_bw"] == pytest.approx(copy_gbps * 1e9 / weight_bytes)
+    assert roof["percent_of_roofline"] == pytest.approx(
+        100 * r["plain_tokens_per_second"]["median"] / roof["roofline_tokens_per_second_copy_bw"])
+    assert r["split"]["matmul_ms"] == pytest.approx(r["split"]["forward_ms"] - r["split"]["rest_ms"])
+    lookup, rows = r["drafts"]["lookup"], [x["drafts"]["lookup"] for x in recs]
+    seconds = [d["seconds"] for d in rows]
+    speedups = [p / s for p, s in zip(plain, seconds)]
+    assert [d["speedup_over_plain"] for d in rows] == pytest.approx(speedups)
+    assert lookup["speedup_over_plain"]["median"] == pytest.approx(statistics.median(speedups))
+    ratios = [f / s for f, s in zip(ref, seconds)]
+    assert lookup["ratio_to_float32_plain"]["median"] == pytest.approx(statistics.median(ratios))
+    passes = sum(d["target_passes"] for d in rows)
+    assert lookup["tokens_per_target_pass"] == pytest.approx(N * 2 / passes)
+    # k=2: a pass commits at most k + 1 = 3 tokens, so N tokens take at least N / 3 passes a prompt
+    assert all(d["target_passes"] >= N / 3 for d in rows)
+    accepted, proposed = sum(d["accepted"] for d in rows), sum(d["proposed"] for d in rows)
+    assert 0 <= accepted <= proposed and lookup["accepted_of_proposed"] == pytest.approx(accepted / max(1, proposed))
 
 
 def test_speculative_equals_own_plain_in_every_mode(report: dict[str, Any]) -> None:
@@ -142,7 +186,7 @@ def test_files_written(report: dict[str, Any]) -> None:
     md = (out / "runtime_modes.md").read_text()
     assert "draftwise bench-modes --test" in md
     assert "| q4 | lookup |" in md and "| float32 | plain |" in md
-    assert (out / "runtime_modes.png").stat().st_size > 0  # matplotlib is a test dependency
+    assert is_complete_png(out / "runtime_modes.png")  # matplotlib is a test dependency
     if not llama_cpp_available():
         assert saved["llama_cpp"] == "not installed"
         assert "llama.cpp peer: not installed" in md

@@ -155,9 +155,23 @@ def test_kv_bytes_per_token() -> None:
 
 
 def test_measure_bandwidth_small_buffer() -> None:
-    bw = measure_bandwidth(1 << 20, repeats=2, warmup=1)
+    bw = measure_bandwidth(1 << 20, repeats=3, warmup=1)
     assert bw["buffer_bytes"] == 1 << 20
-    assert bw["copy_gbps"] > 0 and bw["read_gbps"] > 0
+    # the best repeat is never slower than the median one
+    assert bw["copy_best_gbps"] >= bw["copy_gbps"] and bw["read_best_gbps"] >= bw["read_gbps"]
+
+
+def test_measure_bandwidth_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With fixed timings: a copy moves the buffer twice (read + write), a sum reads it once;
+    the figures are medians, the ``best`` ones the fastest repeat."""
+    from draftwise.bench import roofline
+
+    timings = iter([[0.004, 0.001, 0.002], [0.003, 0.001, 0.0005]])  # copy, then read
+    monkeypatch.setattr(roofline, "_seconds", lambda fn, repeats, warmup: next(timings))
+    bw = measure_bandwidth(1 << 20)
+    mb = (1 << 20) / 1e9  # the buffer in GB
+    assert bw == pytest.approx({"buffer_bytes": 1 << 20, "copy_gbps": 2 * mb / 0.002, "read_gbps": mb / 0.001,
+                                "copy_best_gbps": 2 * mb / 0.001, "read_best_gbps": mb / 0.0005})
 
 
 def test_render_markdown_has_table_and_command() -> None:

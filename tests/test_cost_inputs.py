@@ -138,7 +138,7 @@ def test_a_complete_cached_profile_needs_no_writable_cache(tiny, tmp_path, monke
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
     prof = Profile(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
                    forward={64: [0.01] * 9}, step={64: [0.01] * 9}, drafts={"lookup": [1e-5] * 8})
-    prof.save(adaptive.default_profile_path(tiny))
+    prof.save(adaptive.default_profile_path(tiny, "auto"))  # the kind --k auto reads and writes
     monkeypatch.setattr(adaptive, "measure_profile", _explode)
 
     def unwritable(*args, **kwargs):
@@ -202,18 +202,58 @@ def test_plan_draft_names_load_canonical(tiny, tmp_path):
     assert Path(plan.save(tmp_path / "x" / "plan.json")).is_file()
 
 
+class FakeClock:
+    """A ``time.perf_counter`` that moves only when told: a test charges each pass or token a
+    chosen cost, so what the loop clocks, and what it leaves out, is exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def charging(self, seconds: float, fn):
+        def charged(*args, **kwargs):
+            self.now += seconds
+            return fn(*args, **kwargs)
+
+        return charged
+
+
 def test_token_overhead_counts_only_time_outside_the_steps(tiny, monkeypatch):
-    """Each pass sleeping 20 ms (a slow or noisy machine) is step time, not per-token overhead;
-    a 5 ms sleep per streamed token outside the loop's clocks is overhead."""
+    """On a fake clock: 20 ms per pass (a slow or noisy machine) is step time, not per-token
+    overhead; 5 ms per streamed token outside the loop's clocks is exactly 5 ms of overhead."""
     import time
 
     from draftwise.cost import measure
     from draftwise.text import TextAssembler
 
-    forward, prefill = tiny.runtime.forward, tiny.runtime.prefill
-    monkeypatch.setattr(tiny.runtime, "forward", lambda *a, **kw: (time.sleep(0.02), forward(*a, **kw))[1])
-    monkeypatch.setattr(tiny.runtime, "prefill", lambda *a, **kw: (time.sleep(0.02), prefill(*a, **kw))[1])
-    assert measure._token_overhead(tiny, 16) < 0.004
-    push = TextAssembler.push
-    monkeypatch.setattr(TextAssembler, "push", lambda self, ids: (time.sleep(0.005), push(self, ids))[1])
-    assert 0.004 < measure._token_overhead(tiny, 16) < 0.009
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter", clock)
+    monkeypatch.setattr(tiny.runtime, "forward", clock.charging(0.02, tiny.runtime.forward))
+    monkeypatch.setattr(tiny.runtime, "prefill", clock.charging(0.02, tiny.runtime.prefill))
+    assert measure._token_overhead(tiny, 16) == pytest.approx(0.0, abs=1e-12)
+    assert clock.now > 0.02 * 2  # the passes were charged (so the clocks did read this clock)
+    monkeypatch.setattr(TextAssembler, "push", clock.charging(0.005, TextAssembler.push))
+    assert measure._token_overhead(tiny, 16) == pytest.approx(0.005, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("seconds", "clocked", "new_tokens", "want"),
+    [
+        (1.0, 0.6, 32, 0.4 / 32),  # the wall time the loop did not clock, per token
+        (1.0, 1.2, 32, 0.0),  # the steps clocked more than the whole run: no negative overhead
+        (0.5, 0.1, 0, 0.4),  # no token committed: the whole remainder, not a division by zero
+    ],
+)
+def test_token_overhead_arithmetic(monkeypatch, seconds, clocked, new_tokens, want):
+    from types import SimpleNamespace
+
+    from draftwise.cost import measure
+
+    def fake_generate(model, prompt, *, max_new_tokens):
+        stats = SimpleNamespace(verify_seconds=clocked * 0.75, draft_seconds=clocked * 0.25)
+        return SimpleNamespace(seconds=seconds, stats=stats, new_tokens=new_tokens)
+
+    monkeypatch.setattr(measure, "generate", fake_generate)
+    assert measure._token_overhead(object(), 16) == pytest.approx(want)

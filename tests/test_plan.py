@@ -19,6 +19,7 @@ from draftwise.errors import ConfigError
 from draftwise.questions import Question
 
 from .conftest import random_hf_model, tiny_llama_config
+from .images import is_complete_png
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +103,12 @@ def test_replay_hits_by_hand():
 def test_profile_measures_saves_loads_and_interpolates(tiny, tmp_path):
     p = measure_profile(tiny, drafts=["lookup", "self:exit=1"], max_n=4, contexts=(16, 64), repeats=2,
                         progress=False)
-    assert set(p.step) == {16, 64} and all(len(v) == 4 for v in p.step.values())
-    assert all(t > 0 for v in p.forward.values() for t in v)
+    assert set(p.step) == set(p.forward) == set(p.step_sampled) == {16, 64}
+    for c, forward in p.forward.items():
+        # a pass over more tokens never costs less, and a step (pass + verification) never less than its pass
+        assert len(forward) == len(p.step[c]) == 4 and forward == sorted(forward) and forward[0] > 0
+        for step in (p.step[c], p.step_sampled[c]):
+            assert step == sorted(step) and all(s >= f * (1 - 1e-12) for s, f in zip(step, forward))
     assert set(p.drafts) == {"lookup", "self:exit=1"} and len(p.drafts["lookup"]) == 3
     back = Profile.load(p.save(tmp_path / "p.json"))
     assert back.to_dict() == p.to_dict()
@@ -239,14 +244,14 @@ def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
     r = runner.invoke(app, ["profile", "--model", str(tiny_chat_folder), "--draft", "lookup", "--max-n", "5",
                             "--contexts", "16,64", "--repeats", "1", "--out", str(prof), "--plot", str(tmp_path / "t.png")])
     assert r.exit_code == 0, r.output
-    assert prof.exists() and (tmp_path / "t.png").stat().st_size > 0
+    assert prof.exists() and is_complete_png(tmp_path / "t.png")
     r = runner.invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder), "--drafts", "lookup",
                             "--ks", "1-4", "--profile", str(prof), "-n", "12", "--out", str(tmp_path / "plan"),
                             "--validate"])
     assert r.exit_code == 0, r.output
     data = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert data["validation"]["checks"] and "median_abs_error" in data["validation"]
-    assert (tmp_path / "plan" / "plan.png").stat().st_size > 0
+    assert is_complete_png(tmp_path / "plan" / "plan.png")
     assert "predicted" in (tmp_path / "plan" / "plan.md").read_text()
 
 

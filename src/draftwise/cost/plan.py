@@ -39,13 +39,10 @@ decoding is told to decode plainly.
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -54,141 +51,20 @@ from ..decode import generate
 from ..drafters import make_drafter
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..fsutil import write_json_atomic
 from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
 from .intervals import (
     Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, speedup_draws, uniforms,
 )
 from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
+from .plan_file import NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .profile import Profile
 from .replay import Trace, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
 
-PLAN_SCHEMA = "draftwise.plan/1"
-NONE = "none"
+# the plan's data and file live in .plan_file; they are imported from here too
+__all__ = ["NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "load_plan", "make_plan", "warm_up"]
 
 
-# -- the plan ------------------------------------------------------------------------------
-@dataclass
-class Candidate:
-    draft: str
-    k: int
-    speedup: float
-    mat: float
-    acceptance: float | None  # accepted / proposed in the replay
-    effective_acceptance: float | None  # the i.i.d. a with E(a, k) = 1 + accepted per proposing step
-    breakeven: float | None  # a*(k) from the profile's costs (None: never pays)
-    interval: list[float] | None = None  # 95% prediction interval of the speedup (intervals.py)
-
-
-@dataclass
-class Plan:
-    model: str
-    fingerprint: str
-    dtype: str
-    greedy: bool
-    drafts: list[str]
-    ks: list[int]
-    categories: dict[str, list[Candidate]]  # category or "overall" -> every candidate
-    recommended: dict[str, tuple[str, int]]  # category -> (draft or "none", k)
-    predicted: dict[str, float]  # category -> predicted speedup of its recommendation
-    routed_overall: float  # predicted overall speedup with each category's recommendation
-    prompts: list[dict[str, Any]] = field(default_factory=list)
-    config: dict[str, Any] = field(default_factory=dict)
-    validation: dict[str, Any] | None = None
-    intervals: dict[str, list[float]] = field(default_factory=dict)  # category -> its pick's
-    routed_interval: list[float] | None = None
-
-    def choose(self, category: str) -> tuple[str, int]:
-        """The recommended (draft spec, k) for a category; unknown ones get the overall pick."""
-        return self.recommended.get(category, self.recommended["overall"])
-
-    def candidate(self, category: str, draft: str, k: int) -> Candidate | None:
-        for c in self.categories.get(category, []):
-            if c.draft == draft and c.k == k:
-                return c
-        return None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "schema": PLAN_SCHEMA,
-            "model": self.model,
-            "fingerprint": self.fingerprint,
-            "dtype": self.dtype,
-            "greedy": self.greedy,
-            "drafts": self.drafts,
-            "ks": self.ks,
-            "recommended": {c: {"draft": d, "k": k, "predicted_speedup": self.predicted[c],
-                                "interval": self.intervals.get(c)}
-                            for c, (d, k) in self.recommended.items()},
-            "routed_overall_speedup": self.routed_overall,
-            "routed_interval": self.routed_interval,
-            "categories": {c: [vars(x) for x in cands] for c, cands in self.categories.items()},
-            "prompts": self.prompts,
-            "config": self.config,
-            "validation": self.validation,
-        }
-
-    def save(self, path: str | Path) -> Path:
-        """Write the plan as JSON, atomically."""
-        return write_json_atomic(path, self.to_dict())
-
-    @classmethod
-    def from_dict(cls, data: Any, *, source: str = "the plan") -> Plan:
-        """Read :meth:`to_dict`'s output; draft names are made canonical (older plans load)."""
-        if not isinstance(data, dict):
-            raise ConfigError(f"{source} is not a draftwise plan (a JSON {type(data).__name__}, not an object)")
-        if data.get("schema") != PLAN_SCHEMA:
-            raise ConfigError(f"{source} is not a draftwise plan (schema {data.get('schema')!r}, want {PLAN_SCHEMA!r})")
-
-        def key(d: Any) -> str:
-            return str(DraftSpec.parse(d))
-
-        try:
-            categories = {
-                c: [Candidate(**{**x, "draft": key(x["draft"])}) for x in v] for c, v in data["categories"].items()
-            }
-            return cls(
-                model=str(data["model"]),
-                fingerprint=str(data["fingerprint"]),
-                dtype=str(data["dtype"]),
-                greedy=bool(data["greedy"]),
-                drafts=[key(d) for d in data["drafts"]],
-                ks=[int(k) for k in data["ks"]],
-                categories=categories,
-                recommended={c: (key(v["draft"]), int(v["k"])) for c, v in data["recommended"].items()},
-                predicted={c: float(v["predicted_speedup"]) for c, v in data["recommended"].items()},
-                routed_overall=float(data["routed_overall_speedup"]),
-                prompts=list(data.get("prompts", [])),
-                config=dict(data.get("config", {})),
-                validation=data.get("validation"),
-                intervals={c: [float(x) for x in v["interval"]] for c, v in data["recommended"].items()
-                           if v.get("interval") is not None},
-                routed_interval=data.get("routed_interval"),
-            )
-        except KeyError as exc:
-            raise ConfigError(f"{source} is incomplete: it has no {exc} field; make it again with `draftwise plan`") from None
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source} is malformed ({exc}); make it again with `draftwise plan`") from None
-
-
-def load_plan(path: str | Path) -> Plan:
-    """Read a plan written by ``draftwise plan --out`` (the file, or the folder holding plan.json)."""
-    path = Path(path).expanduser()
-    if path.is_dir():
-        path = path / "plan.json"
-    if not path.is_file():
-        raise ConfigError(f"no plan at {path}; make one with `draftwise plan --out {path.parent}`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a plan: it is not UTF-8 text (binary?)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not JSON ({exc}); pass a plan written by `draftwise plan --out`") from None
-    return Plan.from_dict(data, source=str(path))
-
-
-# -- making the plan -----------------------------------------------------------------------
 def _aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
     """Spec-Bench speedup of predicted times: mean tokens/s of the method over plain's."""
     return mean_rate_speedup(
@@ -200,6 +76,39 @@ def _aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
 def as_questions(rows: Sequence[Question | dict[str, Any]]) -> list[Question]:
     """Questions as given, or Spec-Bench rows (``{"question_id", "category", "turns"}``) validated."""
     return [q if isinstance(q, Question) else parse_question(q, f"prompt {i}") for i, q in enumerate(rows, 1)]
+
+
+def warm_up(model: Any) -> None:
+    """Decode two tokens and throw them away, so that the traces time a warm model.
+
+    The first pass of a process pays once for what later passes reuse: the allocator growing
+    its pools, oneDNN/MKL building their kernels for each shape, lazy imports and, under
+    ``torch.compile``, the graph. The plan prices each prompt's prefill by its measured time
+    (``Trace.prefill_seconds``), so without this the first traced prompt would carry those
+    one-off costs into its prediction, which a long-running server or bench never pays."""
+    generate(model, [1, 2, 3], max_new_tokens=2)
+
+
+def _check_inputs(
+    profile: Profile, questions: Sequence[Question | dict[str, Any]], drafts: Sequence[DraftSpec | str],
+    ks: Sequence[int] | None, k_run: int,
+) -> tuple[list[Question], dict[str, DraftSpec], list[int]]:
+    """The prompts, the drafts by canonical key (no "none") and the sorted ks, each checked."""
+    rows = as_questions(questions)
+    if not rows:
+        raise ConfigError("no prompts to plan on")
+    if any(q.category == "overall" for q in rows):
+        raise ConfigError("category 'overall' is reserved for the plan's whole-workload pick; rename it")
+    specs = {str(s): s for s in map(DraftSpec.parse, drafts) if not s.is_none}
+    if not specs:
+        raise ConfigError("give at least one draft to plan for (e.g. --drafts lookup,self)")
+    k_top = profile.max_n - 1
+    ks = sorted(set(ks or range(1, min(k_run, k_top) + 1)))
+    if ks[0] < 1:
+        raise ConfigError(f"k must be >= 1, got {ks[0]}")
+    if ks[-1] > k_top:
+        raise ConfigError(f"the profile covers k <= {k_top}; k={ks[-1]} needs `draftwise profile --max-n {ks[-1] + 1}`")
+    return rows, specs, ks
 
 
 def make_plan(
@@ -227,35 +136,21 @@ def make_plan(
     decoding (``sure``: when even its interval's low end does)."""
     profile.check_model(model)
     cfg = sampling or SamplingConfig()
-    sampled = not cfg.greedy
-    pick = pick or ("low" if sampled else "point")
+    pick = pick or ("point" if cfg.greedy else "low")
     if pick not in ("low", "point"):
         raise ConfigError(f"pick={pick!r} must be 'low' (the interval's low end) or 'point'")
-    rows = as_questions(questions)
-    if not rows:
-        raise ConfigError("no prompts to plan on")
-    if any(q.category == "overall" for q in rows):
-        raise ConfigError("category 'overall' is reserved for the plan's whole-workload pick; rename it")
-    specs = {str(s): s for s in map(DraftSpec.parse, drafts) if not s.is_none}
-    drafts = list(specs)
-    if not drafts:
-        raise ConfigError("give at least one draft to plan for (e.g. --drafts lookup,self)")
-    k_top = profile.max_n - 1
-    ks = sorted(set(ks or range(1, min(k_run, k_top) + 1)))
-    if ks[0] < 1:
-        raise ConfigError(f"k must be >= 1, got {ks[0]}")
-    if ks[-1] > k_top:
-        raise ConfigError(f"the profile covers k <= {k_top}; k={ks[-1]} needs `draftwise profile --max-n {ks[-1] + 1}`")
-    drafters = {d: make_drafter(spec, model, shared_cache=False) for d, spec in specs.items()}
-    for d in drafts:
+    rows, specs, ks = _check_inputs(profile, questions, drafts, ks, k_run)
+    # each drafter is private: a suffix draft's cache learns only from this plan's own prompts
+    drafters = {d: make_drafter(spec, model) for d, spec in specs.items()}
+    for d in specs:
         profile.draft_time(d, 1)  # raises if the profile lacks this draft
-    traced = [d for d in drafts if not replayable(specs[d])] or drafts[:1]
+    traced = [d for d in specs if not replayable(specs[d])] or list(specs)[:1]
     if not cfg.greedy:
-        traced = drafts  # sampled output is random: every draft needs its own run
+        traced = list(specs)  # sampled output is random: every draft needs its own run
     k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
 
-    generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
-    per: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    warm_up(model)
+    per: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (draft, k) -> one item per prompt
     replays: dict[tuple[str, int], Any] = {}
     prompt_info = []
     total = len(rows) * len(traced)
@@ -270,63 +165,71 @@ def make_plan(
                 question_id=row.question_id, category=row.category,
             )
         ref = traces[traced[0]]
-        info = {"question_id": row.question_id, "category": row.category,
-                "prompt_tokens": len(prompt_ids), "new_tokens": ref.new_tokens, "equal": True}
-        if cfg.greedy:
-            info["equal"] = all(t.tokens == ref.tokens for t in traces.values())
-        prompt_info.append(info)
-        for d in drafts:
+        prompt_info.append({"question_id": row.question_id, "category": row.category,
+                            "prompt_tokens": len(prompt_ids), "new_tokens": ref.new_tokens,
+                            "equal": not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())})
+        for d in specs:
             for k in ks:
-                if cfg.greedy and replayable(specs[d]):
-                    if (d, k) not in replays:  # one per (draft, k), kept across prompts: a suffix
-                        # draft's cache of earlier outputs grows as in a real run (a private one)
-                        replays[(d, k)] = make_drafter(specs[d], model, shared_cache=False)
-                    steps = replay_lookup(replays[(d, k)], prompt_ids, ref.tokens, k, max_new_tokens)
-                elif cfg.greedy and not rates_only(specs[d]):
-                    steps = replay_hits(traces[d].hits(), k, max_new_tokens)
-                else:
-                    steps = expected_steps(traces[d], k)
-                tr = traces.get(d, ref)
-                exact = cfg.greedy and not rates_only(specs[d])  # else: steps from the trace's rates
-                method_s = predict_seconds(profile, d, steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens),
-                                           sampled=sampled)
-                per.setdefault((d, k), []).append({
-                    "category": row.category, "new_tokens": max(tr.new_tokens, 1),
-                    "plain_s": _plain_seconds(profile, tr, sampled), "method_s": method_s,
-                    "fixed_s": predict_seconds(profile, d, [], len(prompt_ids), tr.prefill_seconds, len(tr.tokens)),
-                    # the steps behind the interval: the replay's, or the sampled trace's cut to k
-                    "trace": [(min(m, k), min(a, k)) for m, a in (steps if exact else tr.steps)],
-                    "steps": len(steps) + 1, "committed": len(tr.tokens),
-                    "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
-                    "proposing": sum(1 for m, _ in steps if m), "context": len(prompt_ids) + len(tr.tokens) / 2,
-                })
+                steps = _replay(model, specs[d], k, prompt_ids, traces.get(d), ref, replays, max_new_tokens, cfg)
+                item = _prompt_item(profile, specs[d], k, steps, traces.get(d, ref), len(prompt_ids), cfg, row.category)
+                per.setdefault((d, k), []).append(item)
     if progress:
         progress("predicting", 1.0)
+    config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
+              "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")}
+    return _recommend(model, profile, rows, list(specs), ks, per, cfg, pick=pick, sure=sure, prompts=prompt_info,
+                      config=config)
+
+
+def _replay(
+    model: Any, spec: DraftSpec, k: int, prompt_ids: Sequence[int], trace: Trace | None, ref: Trace,
+    replays: dict[tuple[str, int], Any], max_new_tokens: int, cfg: SamplingConfig,
+) -> list[tuple[int, int]]:
+    """The (proposed, accepted) steps of ``spec`` at ``k`` on one prompt: replayed exactly
+    (greedy), or expected from the trace's rates (sampling, or a draft whose hits depend on its
+    depth in the step). ``replays`` keeps one drafter per (draft, k) across prompts, so a suffix
+    draft's cache of earlier outputs grows as it would in a real run."""
+    if cfg.greedy and replayable(spec):
+        if (str(spec), k) not in replays:
+            replays[(str(spec), k)] = make_drafter(spec, model)
+        return replay_lookup(replays[(str(spec), k)], prompt_ids, ref.tokens, k, max_new_tokens)
+    assert trace is not None  # every draft that cannot be replayed was traced
+    if cfg.greedy and not rates_only(spec):
+        return replay_hits(trace.hits(), k, max_new_tokens)
+    return expected_steps(trace, k)
+
+
+def _prompt_item(
+    profile: Profile, spec: DraftSpec, k: int, steps: list[tuple[int, int]], tr: Trace, prompt_len: int,
+    cfg: SamplingConfig, category: str,
+) -> dict[str, Any]:
+    """One prompt's prediction for (``spec``, ``k``): predicted seconds, plain's, and the counts."""
+    d, sampled, committed = str(spec), not cfg.greedy, len(tr.tokens)
+    exact = cfg.greedy and not rates_only(spec)  # else: steps from the trace's rates
+    return {
+        "category": category, "new_tokens": max(tr.new_tokens, 1),
+        "plain_s": _plain_seconds(profile, tr, sampled),
+        "method_s": predict_seconds(profile, d, steps, prompt_len, tr.prefill_seconds, committed, sampled=sampled),
+        "fixed_s": predict_seconds(profile, d, [], prompt_len, tr.prefill_seconds, committed),
+        # the steps behind the interval: the replay's, or the sampled trace's cut to k
+        "trace": [(min(m, k), min(a, k)) for m, a in (steps if exact else tr.steps)],
+        "steps": len(steps) + 1, "committed": committed,
+        "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
+        "proposing": sum(1 for m, _ in steps if m), "context": prompt_len + len(tr.tokens) / 2,
+    }
+
+
+def _recommend(
+    model: Any, profile: Profile, rows: list[Question], drafts: list[str], ks: list[int],
+    per: dict[tuple[str, int], list[dict[str, Any]]], cfg: SamplingConfig, *, pick: str, sure: bool,
+    prompts: list[dict[str, Any]], config: dict[str, Any],
+) -> Plan:
+    """Rank every (draft, k) in each category, recommend per category, and predict the routed
+    workload (each prompt decoded with its category's recommendation)."""
+    sampled = not cfg.greedy
     cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
-    # (category, draft, k) -> cost-ratio draws; every k of a draft uses the same uniform numbers
-    # (one seed per category and draft), so its draws at different k move together
-    draws: dict[tuple[str, str, int], Any] = {}
-    for (d, k), items in per.items():
-        phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
-        for c in cats[:-1]:
-            mine = [x for x in items if x["category"] == c]
-            pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
-            context = statistics.mean(x["context"] for x in mine)
-            u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
-            draws[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
-    categories: dict[str, list[Candidate]] = {}
-    for c in cats:
-        cands = []
-        for (d, k), items in per.items():
-            mine = [x for x in items if c == "overall" or x["category"] == c]
-            cand = _candidate(profile, d, k, mine, sampled)
-            values = speedup_draws(mine, [draws[(x["category"], d, k)] for x in mine])
-            cand.interval = list(percentile_interval(values, cand.speedup))
-            cands.append(cand)
-        if pick == "low":
-            categories[c] = sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
-        else:
-            categories[c] = sorted(cands, key=lambda x: -x.speedup)
+    draws = _interval_draws(profile, per, cats[:-1], ks, sampled)
+    categories = {c: _ranked(profile, per, draws, c, pick, sampled) for c in cats}
     recommended: dict[str, tuple[str, int]] = {}
     predicted: dict[str, float] = {}
     intervals: dict[str, list[float]] = {}
@@ -338,11 +241,27 @@ def make_plan(
             intervals[c] = list(best.interval or [best.speedup, best.speedup])
         else:
             recommended[c], predicted[c], intervals[c] = (NONE, 0), 1.0, [1.0, 1.0]
+    routed_overall, routed_interval = _route(rows, recommended, per, draws, (drafts[0], ks[0]))
+    return Plan(
+        model=model.name, fingerprint=profile.fingerprint, dtype=profile.dtype, greedy=cfg.greedy,
+        drafts=drafts, ks=list(ks), categories=categories, recommended=recommended, predicted=predicted,
+        routed_overall=routed_overall, intervals=intervals, routed_interval=routed_interval,
+        prompts=prompts, config=config,
+    )
+
+
+def _route(
+    rows: list[Question], recommended: dict[str, tuple[str, int]], per: dict[tuple[str, int], list[dict[str, Any]]],
+    draws: dict[tuple[str, str, int], Any], any_setting: tuple[str, int],
+) -> tuple[float, list[float]]:
+    """The predicted speedup, and its interval, of decoding each prompt with its category's
+    recommendation; a prompt routed to plain decoding takes its plain time from ``any_setting``'s
+    item (every item holds it) and has no uncertainty."""
     routed, routed_draws = [], []
     for qi, row in enumerate(rows):
         d, k = recommended[row.category]
         if d == NONE:
-            item = dict(per[(drafts[0], ks[0])][qi])
+            item = dict(per[any_setting][qi])
             item["method_s"] = item["plain_s"]
             routed_draws.append(np.ones(len(next(iter(draws.values())))))  # plain: no uncertainty
         else:
@@ -350,23 +269,41 @@ def make_plan(
             routed_draws.append(draws[(row.category, d, k)])
         routed.append(item)
     routed_overall = _aggregate(routed)
-    return Plan(
-        model=model.name,
-        fingerprint=profile.fingerprint,
-        dtype=profile.dtype,
-        greedy=cfg.greedy,
-        drafts=drafts,
-        ks=list(ks),
-        categories=categories,
-        recommended=recommended,
-        predicted=predicted,
-        routed_overall=routed_overall,
-        intervals=intervals,
-        routed_interval=list(percentile_interval(speedup_draws(routed, routed_draws), routed_overall)),
-        prompts=prompt_info,
-        config={"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
-                "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")},
-    )
+    return routed_overall, list(percentile_interval(speedup_draws(routed, routed_draws), routed_overall))
+
+
+def _interval_draws(
+    profile: Profile, per: dict[tuple[str, int], list[dict[str, Any]]], cats: list[str], ks: list[int], sampled: bool,
+) -> dict[tuple[str, str, int], Any]:
+    """(category, draft, k) -> cost-ratio draws; every k of a draft uses the same uniform numbers
+    (one seed per category and draft), so its draws at different k move together."""
+    draws: dict[tuple[str, str, int], Any] = {}
+    for (d, k), items in per.items():
+        phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
+        for c in cats:
+            mine = [x for x in items if x["category"] == c]
+            pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
+            context = statistics.mean(x["context"] for x in mine)
+            u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
+            draws[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
+    return draws
+
+
+def _ranked(
+    profile: Profile, per: dict[tuple[str, int], list[dict[str, Any]]], draws: dict[tuple[str, str, int], Any],
+    category: str, pick: str, sampled: bool,
+) -> list[Candidate]:
+    """Every (draft, k) of ``category`` ("overall": all prompts), best first by ``pick``."""
+    cands = []
+    for (d, k), items in per.items():
+        mine = [x for x in items if category == "overall" or x["category"] == category]
+        cand = _candidate(profile, d, k, mine, sampled)
+        values = speedup_draws(mine, [draws[(x["category"], d, k)] for x in mine])
+        cand.interval = list(percentile_interval(values, cand.speedup))
+        cands.append(cand)
+    if pick == "low":
+        return sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
+    return sorted(cands, key=lambda x: -x.speedup)
 
 
 def _plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:

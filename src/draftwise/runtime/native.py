@@ -24,6 +24,9 @@ copies the kept path's K/V down to consecutive slots (only the rows not already 
 ``capture_features`` (:mod:`.features`) records hidden states per slot for an EAGLE draft head:
 a pass then runs the layers in segments ending at the recorded ones and copies ``x`` after each
 (capture off costs one ``None`` check a pass). A ``layers=`` pass records nothing.
+
+Loading (the context length, the quantization modes, a state dict into fused matmuls) lives in
+:mod:`.native_weights`; nothing there runs on the forward path.
 """
 
 from __future__ import annotations
@@ -35,11 +38,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, ContextLengthError, ModelLoadError, UnsupportedArchitectureError
+from ..errors import ConfigError, ContextLengthError, UnsupportedArchitectureError
 from .base import ancestor_mask, check_keep, check_parents
 from .features import FeatureCapture
 from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
-from .quant import Int4Linear, Int8Linear, Linear, Q4Weight, kernel_works, parse_quant, quantize_q4
+from .native_weights import WeightLoader, context_length, quant_modes
+from .quant import Q4Weight
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
 
@@ -73,94 +77,18 @@ class NativeRuntime(FeatureCapture):
         self.head_dim: int = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.group = self.n_heads // self.n_kv
         self.eps: float = config.rms_norm_eps
-        limit = int(getattr(config, "max_position_embeddings", DEFAULT_MAX_CONTEXT))
-        window = getattr(config, "sliding_window", None)
-        if getattr(config, "use_sliding_window", window is not None) and window:
-            # a context no longer than the window needs no sliding mask
-            limit = min(limit, int(window))
-        if max_context is None:
-            max_context = min(limit, DEFAULT_MAX_CONTEXT)
-        elif max_context > limit:
-            raise ConfigError(
-                f"max_context={max_context} exceeds what this model supports ({limit}); "
-                f"pass max_context <= {limit}"
-            )
-        self._max_context = int(max_context)
-
+        self._max_context = context_length(config, max_context)
         self.device = torch.device(device)
-        self.quant = parse_quant(quant)
-        # the head (in GGUFs usually Q6_K/Q8_0, a tied embedding) runs as int8 under q4:
-        # measured faster than float32 and far closer to the file than re-quantizing it to 4 bits
-        head_quant = {"q4": "int8"}.get(self.quant, self.quant) if head_quant is None else parse_quant(head_quant)
-        for mode, kernel in (("q4", "int4"), ("int8", "int8")):
-            if mode not in (self.quant, head_quant):
-                continue
-            if self.device.type != "cpu":
-                raise ConfigError(f"quant {mode} runs on torch's CPU kernels, not on {self.device}; use quant='none'")
-            if not kernel_works(kernel):
-                raise ConfigError(f"this torch build has no working {kernel} kernel on this CPU; use quant='none'")
-        blocks = blocks or {}
-        #: where each quantized tensor came from: "file" (the GGUF's own 4-bit blocks),
-        #: "quantized" (quantized at load) or "dense" (kept in `dtype`: the kernel cannot take it)
-        self.weight_sources: dict[str, str] = {}
-
-        def get(name: str) -> torch.Tensor:
-            try:
-                return state[name].to(device=self.device, dtype=dtype)
-            except KeyError:
-                raise ModelLoadError(f"weights lack tensor {name!r}") from None
-
-        def maybe(name: str) -> torch.Tensor | None:
-            return state[name].to(device=self.device, dtype=dtype) if name in state else None
-
-        def linear(names: list[str], bias: torch.Tensor | None, mode: str) -> Any:
-            if mode == "q4" and not any(int(state[n].shape[1]) % 32 for n in names if n in state):
-                parts = []
-                for n in names:
-                    self.weight_sources[n] = (block_sources or {}).get(n, "file") if n in blocks else "quantized"
-                    parts.append(blocks[n] if n in blocks else quantize_q4(state[n].float()))
-                try:
-                    return Int4Linear(Q4Weight.cat(parts), bias)
-                except ConfigError:
-                    pass
-            weight = torch.cat([get(n) for n in names]).contiguous()
-            if mode == "int8":
-                self.weight_sources.update(dict.fromkeys(names, "quantized"))
-                return Int8Linear(weight.float(), bias)
-            if mode != "none":
-                self.weight_sources.update(dict.fromkeys(names, "dense"))
-            return Linear(weight, bias, pack=pack)
-
-        self.embed = get("model.embed_tokens.weight")  # [vocab, d]
-        head_name = "lm_head.weight"
-        tied = getattr(config, "tie_word_embeddings", head_name not in state) or head_name not in state
-        self.final_norm = get("model.norm.weight")
-        self.ln_attn: list[torch.Tensor] = []
-        self.ln_mlp: list[torch.Tensor] = []
-        self._qkv, self._o, self._gate_up, self._down = [], [], [], []  # type: ignore[var-annotated]
-        for i in range(config.num_hidden_layers):
-            p = f"model.layers.{i}."
-            biases = [maybe(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
-            bqkv = torch.cat(biases) if all(b is not None for b in biases) else None  # type: ignore[misc]
-            self._qkv.append(linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"], bqkv, self.quant))
-            self._o.append(linear([p + "self_attn.o_proj.weight"], maybe(p + "self_attn.o_proj.bias"), self.quant))
-            self._gate_up.append(linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], None, self.quant))
-            self._down.append(linear([p + "mlp.down_proj.weight"], None, self.quant))
-            self.ln_attn.append(get(p + "input_layernorm.weight"))
-            self.ln_mlp.append(get(p + "post_attention_layernorm.weight"))
-        head_source = "model.embed_tokens.weight" if tied else head_name
-        self.head = self.embed if tied else get(head_name)  # [vocab, d], in `dtype`
-        self._head = linear([head_source], None, head_quant)
-        cos, sin = rope_tables(config, self._max_context)
-        half = self.head_dim // 2
-        sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
-        self.cos = cos.to(self.device, dtype)  # [max_context, hd]
-        self.sin_signed = (sin * sign).to(self.device, dtype)  # sin with rotate_half's sign folded in
-        # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V;
-        # empty, not zeros: attention only ever reads positions below `length`, all written
-        shape = (self.n_kv, self._max_context, self.head_dim)
-        self.k_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self.quant, head_quant = quant_modes(quant, head_quant, self.device)
+        weights = WeightLoader(
+            state, dtype=dtype, device=self.device, pack=pack, blocks=blocks, block_sources=block_sources
+        )
+        self.weight_sources = weights.sources  # see WeightLoader.sources
+        self.embed = weights.get("model.embed_tokens.weight")  # [vocab, d]
+        self.final_norm = weights.get("model.norm.weight")
+        self._load_layers(weights)
+        self._load_head(weights, head_quant)
+        self._allocate(dtype)
         self._length = 0
         # the last pass: where it started and its parents (None: a chain), for keep()
         self._pass_start = 0
@@ -171,6 +99,45 @@ class NativeRuntime(FeatureCapture):
         self.head_rows: torch.Tensor | None = None  # see restrict_head
         self._head_sub: torch.Tensor | None = None
         self._feature_dim = int(self.embed.shape[1])  # see capture_features
+
+    def _load_layers(self, weights: WeightLoader) -> None:
+        """Each decoder layer's two norms and four fused matmuls: q/k/v, o, gate/up, down."""
+        self.ln_attn: list[torch.Tensor] = []
+        self.ln_mlp: list[torch.Tensor] = []
+        self._qkv, self._o, self._gate_up, self._down = [], [], [], []  # type: ignore[var-annotated]
+        linear, maybe, mode = weights.linear, weights.maybe, self.quant
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            biases = [maybe(p + f"self_attn.{x}_proj.bias") for x in "qkv"]
+            bqkv = torch.cat(biases) if all(b is not None for b in biases) else None  # type: ignore[misc]
+            self._qkv.append(linear([p + f"self_attn.{x}_proj.weight" for x in "qkv"], bqkv, mode))
+            self._o.append(linear([p + "self_attn.o_proj.weight"], maybe(p + "self_attn.o_proj.bias"), mode))
+            self._gate_up.append(linear([p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"], None, mode))
+            self._down.append(linear([p + "mlp.down_proj.weight"], None, mode))
+            self.ln_attn.append(weights.get(p + "input_layernorm.weight"))
+            self.ln_mlp.append(weights.get(p + "post_attention_layernorm.weight"))
+
+    def _load_head(self, weights: WeightLoader, head_quant: str) -> None:
+        """The output head: the embedding when tied (or when the weights have no head of their
+        own), kept in ``dtype`` as :attr:`head` and as a matmul in ``head_quant``."""
+        head_name = "lm_head.weight"
+        state = weights.state
+        tied = getattr(self.config, "tie_word_embeddings", head_name not in state) or head_name not in state
+        self.head = self.embed if tied else weights.get(head_name)  # [vocab, d], in `dtype`
+        self._head = weights.linear(["model.embed_tokens.weight" if tied else head_name], None, head_quant)
+
+    def _allocate(self, dtype: torch.dtype) -> None:
+        """The rotary tables and the KV cache, both for all ``max_context`` positions."""
+        cos, sin = rope_tables(self.config, self._max_context)
+        half = self.head_dim // 2
+        sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
+        self.cos = cos.to(self.device, dtype)  # [max_context, hd]
+        self.sin_signed = (sin * sign).to(self.device, dtype)  # sin with rotate_half's sign folded in
+        # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V;
+        # empty, not zeros: attention only ever reads positions below `length`, all written
+        shape = (self.n_kv, self._max_context, self.head_dim)
+        self.k_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
 
     @classmethod
     def from_folder(
