@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import draftwise.passes as decode_module  # the module whose one target pass calls verify_sampled
+import draftwise.passes as decode_module  # the module whose one target pass calls the verifier
 from draftwise.decode import decode_steps
 from draftwise.drafters import Drafter, ModelDrafter, PromptLookupDrafter, SelfSpecDrafter
 from draftwise.drafters.eagle import EagleDrafter
@@ -40,7 +40,7 @@ from draftwise.drafters.head_files import LoadedHead
 from draftwise.drafters.hybrid import HybridDrafter
 from draftwise.runtime.native import NativeRuntime
 from draftwise.sampling import SamplingConfig, logits_to_probs
-from draftwise.verify import Verdict, verify_sampled
+from draftwise.verify import Verdict, verify_tree_sampled
 
 from .conftest import random_hf_model, tiny_llama_config
 
@@ -293,16 +293,16 @@ def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     assert pvalue >= ALPHA, f"chi2={stat:.1f} on df={df}: p={pvalue:.2g}"
 
 
-def accept_every_draft_token(proposed, draft_probs, target_probs, generator) -> Verdict:
-    """BROKEN on purpose: keeps all proposed tokens, then samples a bonus from p."""
-    k = len(proposed)
+def accept_every_draft_token(tree, draft_probs, target_probs, generator) -> Verdict:
+    """BROKEN on purpose: keeps all proposed tokens (a chain), then samples a bonus from p."""
+    k = len(tree)
     bonus = int(torch.multinomial(target_probs[k], 1, generator=generator).item())
-    return Verdict(accepted=k, tokens=list(proposed) + [bonus], bonus=True)
+    return Verdict(accepted=k, tokens=list(tree.tokens) + [bonus], bonus=True)
 
 
-def recover_from_p(proposed, draft_probs, target_probs, generator) -> Verdict:
+def recover_from_p(tree, draft_probs, target_probs, generator) -> Verdict:
     """BROKEN on purpose: right acceptance, but the recovered token is sampled from p itself."""
-    verdict = verify_sampled(proposed, draft_probs, target_probs, generator)
+    verdict = verify_tree_sampled(tree, draft_probs, target_probs, generator)
     if verdict.bonus:
         return verdict
     token = int(torch.multinomial(target_probs[verdict.accepted], 1, generator=generator).item())
@@ -312,7 +312,7 @@ def recover_from_p(proposed, draft_probs, target_probs, generator) -> Verdict:
 @pytest.mark.parametrize("draft", DRAFTERS)
 def test_the_check_rejects_a_verifier_that_accepts_everything(world, draft, monkeypatch):
     """Power: with a third of the runs, the same check fails for an accept-all verifier."""
-    monkeypatch.setattr(decode_module, "verify_sampled", accept_every_draft_token)
+    monkeypatch.setattr(decode_module, "verify_tree_sampled", accept_every_draft_token)
     cfg, k = SETTINGS["T=1"]
     got = sample_speculative(world, world.drafters[draft](), cfg, k, N_POWER, seed=7)
     stat, df, pvalue = chi_square(got.counts, world.exact(cfg))
@@ -327,7 +327,7 @@ def test_the_check_rejects_a_wrong_residual(world, draft, setting, monkeypatch):
     """Power against a subtle bug, with half the runs: recovering from p instead of
     norm(max(0, p - q)) (or, for a point mass, from p without the rejected token) skews the
     output towards the draft."""
-    monkeypatch.setattr(decode_module, "verify_sampled", recover_from_p)
+    monkeypatch.setattr(decode_module, "verify_tree_sampled", recover_from_p)
     cfg, k = SETTINGS[setting]
     got = sample_speculative(world, world.drafters[draft](), cfg, k, N_RUNS // 2, seed=8)
     stat, df, pvalue = chi_square(got.counts, world.exact(cfg))

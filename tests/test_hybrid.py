@@ -23,7 +23,8 @@ from draftwise.drafters.eagle import EagleDrafter
 from draftwise.drafters.head_files import LoadedHead
 from draftwise.drafters.hybrid import HybridDrafter, merge_chain
 from draftwise.drafters.spec import DraftSpec, parse_draft_list
-from draftwise.drafters.suffix import SuffixDrafter, clear_shared_caches
+from draftwise.drafters.base import Capabilities
+from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.errors import ConfigError
 from draftwise.sampling import SamplingConfig
 from draftwise.tree import TokenTree
@@ -107,16 +108,15 @@ def test_greedy_with_a_suffix_eagle_hybrid_equals_plain_greedy(target):
 def test_a_hybrid_keeps_a_suffix_cache_of_its_own(monkeypatch):
     """Interleaved in one bench, ``suffix`` and ``suffix+eagle:...`` decode the same answers; a
     shared cache would hand each the other's answer to copy."""
-    clear_shared_caches()
-    monkeypatch.setattr(factory, "eagle_drafter", lambda source, model, **kw: SimpleNamespace(name=f"eagle:{source}"))
+    head = Capabilities(reads_features=True, replay="rates", cost="head")
+    monkeypatch.setattr(factory, "eagle_drafter",
+                        lambda source, model, **kw: SimpleNamespace(name=f"eagle:{source}", capabilities=head))
     model = SimpleNamespace(folder="/models/a", runtime=SimpleNamespace(max_context=512))
     plain, hybrid = make_drafter("suffix", model), make_drafter("suffix+eagle:x", model)
     assert isinstance(hybrid, HybridDrafter) and hybrid.name == "suffix+eagle:x"
     assert hybrid.copy.cache is not None and hybrid.copy.cache is not plain.cache
-    assert make_drafter("suffix+eagle:x", model).copy.cache is hybrid.copy.cache
-    assert make_drafter("suffix+eagle:y", model).copy.cache is not hybrid.copy.cache
-    assert make_drafter("suffix+eagle:x", model, shared_cache=False).copy.cache is not hybrid.copy.cache
-    clear_shared_caches()
+    assert make_drafter("suffix+eagle:x", model).copy.cache is not hybrid.copy.cache
+    assert hybrid.capabilities == factory.capabilities_of("suffix+eagle:x")
 
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "hf"])

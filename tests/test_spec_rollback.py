@@ -19,7 +19,7 @@ import torch
 
 from draftwise import SamplingConfig, generate
 from draftwise.decode import decode_steps
-from draftwise.drafters import Draft, ModelDrafter, SelfSpecDrafter, make_drafter
+from draftwise.drafters import Capabilities, Draft, ModelDrafter, SelfSpecDrafter, make_drafter
 from draftwise.runtime.hf import HFRuntime
 from draftwise.runtime.native import NativeRuntime
 
@@ -38,6 +38,7 @@ class ScriptedDraft:
     middle rejections."""
 
     name = "scripted"
+    capabilities = Capabilities()
 
     def __init__(self, truth: Sequence[int], prompt_len: int, seed: int) -> None:
         self.truth = list(truth)
@@ -60,6 +61,9 @@ class ScriptedDraft:
 
     def observe(self, num_accepted: int) -> None:
         self.accepted.append(num_accepted)
+
+    def end(self, output) -> None:
+        pass
 
 
 def run(runtime, prompt, drafter=None, *, k: int = 4, new: int = NEW) -> tuple[list[int], list]:
@@ -215,6 +219,13 @@ class CountingDrafter:
 
     def observe(self, num_accepted: int) -> None:
         self.inner.observe(num_accepted)
+
+    def end(self, output) -> None:
+        self.inner.end(output)
+
+    @property
+    def capabilities(self):
+        return self.inner.capabilities
 
 
 # (prompt, chat): the random model's greedy output varies for these (many prompts make it repeat

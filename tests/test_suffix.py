@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import draftwise.drafters.suffix as suffix_module
 from draftwise.drafters import Draft, DraftSpec, PromptLookupDrafter, find_ngram_match, make_drafter
 from draftwise.drafters.lookup import NgramIndex, merge_paths
-from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter, clear_shared_caches
+from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter
 from draftwise.drafters.suffix_trie import BRANCH, SuffixTrie, grow_tree
 from draftwise.errors import ConfigError
 from draftwise.sampling import SamplingConfig
@@ -211,6 +211,7 @@ def test_proposals_equal_the_reference_drafter(case):
                 assert draft.tokens == draft.tree.tokens
                 assert len(draft.tree) <= min(k, options["nodes"]) and draft.tree.depth <= options["depth"]
                 assert len(draft.tree) <= math.ceil(options["factor"] * drafter.last.match_len - 1e-9)
+        drafter.end(output)  # a finished generation: its output joins the cache
         if capacity:
             outputs.append(list(output))
 
@@ -232,21 +233,24 @@ def test_the_global_cache_teaches_the_next_generation_and_cache_0_turns_it_off()
         drafter = SuffixDrafter(nodes=4, depth=4, factor=2, cache=cache)
         drafter.start([1, 2], GREEDY, GEN)
         drafter.propose([1, 2, *answer], 4)
-        drafter.start([3, 4], GREEDY, GEN)  # the first output goes into the cache here
+        drafter.end(answer)  # the first output goes into the cache here
+        drafter.start([3, 4], GREEDY, GEN)
         assert drafter.propose([3, 4, 7, 8], 4).tokens == expect
         assert (drafter.last.source == "global") == bool(capacity)
 
 
-def test_finish_adds_once_and_discard_adds_nothing():
+def test_end_adds_a_finished_output_once_and_a_cancelled_one_never():
     cache = SuffixCache(8, MAX_MATCH + 2)
     drafter = SuffixDrafter(depth=2, cache=cache)
     drafter.start([1], GREEDY, GEN)
     drafter.propose([1, 5, 6], 2)
-    drafter.finish()
-    drafter.finish()
+    drafter.end([5, 6])
+    drafter.end([5, 6])
     drafter.start([1], GREEDY, GEN)
     drafter.propose([1, 7], 2)
-    drafter.discard()
+    drafter.end(None)  # cancelled
+    drafter.start([1], GREEDY, GEN)
+    drafter.propose([1, 8], 2)  # never ended
     drafter.start([1], GREEDY, GEN)
     assert cache.generations() == [[5, 6]]  # prompts are not cached
 
@@ -258,20 +262,15 @@ def test_the_context_may_not_shrink():
         drafter.propose([1, 2], 4)
 
 
-def test_make_drafter_shares_one_cache_per_model_and_spec(monkeypatch):
-    clear_shared_caches()
+def test_every_suffix_drafter_owns_its_cache(monkeypatch):
     model = SimpleNamespace(folder="/models/a", runtime=SimpleNamespace(max_context=512))
-    other = SimpleNamespace(folder="/models/b", runtime=SimpleNamespace(max_context=512))
     one, two = make_drafter("suffix", model), make_drafter(DraftSpec.parse("suffix"), model)
-    assert isinstance(one, SuffixDrafter) and one.cache is not None and one.cache is two.cache
-    assert make_drafter("suffix", other).cache is not one.cache
-    assert make_drafter("suffix:cache=8", model).cache is not one.cache
-    assert make_drafter("suffix", model, shared_cache=False).cache is not one.cache
+    assert isinstance(one, SuffixDrafter) and one.cache is not None and two.cache is not None
+    assert one.cache is not two.cache  # same model, same spec: still two owners, two caches
     assert make_drafter("suffix:cache=0", model).cache is None
     assert (one.nodes, one.depth, one.factor, one.min_prob) == (16, 8, 4.0, 0.1)
     with pytest.raises(ConfigError, match="over this model's context of 4 tokens"):
         make_drafter("suffix:depth=8", SimpleNamespace(folder="x", runtime=SimpleNamespace(max_context=4)))
-    clear_shared_caches()
 
 
 # -- the spec grammar ----------------------------------------------------------------------------
@@ -426,10 +425,9 @@ def test_lookup_branches_through_the_factory():
 def test_greedy_output_with_a_tree_draft_equals_plain_decoding(tiny, draft):
     from draftwise import generate
 
-    clear_shared_caches()
     prompt = "Repeat after me: one two three, one two three, one two three."
     plain = generate(tiny, prompt, max_new_tokens=24)
-    for _ in range(2):  # the second run learns from the first through the global cache
-        out = generate(tiny, prompt, max_new_tokens=24, draft=draft, k=6)
+    drafter = make_drafter(draft, tiny)
+    for _ in range(2):  # the second run learns from the first through the drafter's own cache
+        out = generate(tiny, prompt, max_new_tokens=24, draft=drafter, k=6)
         assert out.token_ids == plain.token_ids
-    clear_shared_caches()

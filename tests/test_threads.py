@@ -52,6 +52,8 @@ def _fresh_python(code: str, **env_vars: str) -> str:
 
 
 # Records GOMP_SPINCOUNT at the moment torch is first imported: libgomp reads it then, once.
+# The command line (draftwise.cli) sets the policy; the library (draftwise, then a name from it
+# that loads torch) leaves the environment alone.
 SEEN_BY_TORCH = """
 import os, sys
 seen = []
@@ -60,15 +62,20 @@ class Spy:
         if name == "torch" and not seen:
             seen.append(os.environ.get("GOMP_SPINCOUNT"))
 sys.meta_path.insert(0, Spy())
-import draftwise
+import draftwise.cli
 print(seen[0], os.environ.get("GOMP_SPINCOUNT"))
 """
+LIBRARY_ONLY = SEEN_BY_TORCH.replace("import draftwise.cli", "import draftwise; draftwise.load_model")
 
 
-def test_import_draftwise_sets_the_policy_before_torch_loads():
+def test_the_command_line_sets_the_policy_before_torch_loads():
     assert _fresh_python(SEEN_BY_TORCH) == "None None"  # sharing by threads: libgomp's own spin
     off = {"DRAFTWISE_SHARE_CORES": "0"}
     assert _fresh_python(SEEN_BY_TORCH, **off) == f"{SPIN_COUNT} {SPIN_COUNT}"
+
+
+def test_the_library_leaves_the_environment_alone():
+    assert _fresh_python(LIBRARY_ONLY, DRAFTWISE_SHARE_CORES="0") == "None None"
 
 
 def test_a_user_setting_is_kept_and_the_opt_out_is_honoured():

@@ -1,4 +1,4 @@
-"""Tree verification (draftwise.verify_tree), layer by layer.
+"""Tree verification (draftwise.verify), layer by layer.
 
 - hand-built cases from +-100 logits (greedy paths, siblings, bonus at a leaf);
 - a chain through verify_tree_* gives EXACTLY the verdicts of verify_greedy / verify_sampled,
@@ -24,11 +24,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import draftwise.verify_tree as verify_tree_module
+import draftwise.verify as verify_tree_module
 from draftwise.errors import ConfigError
 from draftwise.tree import TokenTree
 from draftwise.verify import verify_greedy, verify_sampled
-from draftwise.verify_tree import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+from draftwise.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampled
 
 from .test_distribution import chi_square
 from .test_verify import peaked_logits, peaked_probs
@@ -257,11 +257,12 @@ def keep_rejected(p, x, q):
 
 
 def no_renormalise(p, x, q):
-    """BROKEN: the rejected candidate is removed but p is not renormalised, so later siblings are
-    accepted too rarely (the final draw still normalises: torch.multinomial takes weights)."""
+    """BROKEN: the rejected candidates are removed but p is not renormalised, so later siblings
+    are accepted too rarely (the final draw still normalises: it scales by the row's total).
+    p: [n, V], x: [n], q: [n, V] or None, as the verifier's own."""
     r = p.clone() if q is None else (p - q).clamp_min(0.0)
     if q is None:
-        r[x] = 0.0
+        r[torch.arange(p.shape[0]), x] = 0.0
     return r
 
 

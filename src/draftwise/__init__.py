@@ -5,25 +5,53 @@ Example (loads the embedded default model)::
     import draftwise
     model = draftwise.load_model("default", dtype="bfloat16")
     print(draftwise.generate(model, "Say hi.", max_new_tokens=8).text)
+
+Importing draftwise changes nothing in the process (no environment variable, no thread count)
+and loads torch only when a name below is first used. The command line sets OpenMP's defaults
+before torch loads and shares the cores with other draftwise processes
+(:func:`draftwise.threads.apply_omp_defaults`, :func:`share_cores_while_decoding`); a library
+user opts in to either.
 """
 
-# First, before anything imports torch: libgomp reads its wait policy once, when torch loads it.
-from .threads import apply_omp_defaults
+from __future__ import annotations
 
-apply_omp_defaults()
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from .api import generate, stream  # noqa: E402 (the imports below pull torch)
-from .decode import GenerationResult, Stream
-from .drafters.spec import DraftSpec
-from .errors import (
-    ConfigError,
-    ContextLengthError,
-    DraftwiseError,
-    ModelLoadError,
-    UnsupportedArchitectureError,
-)
-from .loaders import Model, load_model
-from .sampling import SamplingConfig
+if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
+    from .api import generate, share_cores_while_decoding, stream
+    from .decode import GenerationResult, Stream
+    from .drafters.spec import DraftSpec
+    from .errors import (
+        ConfigError,
+        ContextLengthError,
+        DraftwiseError,
+        ModelLoadError,
+        UnsupportedArchitectureError,
+    )
+    from .loaders import Model, load_model
+    from .sampling import SamplingConfig
+
+_WHERE = {
+    "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api",
+    "GenerationResult": ".decode", "Stream": ".decode", "DraftSpec": ".drafters.spec",
+    "ConfigError": ".errors", "ContextLengthError": ".errors", "DraftwiseError": ".errors",
+    "ModelLoadError": ".errors", "UnsupportedArchitectureError": ".errors",
+    "Model": ".loaders", "load_model": ".loaders", "SamplingConfig": ".sampling",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'draftwise' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_WHERE])
+
 
 __all__ = [
     "ConfigError",
@@ -38,6 +66,7 @@ __all__ = [
     "UnsupportedArchitectureError",
     "generate",
     "load_model",
+    "share_cores_while_decoding",
     "stream",
 ]
 __version__ = "0.1.0"

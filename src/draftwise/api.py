@@ -1,10 +1,13 @@
 """The public entry points: :func:`generate` and :func:`stream` with every option, ``k="auto"``
-included.
+included. The bench, the server and the CLI call these, never the core loop directly.
 
 They are :func:`draftwise.decode.generate` / :func:`draftwise.decode.stream` (the core loop,
 which takes a number or a :class:`~draftwise.kpolicy.KPolicy`) plus one thing the core must not
 know: ``k="auto"`` builds the adaptive policy from this machine's measured profile
-(:func:`draftwise.cost.adaptive.auto_policy`, which measures and caches one on first use).
+(:func:`draftwise.cost.route.policy_for`, which measures and caches one on first use).
+
+Nothing here changes the process. :func:`share_cores_while_decoding` is the opt-in the CLI and
+the server make: other draftwise processes decoding on this machine then share the cores.
 
 Example (loads the embedded default model)::
 
@@ -21,30 +24,33 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from . import decode
-from .cost.adaptive import auto_policy
+from .cost.route import policy_for
 from .decode import GenerationResult, Stream
 from .drafters.base import Drafter
 from .drafters.spec import DraftSpec
 from .errors import ConfigError
 from .kpolicy import KPolicy
 from .loaders import Model, load_model
+from .threads import share_cores
 
 KArg = int | Literal["auto"] | KPolicy
 
 
+def share_cores_while_decoding(enabled: bool = True) -> None:
+    """Opt in (or out) to sharing this machine's cores with other draftwise processes while
+    decoding: before each target pass, at most twice a second, this process uses ``cores //
+    processes decoding`` threads (:func:`draftwise.threads.share_cores`). The CLI and the server
+    turn it on; a library call never does."""
+    (decode.add_step_hook if enabled else decode.remove_step_hook)(share_cores)
+
+
 def _policy(model: Model, draft: Drafter | DraftSpec | str | None, k: KArg) -> int | KPolicy:
-    if k != "auto":
-        return k  # type: ignore[return-value]
-    if draft is None or isinstance(draft, Drafter):
-        name = getattr(draft, "name", None)
-        if draft is None:
-            return 1  # nothing to adapt
+    if k == "auto" and isinstance(draft, Drafter):
         raise ConfigError(
-            f"k='auto' needs a draft spec (e.g. draft='lookup'), not a drafter object ({name}): "
+            f"k='auto' needs a draft spec (e.g. draft='lookup'), not a drafter object ({draft.name}): "
             "the profile is keyed by spec"
         )
-    spec = DraftSpec.parse(draft)
-    return 1 if spec.is_none else auto_policy(model, spec)
+    return policy_for(model, draft, k)  # type: ignore[arg-type]
 
 
 def stream(

@@ -1,15 +1,20 @@
 """The decode loop: prompt -> tokens -> text, with streaming, EOS, stop strings and a budget.
 
-This is the core: ``k`` is a number or a :class:`~draftwise.kpolicy.KPolicy` object. The public
-:func:`draftwise.generate` / :func:`draftwise.stream` (:mod:`draftwise.api`) also take
-``k="auto"``, which builds the adaptive policy from a measured profile.
+This is the core: ``k`` is a number or a :class:`~draftwise.kpolicy.KPolicy` object. Everything
+above the core (the bench, the server, the CLI) calls the public :func:`draftwise.generate` /
+:func:`draftwise.stream` (:mod:`draftwise.api`), which are these plus ``k="auto"`` (the
+adaptive policy from a measured profile).
+
+A library call changes nothing in the process: the entry points (the CLI, the server) opt in to
+sharing the cores with other draftwise processes through :func:`add_step_hook`, which
+:func:`draftwise.api.share_cores_while_decoding` calls.
 """
 
 from __future__ import annotations
 
 import operator
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
@@ -26,7 +31,6 @@ from .runtime.base import Runtime
 from .sampling import SamplingConfig, next_token
 from .passes import Step, verify_pass  # noqa: F401  (Step is part of this module's API)
 from .text import TextAssembler
-from .threads import share_cores
 from .verify import Verdict
 
 FinishReason = Literal["eos", "stop", "length"]
@@ -66,6 +70,37 @@ class GenerationResult:
         return out
 
 
+_STEP_HOOKS: list[Callable[[], object]] = []
+
+
+def add_step_hook(hook: Callable[[], object]) -> None:
+    """Call ``hook()`` before every target pass of every generation in this process (an entry
+    point's opt-in, such as sharing the cores; it must be cheap). Adding one twice adds it once."""
+    if hook not in _STEP_HOOKS:
+        _STEP_HOOKS.append(hook)
+
+
+def remove_step_hook(hook: Callable[[], object]) -> None:
+    if hook in _STEP_HOOKS:
+        _STEP_HOOKS.remove(hook)
+
+
+def _propose(
+    drafter: Drafter | None, policy: KPolicy, context: list[int], budget: int, left: int
+) -> tuple[Draft, list[int] | None]:
+    """This step's draft (trimmed by the policy) and, when it proposes nothing, a *shadow*
+    proposal whose first token the policy compares with the plain step's (see cost.adaptive)."""
+    if drafter is None:
+        return Draft([]), None
+    if budget > 0:
+        full = drafter.propose(context, budget)
+        draft = policy.trim(full, len(context))  # a scored tree under --k auto: its best prefix
+        return draft, (full.tokens[:1] if full.tokens and not draft.tokens else None)
+    if policy.shadow and left > 0:
+        return Draft([]), drafter.propose(context, 1).tokens  # costs ~nothing
+    return Draft([]), None
+
+
 def decode_steps(
     runtime: Runtime,
     prompt_ids: Sequence[int],
@@ -86,49 +121,39 @@ def decode_steps(
     number or a policy that picks it each step (:class:`draftwise.cost.adaptive.AdaptiveK`).
     """
     stats = stats if stats is not None else SpecStats()
-    share_cores()  # other draftwise processes on this machine: take our share of the cores
+    policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     clock = time.perf_counter
+    for hook in _STEP_HOOKS:
+        hook()
     t0 = clock()
-    prepare = getattr(drafter, "before_prefill", None)
-    if prepare is not None:  # e.g. an EAGLE head sets which layers the prefill records
-        prepare()
+    if drafter is not None:  # before the prefill: an EAGLE head sets which layers it records
+        drafter.start(prompt_ids, cfg, generator)
     logits = runtime.prefill(prompt_ids)  # [vocab]
     first = next_token(logits, cfg, generator)
     stats.verify_seconds += clock() - t0
     context = list(prompt_ids) + [first]
-    if drafter is not None:
-        drafter.start(prompt_ids, cfg, generator)
     yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
     produced = 1
-    policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     while True:
-        share_cores()  # a time-gated check (twice a second at most)
+        for hook in _STEP_HOOKS:
+            hook()
         left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
         budget = min(policy.choose(len(context)), left) if drafter is not None else 0
-        shadow: list[int] | None = None
         t0 = clock()
-        if drafter is not None and budget > 0:
-            draft = drafter.propose(context, budget)
-            if draft.scores is not None and hasattr(policy, "trim"):  # a scored tree, --k auto
-                full, draft = draft, policy.trim(draft, len(context))
-                if full.tokens and not draft.tokens:
-                    shadow = full.tokens[:1]  # the best node, checked against the plain step's token
-        else:
-            draft = Draft([])
-            if drafter is not None and policy.shadow and left > 0:
-                shadow = drafter.propose(context, 1).tokens  # costs ~nothing; see cost.adaptive
+        draft, shadow = _propose(drafter, policy, context, budget, left)
         t1 = clock()
         verdict, ranks = verify_pass(runtime, context[-1], draft, cfg, generator)
+        depth = draft.tree.depth if draft.tree is not None else len(draft.tokens)
         if drafter is not None and draft.tokens:
             drafter.observe(verdict.accepted)
-            policy.observe(len(draft.tokens), verdict.accepted)
+            policy.observe(depth, verdict.accepted)
         elif shadow is not None:
             policy.observe_shadow(shadow, verdict.tokens)
         stats.draft_seconds += t1 - t0
         stats.verify_seconds += clock() - t1
         context.extend(verdict.tokens)
         produced += len(verdict.tokens)
-        yield Step(len(draft.tokens), verdict, ranks)
+        yield Step(len(draft.tokens), verdict, ranks, depth)
 
 
 def plain_tokens(
@@ -155,8 +180,10 @@ class Stream:
         stop: Sequence[str],
         drafter: Drafter | None = None,
         k: int | KPolicy = 4,
+        learn: bool = True,
     ) -> None:
         self.model = model
+        self.learn = learn
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
@@ -224,12 +251,14 @@ class Stream:
                     if len(ids) >= self.max_new_tokens:
                         finish = "length"
                         break
-                stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks)
+                stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks, depth=step.positions)
                 if finish is not None:
                     break
                 yield pieces
         finally:
             steps.close()
+            if self.drafter is not None:  # a cancelled generation (finish None) teaches nothing
+                self.drafter.end(ids if finish is not None and self.learn else None)
         piece = assembler.finish()
         if piece:
             pieces.append(piece)
@@ -258,6 +287,7 @@ def stream(
     chat: bool | None = None,
     draft: Drafter | DraftSpec | str | None = None,
     k: int | KPolicy = 4,
+    learn: bool = True,
 ) -> Stream:
     """Start a generation and return a :class:`Stream` of text pieces.
 
@@ -265,7 +295,9 @@ def stream(
     ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
     spec (:class:`~draftwise.drafters.spec.DraftSpec` or its string: ``"none"``, ``"lookup"``,
     ``"self"``, ``"model:PATH"``); ``k`` is how many tokens it proposes per step, or a
-    :class:`~draftwise.kpolicy.KPolicy` that chooses it every step.
+    :class:`~draftwise.kpolicy.KPolicy` that chooses it every step. ``learn=False``: a draft
+    that learns across generations (suffix decoding's cache) does not learn from this one (a
+    warm-up, a repeat of a question it must not find its own answer to).
     """
     if isinstance(model, str):
         model = load_model(model)
@@ -301,6 +333,7 @@ def stream(
         stop=stop,
         drafter=drafter,
         k=k,
+        learn=learn,
     )
 
 
@@ -334,6 +367,7 @@ def generate(
     chat: bool | None = None,
     draft: Drafter | DraftSpec | str | None = None,
     k: int | KPolicy = 4,
+    learn: bool = True,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
 
@@ -342,7 +376,7 @@ def generate(
     """
     s = stream(
         model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
-        draft=draft, k=k,
+        draft=draft, k=k, learn=learn,
     )
     for _ in s:
         pass

@@ -9,26 +9,34 @@ profile's data; it lives with the cost model, so the core loop knows nothing of 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from .errors import ConfigError
 
 
+D = TypeVar("D")  # a draft (draftwise.drafters.base.Draft, which sits above this module)
+
+
 @runtime_checkable
 class KPolicy(Protocol):
-    """What the decode loop asks of a k policy: a k each step, then what happened."""
+    """What the decode loop asks of a k policy: a k each step (a chain's length, or a tree's
+    node budget), the part of the proposal to verify, then what happened."""
 
     k_max: int
     shadow: bool  # propose in the shadow of plain steps (for drafts that cost ~nothing)
 
     def choose(self, context_len: int) -> int: ...
 
-    def observe(self, proposed: int, accepted: int) -> None: ...
+    def trim(self, draft: D, context_len: int) -> D:
+        """The part of ``draft`` to verify (a scored tree's best prefix; most policies: all)."""
+        ...
+
+    def observe(self, positions: int, accepted: int) -> None:
+        """A verified step: ``accepted`` of ``positions`` draft positions (a chain's length, a
+        tree's depth)."""
+        ...
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None: ...
-
-    # Optional: ``trim(draft, context_len) -> Draft``. A policy that has it is handed every
-    # proposal that carries scores (a scored token tree) and returns the part to verify.
 
 
 class FixedK:
@@ -45,7 +53,10 @@ class FixedK:
     def choose(self, context_len: int) -> int:
         return self.k
 
-    def observe(self, proposed: int, accepted: int) -> None:
+    def trim(self, draft: D, context_len: int) -> D:
+        return draft
+
+    def observe(self, positions: int, accepted: int) -> None:
         pass
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:

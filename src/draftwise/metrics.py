@@ -21,7 +21,8 @@ from typing import Any
 
 @dataclass
 class SpecStats:
-    proposed: int = 0
+    proposed: int = 0  # tokens the target scored for drafts: a chain's length, a tree's nodes
+    depth: int = 0  # draft positions offered: a chain's length, a tree's deepest path
     accepted: int = 0
     recovered: int = 0
     bonus: int = 0
@@ -41,25 +42,30 @@ class SpecStats:
     rank_accepted: list[list[int]] = field(default_factory=list)
 
     def record(
-        self, num_proposed: int, verdict: Any, kept: int, *, ranks: Sequence[tuple[int, int]] = ()
+        self, num_proposed: int, verdict: Any, kept: int, *, ranks: Sequence[tuple[int, int]] = (),
+        depth: int | None = None,
     ) -> None:
         """Account for one target pass over ``num_proposed`` tokens (or tree nodes), of which
-        ``kept`` stayed. ``ranks``: a tree pass's (children, accepted rank or -1) per depth."""
+        ``kept`` stayed. ``depth``: the draft positions it offered (a tree's deepest path; None:
+        a chain, ``num_proposed``), which the per-position rates count. ``ranks``: a tree pass's
+        (children, accepted rank or -1) per depth."""
+        positions = num_proposed if depth is None else depth
         if ranks:
             self._record_ranks(num_proposed, ranks)
         self.target_passes += 1
         self.proposed += num_proposed
+        self.depth += positions
         self.accepted += verdict.accepted
         if num_proposed:
             if verdict.bonus:
                 self.bonus += 1
             else:
                 self.recovered += 1
-        while len(self.tested_at) < num_proposed:
+        while len(self.tested_at) < positions:
             self.tested_at.append(0)
             self.accepted_at.append(0)
         # positions 0..accepted were tested; 0..accepted-1 accepted
-        for i in range(min(verdict.accepted + 1, num_proposed)):
+        for i in range(min(verdict.accepted + 1, positions)):
             self.tested_at[i] += 1
         for i in range(verdict.accepted):
             self.accepted_at[i] += 1
@@ -107,6 +113,7 @@ class SpecStats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "proposed": self.proposed,
+            "depth": self.depth,
             "accepted": self.accepted,
             "recovered": self.recovered,
             "bonus": self.bonus,

@@ -1,5 +1,6 @@
-"""One target pass: feed ``[last, *draft]`` (a chain or a token tree), verify, keep what was
-accepted. The decode loop (:mod:`draftwise.decode`) calls :func:`verify_pass` once per step."""
+"""One target pass: feed ``[last, *draft]`` (a chain or a token tree; a chain is a tree), verify,
+keep what was accepted. The decode loop (:mod:`draftwise.decode`) calls :func:`verify_pass` once
+per step."""
 
 from __future__ import annotations
 
@@ -13,26 +14,33 @@ from .drafters.base import Draft
 from .runtime.base import Runtime
 from .sampling import SamplingConfig, logits_to_probs
 from .tree import TokenTree
-from .verify import Verdict, verify_greedy, verify_sampled
-from .verify_tree import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+from .verify import Verdict, verify_tree_greedy, verify_tree_sampled
 
 
 @dataclass(frozen=True)
 class Step:
-    """One target pass: how many tokens (tree nodes) were proposed and what verification
-    committed. ``ranks`` traces a tree pass: per depth reached, (children there, the rank of the
-    accepted child or -1), which the planner's per-depth, per-sibling-rank acceptance needs."""
+    """One target pass: how many tokens (tree nodes) were proposed, how deep they went (a
+    chain's length, a tree's deepest path), and what verification committed. ``ranks`` traces a
+    tree pass: per depth reached, (children there, the rank of the accepted child or -1), which
+    the planner's per-depth, per-sibling-rank acceptance needs."""
 
     num_proposed: int
-    verdict: Verdict | TreeVerdict
+    verdict: Verdict
     ranks: tuple[tuple[int, int], ...] = ()
+    depth: int = -1  # -1: as many as num_proposed (a chain)
+
+    @property
+    def positions(self) -> int:
+        """Draft positions this pass tested: a chain's length, a tree's depth."""
+        return self.num_proposed if self.depth < 0 else self.depth
 
 
 _CHAIN_FALLBACK_SAID: set[str] = set()
 
 
-def _as_chain(draft: Draft, why: str) -> Draft:
-    """The tree's first chain (first child at every node), said once per reason."""
+def first_chain(draft: Draft, why: str) -> Draft:
+    """The tree's first chain (first child at every node), said once per reason: what a runtime
+    that cannot verify trees gets instead."""
     assert draft.tree is not None
     if why not in _CHAIN_FALLBACK_SAID:
         _CHAIN_FALLBACK_SAID.add(why)
@@ -45,7 +53,8 @@ def _as_chain(draft: Draft, why: str) -> Draft:
     return Draft([draft.tree.token(r) for r in rows], probs)
 
 
-def _tree_ranks(tree: TokenTree, path: Sequence[int]) -> tuple[tuple[int, int], ...]:
+def tree_ranks(tree: TokenTree, path: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """Per depth along the kept ``path``: (children there, the rank of the kept child or -1)."""
     out = []
     for d, row in enumerate(path):
         children = tree.children(row)
@@ -58,25 +67,19 @@ def _tree_ranks(tree: TokenTree, path: Sequence[int]) -> tuple[tuple[int, int], 
 
 def verify_pass(
     runtime: Runtime, last: int, draft: Draft, cfg: SamplingConfig, generator: torch.Generator
-) -> tuple[Verdict | TreeVerdict, tuple[tuple[int, int], ...]]:
-    """One target pass over ``[last, *draft]``: verify, keep what was accepted (the cache then
-    holds ``last`` and the accepted tokens), and trace the tree's ranks."""
+) -> tuple[Verdict, tuple[tuple[int, int], ...]]:
+    """One target pass over ``[last, *draft]``: verify, keep the accepted path (the cache then
+    holds ``last`` and the accepted tokens), and trace a tree's ranks (``()`` for a chain)."""
     base = runtime.length
-    tree = draft.tree
-    if tree is not None and not tree.is_chain and not getattr(runtime, "supports_trees", False):
-        draft, tree = _as_chain(draft, f"the {type(runtime).__name__} runtime cannot verify trees"), None
-    if tree is None or tree.is_chain:
-        rows = runtime.forward([last, *draft.tokens])  # [m + 1, vocab]
-        if cfg.greedy:
-            verdict: Verdict | TreeVerdict = verify_greedy(draft.tokens, rows)
-        else:
-            verdict = verify_sampled(draft.tokens, draft.probs, logits_to_probs(rows, cfg), generator)
-        runtime.rollback(base + 1 + verdict.accepted)
-        return verdict, ()
-    rows = runtime.forward([last, *tree.tokens], parents=[-1, *tree.parents])  # type: ignore[call-arg]
+    if draft.tree is not None and not draft.tree.is_chain and not runtime.supports_trees:
+        draft = first_chain(draft, f"the {type(runtime).__name__} runtime cannot verify trees")
+    tree = draft.tree if draft.tree is not None else TokenTree.chain(draft.tokens)
+    ids = [last, *tree.tokens]
+    # [m + 1, vocab]; a chain runs with the plain causal mask
+    rows = runtime.forward(ids) if tree.is_chain else runtime.forward(ids, parents=[-1, *tree.parents])
     if cfg.greedy:
-        tv = verify_tree_greedy(tree, rows)
+        verdict = verify_tree_greedy(tree, rows)
     else:
-        tv = verify_tree_sampled(tree, draft.probs, logits_to_probs(rows, cfg), generator)
-    runtime.keep(base, tv.path)  # type: ignore[attr-defined]
-    return tv, _tree_ranks(tree, tv.path)
+        verdict = verify_tree_sampled(tree, draft.probs, logits_to_probs(rows, cfg), generator)
+    runtime.keep(base, verdict.path)
+    return verdict, (() if tree.is_chain else tree_ranks(tree, verdict.path))

@@ -2,28 +2,32 @@
 
 Multi-turn questions are conversations: turn ``i``'s prompt holds the method's *own* earlier
 answers (through the chat template, or as raw text for a model without one), as in Spec-Bench.
+
+Every method owns its drafters (built here, once, for it alone): a draft that learns across
+generations (suffix decoding's cache) learns only from its own method's answers, so two methods
+with the same spec, or ``auto`` routed to ``suffix`` beside ``suffix``, never read each other's.
+The plan's choice for ``auto`` and the k it runs come from :func:`draftwise.cost.route.route`,
+as in ``serve``: with ``--k auto`` the plan picks the draft and the adaptive k runs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import decode
+from .. import api
 from ..chat import encode_conversation
-from ..cost.adaptive import auto_policy
 from ..cost.plan import load_plan
+from ..cost.route import policy_for, route
 from ..drafters.factory import make_drafter
-from ..drafters.spec import DraftSpec, KValue, parse_k
+from ..drafters.spec import KValue, parse_k
 from ..errors import ConfigError
 from ..questions import Question
 from ..sampling import SamplingConfig
 from .answers import TurnResult
 from .hf_peer import HFPeer, hf_methods
 from .methods import AUTO, BASELINE, DraftItem, Method, parse_methods
-
-OVERALL = "overall"
 
 
 def build_prompt(model: Any, turns: Sequence[str], answers: Sequence[str]) -> list[int]:
@@ -60,25 +64,9 @@ def load_plan_for_auto(plan: Any, out_dir: Path | None) -> Any:
     return load_plan(path)
 
 
-def plan_choice(plan: Any, category: str) -> tuple[str, Any, str]:
-    """``(draft spec, k, what it came from)``: the plan's pick for ``category`` when the plan has
-    seen that category, else its overall pick (a workload may hold categories the plan never
-    saw). A plan object without a ``recommended`` table is asked through ``choose``."""
-    recommended = getattr(plan, "recommended", None)
-    if isinstance(recommended, Mapping):
-        key = category if category in recommended else OVERALL
-        if key not in recommended:
-            raise ConfigError(
-                f"the plan has no choice for category {category!r} and no overall choice; make it again with `draftwise plan`"
-            )
-        spec, k = recommended[key]
-        return str(spec), k, key
-    spec, k = plan.choose(category)
-    return str(spec), k, category
-
-
 class Runner:
-    """Runs methods on questions; keeps the drafters ``auto`` builds and the HF peer."""
+    """Runs methods on questions; keeps the drafters ``auto`` builds (its own, apart from every
+    other method's) and the HF peer."""
 
     def __init__(self, model: Any, max_new_tokens: int, sampling: SamplingConfig, plan: Any = None) -> None:
         self.model = model
@@ -88,18 +76,19 @@ class Runner:
         self.auto_drafters: dict[str, Any] = {}
         self.peer: HFPeer | None = None
 
-    def _auto(self, category: str) -> tuple[str, Any, KValue, str]:
-        spec_text, k, source = plan_choice(self.plan, category)
-        spec = str(DraftSpec.parse(spec_text))
-        if spec not in self.auto_drafters:
-            self.auto_drafters[spec] = make_drafter(spec, self.model)
-        drafter = self.auto_drafters[spec]
+    def _auto(self, method: Method, category: str) -> tuple[str, Any, KValue, str]:
+        spec, k, source = route(self.plan, category, method.k)
+        key = str(spec)
+        if key not in self.auto_drafters:
+            self.auto_drafters[key] = make_drafter(spec, self.model)
+        drafter = self.auto_drafters[key]
         if drafter is None:  # the plan says no speculation pays here: plain decoding (k unused)
-            return spec, None, 1, source
-        return spec, drafter, parse_k(k), source
+            return key, None, 1, source
+        return key, drafter, parse_k(k), source
 
-    def turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
-        """One generation of ``method`` from ``prompt_ids``."""
+    def turn(self, method: Method, prompt_ids: list[int], category: str, *, learn: bool = True) -> TurnResult:
+        """One generation of ``method`` from ``prompt_ids``; ``learn=False`` (a warm-up): a draft
+        that learns across generations does not learn from this one."""
         if method.kind == "hf":
             if self.peer is None:
                 self.peer = HFPeer(self.model)
@@ -107,13 +96,13 @@ class Runner:
         spec, drafter, k = method.spec, method.drafter, method.k
         extra: dict[str, Any] = {}
         if method.kind == "auto":
-            spec, drafter, k, extra["plan_choice_for"] = self._auto(category)
+            spec, drafter, k, extra["plan_choice_for"] = self._auto(method, category)
         policy: Any = 1
         if drafter is not None:
-            policy = auto_policy(self.model, spec) if k == "auto" else k
-        res = decode.generate(
+            policy = policy_for(self.model, spec, k, capabilities=drafter.capabilities)
+        res = api.generate(
             self.model, prompt_ids, max_new_tokens=self.max_new_tokens, sampling=self.sampling,
-            draft=drafter, k=policy,
+            draft=drafter, k=policy, learn=learn,
         )
         st = res.stats
         stats = {
@@ -123,6 +112,7 @@ class Runner:
             "target_passes": st.target_passes,
             "committed": st.committed,
             "proposed": st.proposed,
+            "depth": st.depth,
             "accepted": st.accepted,
             "draft_seconds": st.draft_seconds,
             "verify_seconds": st.verify_seconds,

@@ -8,9 +8,15 @@ status 2) is in :mod:`draftwise.cli.common`.
 
 from __future__ import annotations
 
-import typer
+# First, before anything imports torch: libgomp reads its wait policy once, when torch loads it.
+# The command line is an entry point, so it may set the process's defaults; the library never does.
+from ..threads import apply_omp_defaults
 
-from . import (
+apply_omp_defaults()
+
+import typer  # noqa: E402 (after the OpenMP defaults)
+
+from . import (  # noqa: E402
     bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, profile, serve,
     train_head,
 )
@@ -40,6 +46,9 @@ app.command("serve")(serve.serve)
 
 
 def main() -> None:  # pragma: no cover - console entry point
+    from ..api import share_cores_while_decoding
+
+    share_cores_while_decoding()  # the CLI and its server share the cores with other draftwise processes
     app()
 
 

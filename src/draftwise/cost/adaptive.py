@@ -29,8 +29,14 @@ draft still proposes in the *shadow*: its first token is compared with the token
 commits, so the estimate keeps learning and speculation resumes when the text turns
 repetitive. A costly draft instead gets a one-token probe every ``probe_every`` plain steps.
 
-:func:`auto_policy` builds the policy for a model and draft from the model's cached profile
-(:func:`resolve_profile` measures and caches one the first time).
+**Unscored trees** (``lookup:branches=B``, ``eagle:...,topk=T``) get a node budget chosen as a
+chain's k is, and their acceptance is counted by depth (the positions a tree offers), not by
+node: what the drafter declares (:class:`~draftwise.drafters.base.Capabilities`) decides which
+of the three a draft gets.
+
+:func:`auto_policy` builds the policy for a model and draft from the model's cached ``auto``
+profile (:func:`resolve_profile` measures and caches one the first time, with fixed settings,
+in a file of its own: ``draftwise profile`` writes another).
 """
 
 from __future__ import annotations
@@ -38,16 +44,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from ..drafters.base import Draft
+from ..drafters.base import Capabilities, Draft
+from ..drafters.factory import capabilities_of
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import check_writable
 from .measure import measure_profile
 from .model import expected_committed_by_position, tokens_per_second
-from .profile import Profile, default_profile_path
+from .profile import Profile, default_profile_path, locked
 
 
 PRIOR_TOKENS = 4.0  # the calibration's prior weight: 4 tokens' worth at lam = 1
+AUTO_MAX_N = 9  # the auto profile's largest pass (a k of 8, a tree of 8 nodes)
+AUTO_REPEATS = 3
 
 
 class StepCosts(Protocol):
@@ -68,6 +77,7 @@ class AdaptiveK:
         profile: StepCosts,
         draft: str,
         *,
+        capabilities: Capabilities | None = None,
         k_max: int = 8,
         decay: float = 0.95,
         prior: tuple[float, float] = (1.0, 2.0),
@@ -77,9 +87,10 @@ class AdaptiveK:
             raise ConfigError(f"k_max={k_max} must be >= 1")
         if not 0 < decay <= 1:
             raise ConfigError(f"decay={decay} must be in (0, 1]")
+        #: what the draft declares (capabilities_of(draft) when not given)
+        self.capabilities = capabilities if capabilities is not None else capabilities_of(draft)
         #: a draft that scores its trees: propose at the full budget, then trim (see the docstring)
-        spec = DraftSpec.parse(draft)
-        self.trees = spec.kind == "suffix" or spec.then is not None
+        self.trees = self.capabilities.tree_policy == "scored"
         self.k_max = profile.max_n - 1 if self.trees else min(k_max, profile.max_n - 1)
         self.profile = profile
         self.draft = draft
@@ -154,19 +165,20 @@ class AdaptiveK:
         self._shadow = draft.scores[0] if not best_n else 0.0
         return draft.prefix(best_n)
 
-    def _update(self, proposed: int, accepted: int) -> None:
+    def _update(self, positions: int, accepted: int) -> None:
         for j in range(self.k_max):
             self.tested[j] *= self.decay
             self.hits[j] *= self.decay
-        for j in range(min(accepted + 1, proposed, self.k_max)):
+        for j in range(min(accepted + 1, positions, self.k_max)):
             self.tested[j] += 1
         for j in range(min(accepted, self.k_max)):
             self.hits[j] += 1
 
-    def observe(self, proposed: int, accepted: int) -> None:
-        """A verified step: ``accepted`` of ``proposed`` tokens."""
-        if proposed:
-            self._update(proposed, accepted)
+    def observe(self, positions: int, accepted: int) -> None:
+        """A verified step: ``accepted`` of ``positions`` draft positions (a chain's length, a
+        tree's depth)."""
+        if positions:
+            self._update(positions, accepted)
         if self._pending:
             self._calibrate(self._pending, accepted)
             self._pending = 0.0
@@ -184,44 +196,59 @@ class AdaptiveK:
                 self._shadow = 0.0
 
 
-def auto_policy(model: Any, draft: DraftSpec | str, *, status: Any = None) -> AdaptiveK:
-    """The adaptive-k policy for ``draft`` on ``model``, from its profile (measured if missing)."""
+def auto_policy(
+    model: Any, draft: DraftSpec | str, *, capabilities: Capabilities | None = None, status: Any = None
+) -> AdaptiveK:
+    """The adaptive-k policy for ``draft`` on ``model``, from its auto profile (measured if
+    missing); ``capabilities``: the drafter's own statement (default: what the spec declares)."""
     key = str(DraftSpec.parse(draft))
-    return AdaptiveK(resolve_profile(model, key, status=status), key)
+    return AdaptiveK(resolve_profile(model, key, status=status), key, capabilities=capabilities)
+
+
+def _cached_auto_profile(model: Any, path: Any) -> Profile | None:
+    """The auto profile at ``path`` if it is sound, made for ``model`` with the auto settings."""
+    if not path.exists():
+        return None
+    try:
+        profile = Profile.load(path)
+        profile.check_model(model)
+    except ConfigError:
+        return None  # corrupt, or made on another model: measure a fresh one
+    return profile if profile.max_n == AUTO_MAX_N else None
 
 
 def resolve_profile(
-    model: Any, draft: DraftSpec | str | Sequence[DraftSpec | str], *, max_n: int = 9, status: Any = None
+    model: Any, draft: DraftSpec | str | Sequence[DraftSpec | str], *, status: Any = None
 ) -> Profile:
-    """The model's cached profile, measured now (and cached) if missing or lacking a draft
-    (``draft``: one spec or several; all missing ones are measured in one go).
+    """The model's cached ``auto`` profile, measured now (and cached) if missing or lacking a
+    draft (``draft``: one spec or several; all missing ones are measured in one go), always
+    with the same settings (:data:`AUTO_MAX_N`, :data:`AUTO_REPEATS`), so ``--k auto`` behaves
+    the same whichever command ran first.
 
-    The cache folder is checked for writing *before* measuring, so a read-only cache fails in
-    a second with one line, not after the measurement.
+    Two processes resolving at once take turns (a file lock): the second finds what the first
+    measured and adds its own drafts, so no one's entries are lost. The cache folder is checked
+    for writing *before* measuring, so a read-only cache fails in a second with one line.
     """
-    path = default_profile_path(model)
-    profile = None
-    if path.exists():
-        try:
-            profile = Profile.load(path)
-            profile.check_model(model)
-        except ConfigError:
-            profile = None  # corrupt, or made on another model: measure a fresh one
+    path = default_profile_path(model, "auto")
     specs = [draft] if isinstance(draft, (str, DraftSpec)) else list(draft)
-    wanted = {str(DraftSpec.parse(d)) for d in specs}
-    wanted.discard("none")
-    if profile is not None and wanted <= set(profile.drafts) and profile.max_n >= 2:
+    wanted = {str(DraftSpec.parse(d)) for d in specs} - {"none"}
+    profile = _cached_auto_profile(model, path)
+    if profile is not None and wanted <= set(profile.drafts):
         return profile
     try:
         check_writable(path.parent, "profile cache folder")
     except ConfigError as exc:
         raise ConfigError(f"{exc} (set DRAFTWISE_CACHE to a writable folder)") from None
-    if status is not None:
-        status(f"measuring this machine's costs for --k auto (once; cached at {path})")
-    drafts = sorted({*(profile.drafts if profile else {}), *wanted})
-    max_n = max(max_n, profile.max_n if profile else 0)
-    room = model.runtime.max_context - max_n - 8
-    contexts = sorted({min(128, room // 4), min(1024, room)})
-    fresh = measure_profile(model, drafts=drafts, max_n=max_n, contexts=contexts, repeats=3, progress=False)
-    fresh.save(path)
+    with locked(path):
+        profile = _cached_auto_profile(model, path)  # another process may have just written it
+        if profile is not None and wanted <= set(profile.drafts):
+            return profile
+        if status is not None:
+            status(f"measuring this machine's costs for --k auto (once; cached at {path})")
+        drafts = sorted({*(profile.drafts if profile else {}), *wanted})
+        room = model.runtime.max_context - AUTO_MAX_N - 8
+        contexts = sorted({min(128, room // 4), min(1024, room)})
+        fresh = measure_profile(model, drafts=drafts, max_n=AUTO_MAX_N, contexts=contexts,
+                                repeats=AUTO_REPEATS, progress=False)
+        fresh.save(path)
     return fresh

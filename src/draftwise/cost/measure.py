@@ -23,8 +23,7 @@ import torch
 
 from ..decode import generate
 from ..drafters import make_drafter
-from ..drafters.base import Draft
-from ..drafters.self_spec import SelfSpecDrafter
+from ..drafters.base import Draft, Drafter
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
@@ -83,7 +82,7 @@ def _time_step(runtime: Any, context: list[int], n: int, cfg: SamplingConfig | N
     return elapsed
 
 
-def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: int) -> tuple[float, float]:
+def _time_draft(drafter: Drafter, runtime: Any, prompt: list[int], k: int, repeats: int) -> tuple[float, float]:
     """D(k), the fast-half mean of ``repeats`` proposals, and the first proposal's catch-up on
     the prompt in seconds per prompt token (beyond D(k); 0 for a draft without its own cache).
 
@@ -91,17 +90,15 @@ def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: 
     up, as after a rejected step); a draft that reads the target's features (EAGLE) gets that
     token through a target pass, untimed, as verification would give it; self-speculation,
     which shares the target's cache, proposes from the same context each time."""
-    shares_cache = isinstance(drafter, SelfSpecDrafter)
-    reads_target = hasattr(runtime, "features") and getattr(drafter, "rt", None) is runtime
+    shares_cache = drafter.capabilities.shares_target_cache
+    reads_target = drafter.capabilities.reads_features
     context = list(prompt)
-    prepare = getattr(drafter, "before_prefill", None)
-    if prepare is not None:  # an EAGLE head sets the layers the target records
-        prepare()
-    runtime.rollback(0)
-    runtime.prefill(context[:-1])
     sampling, generator = SamplingConfig(), torch.Generator().manual_seed(0)
-    drafter.start(context[:-1], sampling, generator)
+    runtime.rollback(0)
+    drafter.start(context[:-1], sampling, generator)  # before the prefill, as decoding does
+    runtime.prefill(context[:-1])
     drafter.propose(context, k)  # warm up
+    drafter.end(None)
     drafter.start(context[:-1], sampling, generator)
     t0 = time.perf_counter()
     drafter.propose(context, k)  # the first proposal: a draft with its own cache catches up here
@@ -116,6 +113,7 @@ def _time_draft(drafter: Any, runtime: Any, prompt: list[int], k: int, repeats: 
         t0 = time.perf_counter()
         drafter.propose(context, k)
         times.append(time.perf_counter() - t0)
+    drafter.end(None)  # a measurement teaches a learning draft nothing
     d = fast_half_mean(times)
     return d, (0.0 if shares_cache else max(first - d, 0.0) / max(len(prompt) - 1, 1))
 
@@ -157,7 +155,11 @@ def measure_profile(
     if not contexts or contexts[0] < 2 or contexts[-1] + max_n + repeats + 2 > limit:
         raise ConfigError(f"contexts {contexts} must be >= 2 and leave room for {max_n} tokens in {limit}")
     specs = {str(spec): spec for spec in map(DraftSpec.parse, drafts) if not spec.is_none}
-    drafters = {key: make_drafter(spec, model) for key, spec in specs.items()}
+    drafters: dict[str, Drafter] = {}
+    for key, spec in specs.items():
+        drafter = make_drafter(spec, model)
+        assert drafter is not None  # "none" was left out above
+        drafters[key] = drafter
     total = len(contexts) * repeats + len(drafters) * (max_n - 1) + 1
     done = 0
 

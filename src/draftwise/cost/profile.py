@@ -35,9 +35,11 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,7 +280,35 @@ def _kernel_tag(model: Any) -> str:
     return "-" + "+".join(sorted(kinds))
 
 
-def default_profile_path(model: Any) -> Path:
-    """Where ``draftwise profile`` saves a model's profile unless told otherwise: one file per
-    model, mode and matmul kernel (``<model>-float32-mkldnn.json``)."""
-    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{model.mode}{_kernel_tag(model)}.json"
+PROFILE_KINDS = ("profile", "auto")
+
+
+def default_profile_path(model: Any, kind: str = "profile") -> Path:
+    """Where a model's profile of one kind is cached: one file per model, mode, matmul kernel and
+    kind of measurement, so no writer overwrites another's with other settings. ``profile``:
+    ``draftwise profile`` (``<model>-float32-mkldnn.json``); ``auto``: what ``--k auto``
+    measures on first use with its own fixed settings (``<model>-float32-mkldnn-auto.json``)."""
+    if kind not in PROFILE_KINDS:
+        raise ValueError(f"unknown profile kind {kind!r}; one of {', '.join(PROFILE_KINDS)}")
+    tag = "" if kind == "profile" else f"-{kind}"
+    return cache_dir() / "profiles" / f"{Path(model.folder).name}-{model.mode}{_kernel_tag(model)}{tag}.json"
+
+
+@contextlib.contextmanager
+def locked(path: str | Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``path``'s ``.lock`` file (other processes wait): a
+    read-measure-merge-write of a shared profile then loses no one's entries. Where the
+    platform has no ``fcntl`` (Windows) it does not lock."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    lock = Path(str(path) + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -24,8 +24,11 @@ from typing import Any
 import torch
 
 from ..decode import decode_steps
+from ..drafters.factory import capabilities_of
 from ..drafters.spec import DraftSpec
 from ..sampling import SamplingConfig
+from ..tree import TokenTree
+from ..verify import follow
 from .model import expected_committed_by_position
 from .profile import Profile
 
@@ -98,6 +101,8 @@ def trace_generation(
         if done:
             break
     gen.close()
+    if drafter is not None:  # as a finished generation: a learning draft keeps it (as the replay does)
+        drafter.end(list(tokens))
     return Trace(
         question_id=question_id,
         category=category,
@@ -113,37 +118,28 @@ def trace_generation(
 
 # -- replaying a trace at another k --------------------------------------------------------
 def replayable(spec: DraftSpec | str) -> bool:
-    """Drafts whose proposals are a pure function of what they have seen (prompt lookup, its
-    trees, suffix decoding): their greedy steps at any k replay exactly from the committed tokens.
-    A hybrid (``suffix+eagle:...``) is not: its head needs the target's features."""
-    spec = DraftSpec.parse(spec)
-    return spec.kind in ("lookup", "suffix") and spec.then is None
+    """Drafts whose proposals are a pure function of what they have seen (they declare
+    ``replay="exact"``: prompt lookup, its trees, suffix decoding): their greedy steps at any k
+    replay exactly from the committed tokens. A hybrid (``suffix+eagle:...``) is not: its head
+    needs the target's features."""
+    return capabilities_of(spec).replay == "exact"
 
 
 def rates_only(spec: DraftSpec | str) -> bool:
     """Drafts whose steps at another k come from a traced run's acceptance rates, not from its
-    per-position hits: an EAGLE head (its chain at k depends on its own earlier guesses) and a
-    hybrid (a tree each step)."""
-    spec = DraftSpec.parse(spec)
-    return spec.kind == "eagle" or spec.then is not None
+    per-position hits (they declare ``replay="rates"``: an EAGLE head, whose chain at k depends
+    on its own earlier guesses, and a hybrid, a tree each step)."""
+    return capabilities_of(spec).replay == "rates"
 
 
 def accepted_along(draft: Any, truth: Sequence[int]) -> int:
     """How many proposed tokens greedy verification keeps when the target's tokens are ``truth``:
-    a chain's matching prefix, or a tree's longest root path that follows ``truth``."""
-    tree = getattr(draft, "tree", None)
-    acc = 0
-    if tree is None:
-        while acc < len(draft.tokens) and acc < len(truth) and draft.tokens[acc] == truth[acc]:
-            acc += 1
-        return acc
-    row = 0
-    while acc < len(truth):
-        row = next((c for c in tree.children(row) if tree.token(c) == truth[acc]), -1)
-        if row < 0:
-            break
-        acc += 1
-    return acc
+    a chain's matching prefix, or a tree's longest root path that follows ``truth`` (the
+    verifier's own walk, :func:`draftwise.verify.follow`, with the target's argmax at depth d
+    being ``truth[d - 1]``)."""
+    tree = draft.tree if draft.tree is not None else TokenTree.chain(draft.tokens)
+    accept = [d <= len(truth) and tree.token(j) == truth[d - 1] for j, d in enumerate(tree.depths, 1)]
+    return follow(tree, accept, [0] * (len(tree) + 1)).accepted
 
 
 def replay_lookup(
@@ -166,6 +162,7 @@ def replay_lookup(
             drafter.observe(acc)
         context.extend(tokens[pos : pos + acc + 1])
         pos += acc + 1
+    drafter.end(list(tokens))  # as a finished generation would: a learning draft keeps it
     return steps
 
 
@@ -201,9 +198,10 @@ def predict_seconds(
     if not spec.is_none and any(m for m, _ in steps):  # a draft's own catch-up on the prompt
         total += profile.draft_prefill_time(key, prompt_len)
     pos = prompt_len + 1
+    host_search = not spec.is_none and capabilities_of(spec).cost == "host"
     for m, acc in steps:
         d = profile.draft_time(key, m) if not spec.is_none else 0.0
-        if spec.kind in ("lookup", "suffix") and m == 0:
+        if host_search and m == 0:
             d = profile.draft_time(key, 1)  # the look-up ran and found nothing
         total += d + profile.step_time(m + 1, pos, sampled=sampled)
         pos += acc + 1

@@ -47,9 +47,9 @@ def validate_plan(
     max_new = int(plan.config.get("max_new_tokens", 128))
     settings = {plan.choose(r.category) for r in rows} | set(extra)
     settings.discard((NONE, 0))
-    # private drafters: a suffix draft's cache of earlier outputs grows over these prompts as it
+    # drafters of their own: a suffix draft's cache of earlier outputs grows over these prompts as it
     # would in real use, and learns nothing from the planner's own runs
-    drafters = {s: make_drafter(s[0], model, shared_cache=False) for s in settings}
+    drafters = {s: make_drafter(s[0], model) for s in settings}
     generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
     # per (label, category): list of (plain tok/s, method tok/s)
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -138,8 +138,6 @@ def _timed(model: Any, prompt_ids: list[int], max_new: int, cfg: SamplingConfig,
            *, last: bool) -> float:
     """Tokens/s of one generation; a repeat before the last is not remembered by a draft that
     learns across generations (it would otherwise see its own answer again)."""
-    tps = generate(model, prompt_ids, max_new_tokens=max_new, sampling=cfg, draft=drafter, k=k).tokens_per_second
-    if not last and hasattr(drafter, "discard"):
-        drafter.discard()
-    return tps
+    return generate(model, prompt_ids, max_new_tokens=max_new, sampling=cfg, draft=drafter, k=k,
+                    learn=last).tokens_per_second
 

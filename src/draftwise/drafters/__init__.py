@@ -1,17 +1,19 @@
-"""Drafts: one file per kind, one protocol (``start``, ``propose``, ``observe``), one spec
+"""Drafts: one file per kind, one protocol (``start``, ``propose``, ``observe``, ``end``, and
+the declared :class:`Capabilities`), one spec
 parser (:class:`DraftSpec`) and one factory (:func:`make_drafter`). A draft proposes a chain or
 a token tree (:class:`Draft`'s ``tree``): ``suffix`` always, ``lookup`` with ``branches > 1``."""
 
-from .base import Draft, Drafter, draft_autoregressive
-from .factory import make_drafter
+from .base import Capabilities, Draft, Drafter, draft_autoregressive
+from .factory import capabilities_of, make_drafter
 from .lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
 from .model import ModelDrafter, check_same_tokenizer
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
-from .suffix import SuffixCache, SuffixDrafter, clear_shared_caches
+from .suffix import SuffixCache, SuffixDrafter
 
 __all__ = [
     "SPEC_HELP",
+    "Capabilities",
     "Draft",
     "DraftSpec",
     "Drafter",
@@ -22,7 +24,7 @@ __all__ = [
     "SuffixCache",
     "SuffixDrafter",
     "check_same_tokenizer",
-    "clear_shared_caches",
+    "capabilities_of",
     "draft_autoregressive",
     "find_ngram_match",
     "make_drafter",

@@ -1,16 +1,22 @@
-"""The drafter protocol: one shape for every kind of draft.
+"""The drafter protocol: one shape and one lifecycle for every kind of draft.
 
-A generation calls ``start`` once, then each step ``propose(context, k)`` and, after the target
-has verified, ``observe(num_accepted)``. ``context`` is every token so far (prompt and committed
+A generation calls ``start`` once, before the target's prefill; then each step
+``propose(context, k)`` and, after the target has verified, ``observe(num_accepted)``; and
+finally ``end(output)``, with the committed tokens when the generation finished, or None when
+it was cancelled (a draft that learns across generations, such as suffix decoding's cache,
+learns only from finished ones). ``context`` is every token so far (prompt and committed
 output); its last token is not yet in the target's cache. A drafter may propose fewer than k
 tokens, or none: the step is then a plain decode step.
+
+Each drafter declares what it can do in :class:`Capabilities`; the decode loop, the cost model
+and the planner read that statement, never a spec string, ``isinstance`` or ``getattr``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -62,19 +68,71 @@ class Draft:
         return Draft(self.tokens[:n], probs, tree, scores)
 
 
+#: how a draft's cost is measured and priced: ``host`` (a search on the CPU: lookup, suffix),
+#: ``model`` (passes of its own model), ``target_layers`` (passes of some of the target's own
+#: layers, in the target's cache), ``head`` (a small head over the target's features)
+CostKind = Literal["host", "model", "target_layers", "head"]
+#: how the planner replays a traced greedy answer at another k: ``exact`` (the proposals are a
+#: pure function of the tokens seen, so any k replays exactly), ``hits`` (a chain whose first j
+#: tokens at any k are its proposal at j: replay from per-position hits), ``rates`` (proposals
+#: depend on the draft's own earlier guesses: only the traced acceptance rates carry over)
+ReplayKind = Literal["exact", "hits", "rates"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a drafter does, stated once (STYLE principle 12).
+
+    trees:               may propose token trees (``Draft.tree`` other than a chain); the ``k``
+                         it is given is then a node budget.
+    scored:              its trees carry ``Draft.scores`` (each node's estimated probability of
+                         acceptance, best first), so ``--k auto`` trims them node by node.
+    reads_features:      reads the target's hidden features (EAGLE): the target records them
+                         during its passes, so its proposals need the target's runtime.
+    shares_target_cache: runs on the target's own runtime and cache (self-speculation): its
+                         proposals leave the target's cache where they found it.
+    learns:              keeps what it learns across generations (suffix decoding's cache of
+                         earlier outputs); such a drafter object belongs to one owner (a bench
+                         method, a server) and is never shared between two of them.
+    replay:              how the planner replays it (:data:`ReplayKind`).
+    cost:                how its cost is measured (:data:`CostKind`).
+
+    >>> Capabilities(trees=True, scored=True).tree_policy
+    'scored'
+    >>> Capabilities(trees=True).tree_policy, Capabilities().tree_policy
+    ('unscored', 'chain')
+    """
+
+    trees: bool = False
+    scored: bool = False
+    reads_features: bool = False
+    shares_target_cache: bool = False
+    learns: bool = False
+    replay: ReplayKind = "exact"
+    cost: CostKind = "host"
+
+    def __post_init__(self) -> None:
+        if self.scored and not self.trees:
+            raise ValueError("only a drafter that proposes trees can score its nodes")
+
+    @property
+    def tree_policy(self) -> Literal["chain", "scored", "unscored"]:
+        """How ``--k auto`` treats the proposals: chains by k, scored trees trimmed by their
+        scores, unscored trees by node budget with acceptance counted by depth."""
+        return "chain" if not self.trees else ("scored" if self.scored else "unscored")
+
+
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes tokens for the target to verify.
-
-    A drafter may also define ``before_prefill()``, which the decode loop calls before the
-    target's prefill of each generation (an EAGLE head sets which layers the target records)."""
+    """Proposes tokens for the target to verify (see the module docstring for the lifecycle)."""
 
     name: str
+    capabilities: Capabilities
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
-        """Begin a generation: forget the earlier one's state (what a draft learns across
-        generations, such as suffix's cache of earlier outputs, it keeps on purpose); sample
-        with ``generator`` when not greedy."""
+        """Begin a generation, before the target's prefill of ``prompt``: forget the earlier
+        one's state (what a draft learns across generations it keeps on purpose); sample with
+        ``generator`` when not greedy."""
         ...
 
     def propose(self, context: Sequence[int], k: int) -> Draft:
@@ -83,6 +141,11 @@ class Drafter(Protocol):
 
     def observe(self, num_accepted: int) -> None:
         """How many of the last proposal's tokens the target accepted."""
+        ...
+
+    def end(self, output: Sequence[int] | None) -> None:
+        """The generation is over: ``output`` is what it committed when it finished, None when
+        it was cancelled or must not be learned from (a warm-up, a planner's replay)."""
         ...
 
 

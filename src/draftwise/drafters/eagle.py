@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
-from .base import Draft, draft_autoregressive
+from .base import Capabilities, Draft, draft_autoregressive
 from .eagle_head import HeadCache
 from .head_files import LoadedHead, load_head, target_fingerprint
 
@@ -164,13 +164,12 @@ class EagleDrafter:
         self._generator = torch.Generator()
         self._fed = 0  # head rows (positions) computed from the target's real features
         self.topk, self.depth = int(topk), int(depth)
-
-    def before_prefill(self) -> None:
-        """Make the target record this head's layers (several heads may share one runtime: a
-        bench or a server running EAGLE-1 and EAGLE-3 heads); a no-op when it already does."""
-        self.rt.capture_features(self.head.cfg.feature_layers)
+        self.capabilities = Capabilities(trees=self.topk > 1, reads_features=True, replay="rates", cost="head")
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
+        # before the target's prefill: make it record this head's layers (several heads may
+        # share one runtime, as in a bench or a server running EAGLE-1 and EAGLE-3 heads)
+        self.rt.capture_features(self.head.cfg.feature_layers)
         self._sampling, self._generator = sampling, generator
         self._fed = 0
         self.cache.rollback(0)
@@ -280,6 +279,9 @@ class EagleDrafter:
 
     def observe(self, num_accepted: int) -> None:
         """Nothing to do: the next proposal rolls the head back to the committed positions."""
+
+    def end(self, output: Sequence[int] | None) -> None:
+        pass  # the head's cache is rolled back at the next start
 
 
 def eagle_drafter(source: str, model: Any, *, topk: int = 1, depth: int = 8) -> EagleDrafter:

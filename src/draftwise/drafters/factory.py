@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..loaders import cache_dir, load_model
-from .base import Drafter
+from .base import Capabilities, Drafter
 from .eagle import eagle_drafter
 from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter
@@ -18,7 +18,6 @@ from .packs import META_FILE, default_draft_folder
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec
 from .suffix import MAX_MATCH, SuffixCache, SuffixDrafter
-from .suffix import shared_cache as process_cache
 
 # Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
 # user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
@@ -84,34 +83,52 @@ def _self_drafter(spec: DraftSpec, model: Any) -> SelfSpecDrafter:
     return SelfSpecDrafter(rt, layers)
 
 
-def _suffix_drafter(spec: DraftSpec, model: Any, shared: bool, cache_key: str | None = None) -> SuffixDrafter:
-    """A suffix drafter whose global cache is the process-wide one for (this model, this spec):
-    every generation in the process that runs this draft on this model learns from the earlier
-    ones. Another spec (another cache size, ``cache=0``, a hybrid's ``suffix+eagle:...``, whose
-    ``cache_key`` is the whole hybrid spec) never sees it, so interleaved methods in one benchmark
-    cannot read each other's answers. ``shared=False``: a private cache."""
+def _suffix_drafter(spec: DraftSpec, model: Any) -> SuffixDrafter:
+    """A suffix drafter with a cache of its own: whoever keeps the drafter (a bench method, a
+    server) keeps the cache, and no other drafter ever reads it."""
     context = getattr(getattr(model, "runtime", None), "max_context", None)
     for key in ("nodes", "depth"):
         value = getattr(spec, key)
         if isinstance(context, int) and value > context:
             raise ConfigError(f"{spec}: {key}={value} is over this model's context of {context} tokens")
     depth = MAX_MATCH + spec.depth
-    if not spec.cache:
-        cache = None
-    elif shared:
-        cache = process_cache((str(getattr(model, "folder", None) or id(model)), cache_key or str(spec)), spec.cache, depth)
-    else:
-        cache = SuffixCache(spec.cache, depth)
+    cache = SuffixCache(spec.cache, depth) if spec.cache else None
     return SuffixDrafter(nodes=spec.nodes, depth=spec.depth, factor=spec.factor, min_prob=spec.min_prob, cache=cache)
 
 
-def make_drafter(
-    spec: Drafter | DraftSpec | str | None, model: Any, *, shared_cache: bool = True
-) -> Drafter | None:
+def capabilities_of(spec: DraftSpec | str) -> Capabilities:
+    """What the drafter ``spec`` names declares (:class:`Capabilities`), without building it
+    (the planner reads this before it loads any weights); ``make_drafter(spec, model)
+    .capabilities`` is the same statement.
+
+    >>> capabilities_of("suffix").tree_policy, capabilities_of("lookup:branches=3").tree_policy
+    ('scored', 'unscored')
+    >>> capabilities_of("self").replay, capabilities_of("eagle:default").cost
+    ('hits', 'head')
+    """
+    spec = DraftSpec.parse(spec)
+    if spec.then is not None:
+        parts = (capabilities_of(replace(spec, then=None)), capabilities_of(spec.then))
+        return Capabilities(trees=True, scored=True, reads_features=any(c.reads_features for c in parts),
+                            shares_target_cache=any(c.shares_target_cache for c in parts),
+                            learns=any(c.learns for c in parts), replay="rates", cost=parts[1].cost)
+    if spec.kind == "lookup":
+        return Capabilities(trees=spec.branches > 1, replay="exact", cost="host")
+    if spec.kind == "suffix":
+        return Capabilities(trees=True, scored=True, learns=spec.cache > 0, replay="exact", cost="host")
+    if spec.kind == "self":
+        return Capabilities(shares_target_cache=True, replay="hits", cost="target_layers")
+    if spec.kind == "model":
+        return Capabilities(replay="hits", cost="model")
+    if spec.kind == "eagle":
+        return Capabilities(trees=spec.branches > 1, reads_features=True, replay="rates", cost="head")
+    return Capabilities()  # none: plain decoding
+
+
+def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter | None:
     """The drafter ``spec`` names for target ``model`` (a :class:`draftwise.Model`); None for
-    ``none``. A drafter object is returned as it is. ``shared_cache=False`` gives a suffix
-    drafter a cache of its own (a planner's replays, which must not learn the answers they
-    replay), instead of the process-wide one for this model and spec."""
+    ``none``. A drafter object is returned as it is. Every call builds a new drafter with its
+    own state (a suffix draft's cache included): to learn across generations, keep the object."""
     if spec is None:
         return None
     if not isinstance(spec, (str, DraftSpec)):
@@ -119,16 +136,15 @@ def make_drafter(
             return spec
         raise ConfigError(f"draft={spec!r} is neither a drafter nor a spec ({SPEC_HELP})")
     spec = DraftSpec.parse(spec)
-    if spec.then is not None:  # the copy draft's cache is the hybrid's own (keyed by the whole spec)
-        first = replace(spec, then=None)
-        copy = _suffix_drafter(first, model, shared_cache, cache_key=str(spec)) if first.kind == "suffix" else make_drafter(first, model)
+    if spec.then is not None:  # a copy draft and a head, each built as on its own
+        copy = make_drafter(replace(spec, then=None), model)
         head = make_drafter(spec.then, model)
         assert copy is not None and head is not None
         return HybridDrafter(copy, head, label=str(spec))
     if spec.kind == "lookup":
         return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram, branches=spec.branches)
     if spec.kind == "suffix":
-        return _suffix_drafter(spec, model, shared_cache)
+        return _suffix_drafter(spec, model)
     if spec.kind == "self":
         return _self_drafter(spec, model)
     if spec.kind == "model":

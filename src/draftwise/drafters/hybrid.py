@@ -14,7 +14,7 @@ both each step:
   a tree and ``--k auto`` trims the merged tree by those scores as it trims a suffix tree.
 - **sampled**: the copy draft's tree when it proposes one, else the head's chain with its
   distributions (tree verification of point masses and of distributions are separate schemes;
-  see :mod:`draftwise.verify_tree`). Either way each step is an ordinary lossless step.
+  see :mod:`draftwise.verify`). Either way each step is an ordinary lossless step.
 
 The same pairing, suffix decoding in front of a trained speculator, is what ArcticInference
 runs for its hybrid mode (Oliaro et al., 2024, section 4); this is a CPU version of the idea,
@@ -30,7 +30,7 @@ import torch
 
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
-from .base import Draft, Drafter
+from .base import Capabilities, Draft, Drafter
 
 #: head tokens merged into each greedy tree (the head's k=1 pays best on the default model)
 EXTRA = 1
@@ -82,15 +82,14 @@ class HybridDrafter:
 
     def __init__(self, copy: Drafter, head: Any, *, extra: int = EXTRA, label: str | None = None) -> None:
         self.copy, self.head, self.extra = copy, head, int(extra)
-        self.rt = getattr(head, "rt", None)  # the target whose features the head reads
         self.name = label or f"{copy.name}+{head.name}"
         self._greedy = True
-
-    def before_prefill(self) -> None:
-        for part in (self.copy, self.head):
-            prepare = getattr(part, "before_prefill", None)
-            if prepare is not None:
-                prepare()
+        parts = (copy.capabilities, head.capabilities)
+        self.capabilities = Capabilities(
+            trees=True, scored=True, reads_features=any(c.reads_features for c in parts),
+            shares_target_cache=any(c.shares_target_cache for c in parts), learns=any(c.learns for c in parts),
+            replay="rates", cost=head.capabilities.cost,
+        )
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
         self._greedy = sampling.greedy
@@ -115,13 +114,6 @@ class HybridDrafter:
         self.copy.observe(num_accepted)
         self.head.observe(num_accepted)
 
-    # the suffix draft's cache hooks, where the copy draft has them (bench warm-ups, servers)
-    def finish(self) -> None:
-        finish = getattr(self.copy, "finish", None)
-        if finish is not None:
-            finish()
-
-    def discard(self) -> None:
-        discard = getattr(self.copy, "discard", None)
-        if discard is not None:
-            discard()
+    def end(self, output: Sequence[int] | None) -> None:
+        self.copy.end(output)
+        self.head.end(output)

@@ -18,7 +18,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
-from .base import Draft
+from .base import Capabilities, Draft
 
 SCAN_PER_BRANCH = 8  # earlier occurrences looked at per wanted branch (repeats add nothing)
 
@@ -150,6 +150,7 @@ class PromptLookupDrafter:
         if branches < 1:
             raise ConfigError(f"lookup needs branches >= 1, got {branches}")
         self.max_ngram, self.min_ngram, self.branches = max_ngram, min_ngram, branches
+        self.capabilities = Capabilities(trees=branches > 1, replay="exact", cost="host")
         self.index = self._new_index()
 
     def _new_index(self) -> NgramIndex:
@@ -171,3 +172,6 @@ class PromptLookupDrafter:
 
     def observe(self, num_accepted: int) -> None:
         pass  # committed tokens arrive with the next context
+
+    def end(self, output: Sequence[int] | None) -> None:
+        pass  # nothing is kept across generations

@@ -15,7 +15,7 @@ import torch
 from ..errors import ConfigError
 from ..runtime.base import Runtime
 from ..sampling import SamplingConfig
-from .base import Draft, draft_autoregressive
+from .base import Capabilities, Draft, draft_autoregressive
 
 
 def check_same_tokenizer(target_tok: Any, draft_tok: Any) -> None:
@@ -43,6 +43,7 @@ class ModelDrafter:
     """
 
     name = "model"
+    capabilities = Capabilities(replay="hits", cost="model")
 
     def __init__(self, runtime: Runtime, *, vocab_size: int, label: str = "model") -> None:
         self.rt = runtime
@@ -90,3 +91,6 @@ class ModelDrafter:
         # the cache holds context + tokens[:k-1]; the accepted ones stay valid
         self._cached = self._context_len + min(num_accepted, self._k - 1)
         self.rt.rollback(self._cached)
+
+    def end(self, output: Sequence[int] | None) -> None:
+        pass  # the draft's cache is rolled back at the next start

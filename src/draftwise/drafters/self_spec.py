@@ -15,7 +15,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..runtime.native import NativeRuntime
-from .base import Draft, draft_autoregressive
+from .base import Capabilities, Draft, draft_autoregressive
 from .layer_lists import format_layers
 
 
@@ -23,6 +23,7 @@ class SelfSpecDrafter:
     """Drafts with a subset of the target's layers (native runtime only)."""
 
     name = "self"
+    capabilities = Capabilities(shares_target_cache=True, replay="hits", cost="target_layers")
 
     def __init__(self, runtime: object, layers: Sequence[int]) -> None:
         if not isinstance(runtime, NativeRuntime):
@@ -49,10 +50,6 @@ class SelfSpecDrafter:
         self.name = f"self[{len(chosen)}/{n}]"
         self._sampling = SamplingConfig()
         self._generator = torch.Generator()
-
-    @classmethod
-    def early_exit(cls, runtime: object, exit_layer: int) -> SelfSpecDrafter:
-        return cls(runtime, range(exit_layer))
 
     @property
     def description(self) -> str:
@@ -81,4 +78,7 @@ class SelfSpecDrafter:
         return draft
 
     def observe(self, num_accepted: int) -> None:
+        pass
+
+    def end(self, output: Sequence[int] | None) -> None:
         pass

@@ -29,14 +29,12 @@ costs the same per token, paid once when the next generation starts. ``benchmark
 (k=16, depth 8): a median 22-27 µs per step without the cache and 44-54 µs with 64-512 cached
 generations, for histories of 1k to 100k tokens.
 
-Sharing: :func:`~draftwise.drafters.make_drafter` gives every suffix drafter made for the same
-model and the same spec one process-wide :class:`SuffixCache` (one bench run's questions, one
-server's requests), and a drafter object is itself reusable: ``start`` adds the generation it
-just finished to the cache. Specs that differ (``cache=0`` vs ``cache=64``, other options) get
-separate caches, so an interleaved benchmark never lets one method see another's answer. A
-question asked twice finds its own earlier answer: a run that must not teach the cache (a
-warm-up, a planner's replay) calls :meth:`SuffixDrafter.discard`, or uses
-``make_drafter(..., shared_cache=False)``.
+Ownership: a drafter owns its :class:`SuffixCache`; nothing is shared through the process.
+Whoever keeps the drafter object keeps the cache: one bench method across its questions, one
+server across its requests, one planner replay. Two methods of one benchmark (even with the
+same spec, or ``auto`` routed to ``suffix``) never see each other's answers. ``end(output)``
+adds a finished generation's output to the cache; ``end(None)`` (a cancelled request, a
+warm-up, a repeat that must not find its own answer) adds nothing.
 """
 
 from __future__ import annotations
@@ -45,7 +43,7 @@ import math
 import os
 import threading
 from collections import deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,7 +51,7 @@ import torch
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
-from .base import Draft
+from .base import Capabilities, Draft
 from .suffix_trie import Node, Seq, SuffixTrie, Where, grow_tree
 
 MAX_MATCH = 16  # the longest context suffix matched; the tries hold MAX_MATCH + depth levels
@@ -138,25 +136,6 @@ class SuffixCache:
             return [list(s.tokens) for s in self.seqs]
 
 
-_SHARED: dict[Hashable, SuffixCache] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_cache(key: Hashable, capacity: int, max_depth: int) -> SuffixCache:
-    """The process-wide cache for ``key`` (made on first use)."""
-    with _SHARED_LOCK:
-        cache = _SHARED.get(key)
-        if cache is None or cache.capacity != capacity or cache.trie.max_depth != max_depth:
-            cache = _SHARED[key] = SuffixCache(capacity, max_depth)
-        return cache
-
-
-def clear_shared_caches() -> None:
-    """Forget every process-wide suffix cache (tests, or a benchmark that wants a cold start)."""
-    with _SHARED_LOCK:
-        _SHARED.clear()
-
-
 @dataclass(frozen=True)
 class Proposal:
     """Where the last proposal came from: ``local`` (this generation), ``global`` (the cache)
@@ -200,6 +179,8 @@ class SuffixDrafter:
         if cache is not None and cache.trie.max_depth != self.max_depth:
             raise ValueError(f"this cache holds {cache.trie.max_depth} levels; depth={depth} needs {self.max_depth}")
         self.cache = cache if cache is not None and cache.capacity > 0 else None
+        self.capabilities = Capabilities(trees=True, scored=True, learns=self.cache is not None,
+                                         replay="exact", cost="host")
         self.local: SuffixTrie | None = None
         self.seq = Seq(0)
         self.prompt_len = 0
@@ -210,19 +191,14 @@ class SuffixDrafter:
     # -- a generation -----------------------------------------------------------------------------
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
-        """Begin a generation; the one before goes into the global cache first."""
-        self.finish()
+        """Begin a generation (one that was never ended teaches the cache nothing)."""
         self._begin(prompt)
 
-    def finish(self) -> None:
-        """Add the current generation's output (what ``propose`` has seen after the prompt) to
-        the global cache, and end it. ``start`` calls this; calling it twice adds once."""
-        if self.local is not None and self.cache is not None:
-            self.cache.add(self.seq.tokens[self.prompt_len :])
-        self.local = None
-
-    def discard(self) -> None:
-        """End the current generation without caching it (a warm-up run, a repeated question)."""
+    def end(self, output: Sequence[int] | None) -> None:
+        """End the generation: a finished one's ``output`` joins the global cache; None (a
+        cancelled generation, a warm-up) adds nothing. Ending twice adds once."""
+        if self.local is not None and self.cache is not None and output:
+            self.cache.add(list(output))
         self.local = None
 
     def _begin(self, prompt: Sequence[int]) -> None:
