@@ -58,9 +58,11 @@ def prompts_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def drafts(tiny, prompts_file, tmp_path_factory):
-    """Two distilled drafts: full head, and a 300-token head."""
+    """Two distilled drafts: full head (3 steps at lr 3e-3, enough to show it learned), and a 300-token head."""
     root = tmp_path_factory.mktemp("drafts")
-    full = distill(tiny, root / "full", layers=2, prompts=prompts_file, **{**FAST, "eval_prompts": 2}, eval_max_new_tokens=6)
+    full = distill(
+        tiny, root / "full", layers=2, prompts=prompts_file, **{**FAST, "eval_prompts": 2, "lr": 3e-3}, eval_max_new_tokens=6
+    )
     reduced = distill(tiny, root / "reduced", layers=2, vocab_size_draft=300, prompts=prompts_file, **FAST)
     return full, reduced
 
@@ -122,6 +124,32 @@ def test_output_folder(drafts):
     saved = json.loads((full.out_dir / "eval.json").read_text())
     assert saved["cost_ratio"] > 0 and "breakeven_acceptance" in saved  # None when c >= 1 (timing noise)
     assert 0 <= saved["acceptance"] <= 1 and 1 <= saved["mean_committed"] <= 5
+
+
+def _mean_kl(target, model, sequences) -> float:
+    """The draft's KL(p_target || q_draft) per position over the windows training sees (each
+    sequence's last ``seq_len`` tokens), teacher-forced."""
+    ids, mask = make_batch(sequences, FAST["seq_len"])
+    with torch.no_grad():
+        return float(kl_loss(draft_logits(model, ids, mask, None), teacher_logits(target.runtime, ids, mask, None)))
+
+
+def test_the_distilled_draft_is_closer_to_the_target_than_its_untrained_start(tiny, drafts):
+    from transformers import AutoModelForCausalLM
+
+    folder = drafts[0].out_dir
+    meta = json.loads((folder / "draftwise_draft.json").read_text())
+    untrained = build_draft(tiny, meta["layers"], init_layers=meta["init_layers"], hidden_size=None, seed=0).eval()
+    trained = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    seen = [json.loads(line)["ids"] for line in (folder / "data" / "sequences.jsonl").read_text().splitlines()]
+    held = [
+        tiny.encode_prompt(row["turns"][0]) + generate(tiny, row["turns"][0], max_new_tokens=8).token_ids
+        for row in map(json.loads, (folder / "data" / "heldout.jsonl").read_text().splitlines())
+    ]
+    # measured after 3 steps at lr 3e-3: training sequences 0.029 -> 0.011, held-out 0.026 -> 0.011
+    # (at the default lr 3e-4, 0.86x on both: too little to pass)
+    assert _mean_kl(tiny, trained, seen) < 0.6 * _mean_kl(tiny, untrained, seen)
+    assert _mean_kl(tiny, trained, held) < 0.7 * _mean_kl(tiny, untrained, held)
 
 
 def _strings(value):
@@ -223,7 +251,7 @@ def test_resume_continues_from_the_checkpoint(tiny, prompts_file, tmp_path):
     assert json.loads((tmp_path / "split" / "checkpoints" / "last.json").read_text())["step"] == 2
     with pytest.raises(ConfigError, match="--lr"):
         distill(tiny, tmp_path / "split", resume=True, lr=1.0, **{k: v for k, v in common.items() if k != "layers"})
-    resumed = distill(tiny, tmp_path / "split", resume=True)
+    resumed = distill(tiny, tmp_path / "split", resume=True, eval_prompts=0)  # evaluating is not what this tests
     assert resumed.steps == 4 and resumed.stopped == "completed"
     log = [json.loads(line)["step"] for line in (tmp_path / "split" / "train_log.jsonl").read_text().splitlines()]
     assert log == [1, 2, 3, 4]

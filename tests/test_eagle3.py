@@ -34,7 +34,7 @@ from draftwise.sampling import SamplingConfig
 
 from .conftest import random_hf_model, tiny_llama_config
 from .test_eagle import _greedy
-from .test_train_head import FAST, QUESTIONS
+from .test_train_head import FAST, QUESTIONS, heldout_curve
 
 V = 40
 AUX = (0, 1, 2)
@@ -164,7 +164,10 @@ def test_features_store_the_fused_layers_as_the_runtime_records_them(tiny, tmp_p
 def test_train_head_eagle3_with_the_training_time_test_saves_a_lossless_head(tiny, tmp_path):
     out = tmp_path / "h3"
     result = train_head(tiny, out, steps=3, snapshot_every=3, arch="eagle3", ttt=2, **FAST)
-    assert result.steps == 3 and 0 <= result.heldout["acceptance_second"] <= 1
+    assert result.steps == 3 and result.heldout["acceptance_second"] > 0.5  # measured: 1.0
+    # the untrained head (step 0, random fusion layer) accepts nothing held out; 3 steps: 0.92
+    curve = heldout_curve(out)
+    assert len(curve) == 2 and curve[1] > curve[0] + 0.5, curve
     loaded = load_head(out)
     assert loaded.head.cfg.arch == "eagle3" and loaded.head.cfg.aux_layers == default_aux_layers(int(tiny.runtime.num_layers))
     assert loaded.meta["settings"]["ttt"] == 2

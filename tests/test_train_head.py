@@ -16,6 +16,7 @@ from draftwise import ConfigError
 from draftwise.cli import app
 from draftwise.distill import head_data
 from draftwise.distill.head_data import (
+    FeatureStore,
     extract_features,
     filter_instructions,
     heldout_sequences,
@@ -187,6 +188,42 @@ def test_run_saves_a_head_that_loads_and_resume_continues(tiny, tmp_path):
         train_head(tiny, out, steps=6, resume=True, questions=QUESTIONS, lr=0.5)
     with pytest.raises(ConfigError, match="already holds"):
         train_head(tiny, out, steps=1, **FAST)
+
+
+def run_store(tiny, out) -> tuple[FeatureStore, list[bool]]:
+    """The features of an EAGLE-1 run's own sequences (from its cache) and which of them it held out."""
+    rows = [json.loads(line) for line in (out / "data" / "sequences.jsonl").read_text().splitlines()]
+    prompts = [QUESTIONS[r["question_id"]].prompt for r in rows]
+    store = extract_features(tiny, [r["ids"] for r in rows], [len(tiny.encode_prompt(p)) for p in prompts], out / "data")
+    return store, heldout_sequences(prompts, FAST["holdout_percent"])
+
+
+def heldout_curve(out) -> list[float]:
+    """The held-out acceptance the run logged: at step 0 (the untrained head), then per snapshot."""
+    return [row["acceptance"] for row in map(json.loads, (out / "train_log.jsonl").read_text().splitlines()) if "acceptance" in row]
+
+
+def test_a_trained_head_beats_its_untrained_start_on_the_same_sequences(tiny, tmp_path):
+    out = tmp_path / "learned"
+    # the whole vocabulary: with a reduced one, the loss weighs each row by the target's mass inside
+    # it, a fraction of a percent on this near-uniform random target, and 3 steps barely move it
+    train_head(tiny, out, steps=3, snapshot_every=3, **{**FAST, "vocab_size_draft": 0, "lr": 3e-3})
+    store, held = run_store(tiny, out)
+    parts = TargetParts.of(tiny.runtime, None, torch.device("cpu"))
+    untrained, trained = build_head(tiny, init="layer", seed=0), load_head(out).head  # the run's init and seed
+
+    def kl(head, which: bool) -> float:
+        rows = [i for i, h in enumerate(held) if h == which]
+        batch = make_head_batch(store, rows, parts, window=None, eos={2}, response_only=False, device=torch.device("cpu"))
+        with torch.no_grad():
+            return head_loss(head, parts, batch, reg_weight=0.0, noise=0.0)[1]
+
+    # measured: KL 0.0198 -> 0.0130 on the training sequences, 0.0193 -> 0.0130 held out;
+    # held-out acceptance 0 -> 0.5 (at the default lr 1e-3: 0.77x, 0.78x and 0 -> 0.17)
+    for which in (False, True):
+        assert kl(trained, which) < 0.75 * kl(untrained, which), which
+    curve = heldout_curve(out)
+    assert len(curve) == 2 and curve[1] > curve[0] + 0.25, curve
 
 
 def test_time_budget_stops_cleanly(tiny, tmp_path):

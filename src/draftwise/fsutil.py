@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -90,7 +90,33 @@ def _holds_files(folder: Path) -> bool:
     return folder.is_dir() and any(p.name != MARKER for p in folder.iterdir())
 
 
-def check_output_dir(folder: str | Path, command: str, *, overwrite: bool, holds: str = "results") -> Path:
+def _is_ours(name: str, writes: Collection[str]) -> bool:
+    """Whether ``name`` is one of ``writes`` or a temporary file :func:`atomic_path` left for one.
+
+    >>> [_is_ours(n, ["config.json"]) for n in ("config.json", ".config.json.k3x9.tmp", "notes.txt")]
+    [True, True, False]
+    """
+    return name in writes or any(name.startswith(f".{w}.") and name.endswith(".tmp") for w in writes)
+
+
+def _foreign(folder: Path, writes: Collection[str] | None) -> list[str]:
+    """The entries of ``folder`` its command did not write (none when it names no ``writes``)."""
+    if writes is None or not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name != MARKER and not _is_ours(p.name, writes))
+
+
+def _names(names: list[str], most: int = 5) -> str:
+    """
+    >>> _names(["a", "b"]), _names(list("abcdefg"))
+    ('a, b', 'a, b, c, d, e and 2 more')
+    """
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def check_output_dir(
+    folder: str | Path, command: str, *, overwrite: bool, holds: str = "results", writes: Collection[str] | None = None
+) -> Path:
     """What :func:`claim_output_dir` would do, checked without touching anything.
 
     Call it before expensive work; it raises the same errors :func:`claim_output_dir` would.
@@ -107,22 +133,47 @@ def check_output_dir(folder: str | Path, command: str, *, overwrite: bool, holds
                 f"file naming {command!r}); delete it yourself or pass another --out"
             )
         raise ConfigError(f"{folder} is not empty and `draftwise {command}` did not make it; pass a new or empty --out")
+    foreign = _foreign(folder, writes)
+    if foreign:  # --overwrite would not help either: it deletes only what the command wrote
+        raise ConfigError(
+            f"{folder} holds files `draftwise {command}` did not write ({_names(foreign)}); "
+            "move them out or pass another --out"
+        )
     if not overwrite:
         raise ConfigError(f"{folder} already holds {holds}; pass --overwrite to replace them or another --out")
     return folder
 
 
-def claim_output_dir(folder: str | Path, command: str, *, overwrite: bool, holds: str = "results") -> Path:
+def _delete_entries(folder: Path, writes: Collection[str] | None) -> None:
+    """Delete what ``folder`` holds (only ``writes`` when given), never ``folder`` itself: a
+    symbolic link to a folder stays a link, and the output is written through it."""
+    for entry in folder.iterdir():
+        if entry.name == MARKER or (writes is not None and not _is_ours(entry.name, writes)):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def claim_output_dir(
+    folder: str | Path, command: str, *, overwrite: bool, holds: str = "results", writes: Collection[str] | None = None
+) -> Path:
     """Prepare ``folder`` for ``command``'s output and mark it as made by draftwise.
 
     - missing or empty: created and marked;
     - holds earlier output and ``overwrite`` is False: refused, naming the folder;
-    - ``overwrite`` is True: deleted and made anew **only** if it carries this command's marker;
-      a folder draftwise did not make is never deleted.
+    - ``overwrite`` is True: emptied **only** if it carries this command's marker (a folder
+      draftwise did not make is never touched);
+    - ``writes``: the names the command writes in the folder. Then ``--overwrite`` deletes only
+      those, and a folder that also holds anything else (a file the user added later) is
+      refused, naming it.
+
+    A symbolic link to a folder is written through: what it points to is emptied and filled.
     """
-    folder = check_output_dir(folder, command, overwrite=overwrite, holds=holds)
+    folder = check_output_dir(folder, command, overwrite=overwrite, holds=holds, writes=writes)
     if _holds_files(folder):  # overwrite, and the folder is ours (checked above)
-        shutil.rmtree(folder)
+        _delete_entries(folder, writes)
     check_writable(folder)
     write_text_atomic(folder / MARKER, command + "\n")
     return folder

@@ -8,10 +8,10 @@ from typing import Annotated
 import typer
 
 from ..distill.head_export import (
-    COMMAND,
     DEFAULT_K,
     MODEL_TYPE,
     WEIGHTS_FILE,
+    check_export_dir,
     export_speculators,
     final_norm_of,
     lm_head_of,
@@ -20,7 +20,6 @@ from ..distill.head_export import (
 )
 from ..drafters.eagle import fingerprint_of
 from ..drafters.head_files import load_head
-from ..fsutil import check_output_dir
 from .common import DType, ThreadsOpt, load_with_status, out, user_errors, warn
 
 
@@ -52,7 +51,7 @@ def export_head_cmd(
     """
     with user_errors():
         loaded = load_head(head)  # a missing or damaged head: one line, before anything loads
-        check_output_dir(out_dir, COMMAND, overwrite=overwrite, holds="an exported head")
+        check_export_dir(out_dir, overwrite=overwrite)
         target_name = (loaded.meta.get("target") or {}).get("name")
         hf_id = verifier_id(target_name, verifier)
         target = load_with_status(model or str(target_name or "default"), "float32", threads=threads)

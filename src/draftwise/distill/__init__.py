@@ -18,7 +18,7 @@ Example::
 
 Rooms: :mod:`.data` (prompts, split, cached continuations, token counts), :mod:`.student`
 (the draft's shape, initialisation and loss), :mod:`.options` (checking and merging the options),
-:mod:`.loop` (the training steps), :mod:`.checkpoint` (saving and safely loading ``.pt`` files),
+:mod:`.loop` (the training steps, and resuming them), :mod:`.checkpoint` (saving and safely loading ``.pt`` files),
 :mod:`.outputs` (the output folder: claimed safely, files without machine paths), :mod:`.train`
 (the run from start to end), :mod:`.evaluate` (speculative vs plain on held-out prompts),
 :mod:`.pack` (a draft's trained layers alone, the form in which a draft ships).

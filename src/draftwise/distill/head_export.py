@@ -53,7 +53,7 @@ import torch
 
 from ..drafters.head_files import LoadedHead, load_head
 from ..errors import ConfigError
-from ..fsutil import atomic_path, claim_output_dir, write_json_atomic
+from ..fsutil import atomic_path, check_output_dir, claim_output_dir, write_json_atomic
 from .head_export3 import algorithm_block, eagle3_config, eagle3_tensors, is_eagle3
 
 COMMAND = "export-head"
@@ -61,6 +61,8 @@ MODEL_TYPE = "eagle"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 DEFAULT_K = 4  # draftwise's default draft length; vLLM reads it as num_speculative_tokens
+#: what an export writes in its folder; ``--overwrite`` deletes these and nothing else
+OUTPUT_FILES = (CONFIG_FILE, WEIGHTS_FILE)
 #: draftwise built-in targets -> the Hugging Face id a server knows them by
 VERIFIER_IDS: dict[str, str] = {
     "default": "HuggingFaceTB/SmolLM2-135M-Instruct",
@@ -225,6 +227,13 @@ def speculators_tensors(
     return tensors
 
 
+def check_export_dir(out_dir: str | Path, *, overwrite: bool) -> Path:
+    """Refuse, touching nothing, an ``out_dir`` :func:`export_speculators` would refuse: another
+    command's or a user's folder, an earlier export without ``overwrite``, or one that also holds
+    files the export did not write (``--overwrite`` deletes only :data:`OUTPUT_FILES`)."""
+    return check_output_dir(out_dir, COMMAND, overwrite=overwrite, holds="an exported head", writes=OUTPUT_FILES)
+
+
 def export_speculators(
     head_folder: str | Path,
     out_dir: str | Path,
@@ -245,7 +254,8 @@ def export_speculators(
     ``pre_lm_head_layernorm.weight`` and config.json says so. A head trained with ``--arch
     eagle3`` is written as ``eagle3`` (:mod:`.head_export3`) and needs both ``final_norm`` and
     ``lm_head`` (:func:`lm_head_of`). ``dtype``: float32 or bfloat16.
-    ``out_dir`` must be new or empty, or (``overwrite``) an earlier export."""
+    ``out_dir`` must be new or empty, or (``overwrite``) an earlier export that holds nothing else
+    (:func:`check_export_dir`); a symbolic link to a folder is written through."""
     if dtype not in _DTYPES:
         raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
@@ -258,7 +268,7 @@ def export_speculators(
         has_final_norm=final_norm is not None,
     )
     tensors = speculators_tensors(loaded, final_norm=final_norm, dtype=dtype, lm_head=lm_head)
-    out = claim_output_dir(out_dir, COMMAND, overwrite=overwrite, holds="an exported head")
+    out = claim_output_dir(out_dir, COMMAND, overwrite=overwrite, holds="an exported head", writes=OUTPUT_FILES)
     from safetensors.torch import save_file
 
     with atomic_path(out / WEIGHTS_FILE) as tmp:

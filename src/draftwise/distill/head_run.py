@@ -21,7 +21,6 @@ Files under the output folder ``OUT``:
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,18 +29,18 @@ from typing import Any
 
 import torch
 
-from ..drafters.eagle_head import ARCHS, default_aux_layers
+from ..drafters.eagle_head import ARCHS, EagleHead, default_aux_layers
 from ..drafters.head_files import save_head, target_fingerprint
 from ..errors import ConfigError
-from ..fsutil import check_output_dir, claim_output_dir, check_writable, is_owned_by, write_text_atomic
+from ..fsutil import check_output_dir, check_writable, claim_output_dir, is_owned_by
 from ..loaders import load_model, parse_device
 from ..questions import DEFAULT_QUESTIONS, Question, read_questions
 from .checkpoint import load_safely, save_checkpoint
 from .data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from .head_data import extract_features, heldout_sequences, magpie_prompts, magpie_questions
+from .head_data import FeatureStore, extract_features, heldout_sequences, magpie_prompts, magpie_questions
 from .head_train import HeadStep, TargetParts, build_head, train_head_loop
-from .loop import RunProgress
-from .options import check_number
+from .loop import RunProgress, resume_from, start_log
+from .options import check_numbers, check_temperatures, resolve_settings
 from .outputs import portable_command, write_heldout
 
 COMMAND = "train-head"
@@ -59,6 +58,8 @@ _RULES = {  # name: (minimum, integer, strict)
     "holdout_percent": (0, False, False), "steps": (1, True, False), "time_budget": (0, False, True),
     "snapshot_every": (1, True, False), "ttt": (1, True, False),
 }
+Status = Callable[[str], None]
+Phase = Callable[[str, int, int], None]
 
 
 @dataclass
@@ -78,47 +79,49 @@ class HeadResult:
     phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _merge(explicit: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, Any]:
-    out = {}
-    for key, default in DEFAULTS.items():
-        value = explicit.get(key)
-        if saved is not None and key in saved:
-            if value is not None and value != saved[key]:
-                flag = "--" + key.replace("_", "-")
-                raise ConfigError(f"{flag} {value} differs from the checkpoint's {saved[key]}; drop it to resume, or --overwrite")
-            out[key] = saved[key]
-        else:
-            out[key] = default if value is None else value
-    return out
+@dataclass
+class _Plan:
+    """What the checks settled before the output folder is touched."""
+
+    out: Path
+    data: Path  # the data cache: --data-dir, or OUT/data
+    target: Any
+    device: torch.device
+    settings: dict[str, Any]  # DEFAULTS' keys, resolved
+    steps: int
+    ckpt: dict[str, Any] | None  # the checkpoint resumed from, dropped once loaded
+    train_rows: list[Question]
+    held_rows: list[Question]
+
+    @property
+    def full(self) -> dict[str, Any]:
+        """The settings the checkpoint and the head's meta keep."""
+        return {"target": self.target.name, **self.settings}
+
+    @property
+    def vocab(self) -> int:
+        return int(self.target.runtime.vocab_size)
+
+
+@dataclass
+class _HeadData:
+    """The training data: target answers, their features, and which of them are held out."""
+
+    magpie_texts: list[str]
+    sequences: list[list[int]]
+    store: FeatureStore
+    train_seqs: list[int]
+    held_seqs: list[int]
+    phase: dict[str, float]  # seconds per data phase (and, at the end, "train")
 
 
 def _check(values: dict[str, Any]) -> None:
-    for name, value in values.items():
-        if name in _RULES:
-            minimum, integer, strict = _RULES[name]
-            check_number(name, value, minimum=minimum, integer=integer, strict=strict)
-    temps = values.get("gen_temperatures")
-    if temps is not None:
-        if not temps:
-            raise ConfigError("--gen-temperatures is empty; give at least one (0 = greedy)")
-        for t in temps:
-            check_number("gen_temperatures", t, minimum=0, integer=False)
+    """Refuse an option out of range, by name, before anything is loaded."""
+    check_numbers({k: v for k, v in values.items() if k in _RULES}, _RULES)
+    if values.get("gen_temperatures") is not None:
+        check_temperatures(values["gen_temperatures"])
     if values.get("holdout_percent") is not None and values["holdout_percent"] >= 100:
         raise ConfigError(f"--holdout-percent {values['holdout_percent']} leaves nothing to train on; pass less than 100")
-
-
-def _kept_log(path: Path, step: int) -> str:
-    """The log's lines up to ``step`` (a resumed run rewrites the later ones)."""
-    if not path.exists():
-        return ""
-    kept = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line + "\n")
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue
-    return "".join(kept)
 
 
 def check_out(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
@@ -179,40 +182,69 @@ def train_head(
     _check({**options, "steps": steps, "time_budget": time_budget, "snapshot_every": snapshot_every})
     out = Path(out_dir).expanduser()
     data = Path(data_dir).expanduser() if data_dir is not None else out / "data"
-    torch_device = parse_device(device)
-    ckpt = check_out(out, resume=resume, overwrite=overwrite)
-    saved = ckpt["settings"] if ckpt is not None else None
-    if isinstance(target, (str, Path)):
-        status(f"loading target {target}")
-        target = load_model(target, device=torch_device)
-    if not hasattr(target.runtime, "capture_features"):
-        raise ConfigError(f"train-head needs the native runtime's feature capture; {target.name} runs on another runtime")
-    if saved is not None and saved.get("target") != target.name:
-        raise ConfigError(f"the checkpoint in {out} trains a head for {saved.get('target')!r}, not {target.name!r}")
-    settings = _merge(options, saved)
-    if settings["init"] not in ("layer", "random"):
-        raise ConfigError(f"--init {settings['init']!r} is not one of layer, random")
-    if settings["arch"] not in ARCHS:
-        raise ConfigError(f"--arch {settings['arch']!r} is not one of {', '.join(ARCHS)}")
-    aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
-    vocab = int(target.runtime.vocab_size)
-    if settings["vocab_size_draft"] > vocab:
-        raise ConfigError(f"--vocab-size-draft {settings['vocab_size_draft']} exceeds the target's vocabulary ({vocab}); 0 = all")
-    if settings["seq_len"] >= target.runtime.max_context:
-        raise ConfigError(f"--seq-len {settings['seq_len']} must be below the target's context ({target.runtime.max_context})")
-    steps = steps if steps is not None else int(ckpt["planned_steps"]) if ckpt is not None else DEFAULT_STEPS
-    rows = list(questions) if questions is not None else read_questions(DEFAULT_QUESTIONS)
-    train_rows, held_rows = split_questions(rows)
-    if not train_rows:
-        raise ConfigError("the questions leave no training prompts after the hold-out split")
+    plan = _plan(target, out, data, parse_device(device), options, steps, questions, resume=resume,
+                 overwrite=overwrite, status=status)
     if data != out / "data":
         check_writable(data, "data folder")
     if not resume:  # from here on, the folder is ours
         claim_output_dir(out, COMMAND, overwrite=overwrite, holds="a train-head run")
 
-    # -- data: Magpie prompts, answers, features ------------------------------------------------
-    phase = dict(ckpt.get("phase_seconds", {})) if ckpt is not None else {}
-    bar = on_phase or (lambda name, done, total: None)
+    made = _make_data(plan, status, on_phase or (lambda name, done, total: None))
+    draft_tokens = _draft_tokens(plan, made)
+    head, opt, run, heldout = _setup_head(plan, status)
+    heldout = _train(plan, made, draft_tokens, head, opt, run, status, time_budget=time_budget,
+                     snapshot_every=snapshot_every, on_step=on_step) or heldout
+    made.phase["train"] = round(run.seconds, 2)  # cumulative over resumed parts: steps and evaluations
+    _save(plan, made, head, draft_tokens, run, heldout, command)
+    return HeadResult(
+        out, run.step, plan.steps, run.stopped, run.first_loss, run.loss, heldout,
+        len(draft_tokens) if draft_tokens else plan.vocab, len(made.train_seqs), len(made.held_seqs), made.phase,
+    )
+
+
+def _plan(
+    target: Any, out: Path, data: Path, device: torch.device, options: dict[str, Any], steps: int | None,
+    questions: Sequence[Question] | None, *, resume: bool, overwrite: bool, status: Status,
+) -> _Plan:
+    """Check the output folder, the checkpoint (on resume), the target and the settings,
+    touching nothing; every bad option fails here, before the slow work."""
+    ckpt = check_out(out, resume=resume, overwrite=overwrite)
+    saved = ckpt["settings"] if ckpt is not None else None
+    if isinstance(target, (str, Path)):
+        status(f"loading target {target}")
+        target = load_model(target, device=device)
+    if not hasattr(target.runtime, "capture_features"):
+        raise ConfigError(f"train-head needs the native runtime's feature capture; {target.name} runs on another runtime")
+    if saved is not None and saved.get("target") != target.name:
+        raise ConfigError(f"the checkpoint in {out} trains a head for {saved.get('target')!r}, not {target.name!r}")
+    settings = resolve_settings({key: options.get(key) for key in DEFAULTS}, saved, DEFAULTS)
+    _check_against_target(settings, target)
+    steps = steps if steps is not None else int(ckpt["planned_steps"]) if ckpt is not None else DEFAULT_STEPS
+    rows = list(questions) if questions is not None else read_questions(DEFAULT_QUESTIONS)
+    train_rows, held_rows = split_questions(rows)
+    if not train_rows:
+        raise ConfigError("the questions leave no training prompts after the hold-out split")
+    return _Plan(out, data, target, device, settings, steps, ckpt, train_rows, held_rows)
+
+
+def _check_against_target(settings: dict[str, Any], target: Any) -> None:
+    """Refuse settings that name no known choice or do not fit ``target``."""
+    if settings["init"] not in ("layer", "random"):
+        raise ConfigError(f"--init {settings['init']!r} is not one of layer, random")
+    if settings["arch"] not in ARCHS:
+        raise ConfigError(f"--arch {settings['arch']!r} is not one of {', '.join(ARCHS)}")
+    vocab = int(target.runtime.vocab_size)
+    if settings["vocab_size_draft"] > vocab:
+        raise ConfigError(f"--vocab-size-draft {settings['vocab_size_draft']} exceeds the target's vocabulary ({vocab}); 0 = all")
+    if settings["seq_len"] >= target.runtime.max_context:
+        raise ConfigError(f"--seq-len {settings['seq_len']} must be below the target's context ({target.runtime.max_context})")
+
+
+def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
+    """Magpie prompts, the target's answers and their features (each phase cached and timed),
+    and the split of the sequences into training and held-out ones."""
+    target, settings, data = plan.target, plan.settings, plan.data
+    phase = dict(plan.ckpt.get("phase_seconds", {})) if plan.ckpt is not None else {}
 
     def timed(name: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
@@ -220,18 +252,18 @@ def train_head(
         phase[name] = round(phase.get(name, 0.0) + time.perf_counter() - t0, 2)
         return result
 
-    held_texts = [t for q in held_rows for t in q.turns]
+    held_texts = [t for q in plan.held_rows for t in q.turns]
     if settings["magpie"]:
         status(f"Magpie: {settings['magpie']} instructions written by the target (cached in {data})")
     texts = timed("magpie", lambda: magpie_prompts(
-        target, settings["magpie"], data, held_out=held_texts, seed=settings["seed"], device=torch_device,
+        target, settings["magpie"], data, held_out=held_texts, seed=settings["seed"], device=plan.device,
         on_progress=lambda d, t: bar("magpie", d, t),
     ))
-    prompts = ordered_prompts(train_rows) + magpie_questions(texts)
+    prompts = ordered_prompts(plan.train_rows) + magpie_questions(texts)
     temps = [float(t) for t in settings["gen_temperatures"]]
     status(f"answers: {len(prompts)} prompts x {len(temps)} continuations of up to {settings['gen_tokens']} tokens")
     gen = dict(gen_tokens=settings["gen_tokens"], gen_temperatures=temps, seed=settings["seed"])
-    n_dev = len(train_rows)
+    n_dev = len(plan.train_rows)
 
     def answers() -> list[list[int]]:
         dev = make_sequences(target, prompts[:n_dev], data, **gen, on_progress=lambda d, t: bar("answers", d, t))
@@ -240,80 +272,95 @@ def train_head(
         return dev + mag
 
     sequences = timed("answers", answers)
-    seq_prompts = [q.prompt for q in prompts for _ in temps]
     prompt_lens = [len(target.encode_prompt(q.prompt)) for q in prompts for _ in temps]
-    write_heldout(data, held_rows)
+    write_heldout(data, plan.held_rows)
     status(f"features: one target pass per sequence ({len(sequences)}, cached in {data / 'features'})")
+    aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
     store = timed("features", lambda: extract_features(
         target, sequences, prompt_lens, data, aux_layers=aux_layers, on_progress=lambda d, t: bar("features", d, t)
     ))
-    held_flags = heldout_sequences(seq_prompts, settings["holdout_percent"])
+    held_flags = heldout_sequences([q.prompt for q in prompts for _ in temps], settings["holdout_percent"])
     train_seqs = [i for i, h in enumerate(held_flags) if not h]
     held_seqs = [i for i, h in enumerate(held_flags) if h]
+    return _HeadData(texts, sequences, store, train_seqs, held_seqs, phase)
 
-    # -- the head ---------------------------------------------------------------------------------
-    eos = set(int(t) for t in target.eos_token_ids)
-    if ckpt is not None:
-        draft_tokens = ckpt.get("vocab_subset")
-    elif 0 < settings["vocab_size_draft"] < vocab:
-        draft_tokens = frequent_tokens([sequences[i] for i in train_seqs], settings["vocab_size_draft"], vocab, sorted(eos))
-    else:
-        draft_tokens = None
-    parts = TargetParts.of(target.runtime, draft_tokens, torch_device)
+
+def _draft_tokens(plan: _Plan, made: _HeadData) -> list[int] | None:
+    """The draft vocabulary: the checkpoint's on resume, else the most frequent training tokens
+    (None: the whole vocabulary)."""
+    if plan.ckpt is not None:
+        return plan.ckpt.get("vocab_subset")
+    n = plan.settings["vocab_size_draft"]
+    if not 0 < n < plan.vocab:
+        return None
+    eos = sorted(int(t) for t in plan.target.eos_token_ids)
+    return frequent_tokens([made.sequences[i] for i in made.train_seqs], n, plan.vocab, eos)
+
+
+def _setup_head(
+    plan: _Plan, status: Status
+) -> tuple[EagleHead, torch.optim.Optimizer, RunProgress, dict[str, float] | None]:
+    """The head, its optimizer, the run's totals and the last held-out measurement: fresh, or
+    (resume) the checkpoint's; the log is cut to the steps the run starts from."""
+    settings, ckpt = plan.settings, plan.ckpt
     head = build_head(
-        target, init=settings["init"], seed=settings["seed"], feature_norm=settings["feature_norm"], arch=settings["arch"]
-    )
-    head = head.to(torch_device)
+        plan.target, init=settings["init"], seed=settings["seed"], feature_norm=settings["feature_norm"],
+        arch=settings["arch"],
+    ).to(plan.device)
     opt = torch.optim.AdamW(head.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
-    run = RunProgress()
-    heldout: dict[str, float] | None = None
     if ckpt is not None:
         status(f"resuming at step {ckpt['step']}")
-        head.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"])
-        run = RunProgress(ckpt["step"], ckpt.get("tokens", 0), ckpt.get("seconds", 0.0), ckpt.get("first_loss"))
-        heldout = ckpt.get("heldout")
-        ckpt = None
-    log_path = out / "train_log.jsonl"
-    write_text_atomic(log_path, _kept_log(log_path, run.step) if saved is not None else "")
-    full = {"target": target.name, **settings}
+    run = resume_from(ckpt, head, opt)
+    heldout = ckpt.get("heldout") if ckpt is not None else None
+    start_log(plan.out / "train_log.jsonl", run.step, resumed=ckpt is not None)
+    plan.ckpt = None  # the weights live in the head now
+    return head, opt, run, heldout
+
+
+def _train(
+    plan: _Plan, made: _HeadData, draft_tokens: list[int] | None, head: EagleHead, opt: torch.optim.Optimizer,
+    run: RunProgress, status: Status, *, time_budget: float | None, snapshot_every: int,
+    on_step: Callable[[HeadStep], bool | None] | None,
+) -> dict[str, float] | None:
+    """Train from ``run.step`` to ``plan.steps``, measuring held-out acceptance and checkpointing
+    every ``snapshot_every`` steps; returns the last measurement."""
 
     def checkpoint(heldout: dict[str, float] | None) -> None:
         state = {
-            "step": run.step, "planned_steps": steps, "tokens": run.tokens, "seconds": run.seconds,
-            "first_loss": run.first_loss, "settings": full, "vocab_subset": draft_tokens, "phase_seconds": phase,
-            "heldout": heldout,
+            "step": run.step, "planned_steps": plan.steps, "tokens": run.tokens, "seconds": run.seconds,
+            "first_loss": run.first_loss, "settings": plan.full, "vocab_subset": draft_tokens,
+            "phase_seconds": made.phase, "heldout": heldout,
         }
-        save_checkpoint(out / "checkpoints", head, opt, state)
+        save_checkpoint(plan.out / "checkpoints", head, opt, state)
 
-    status(f"training: steps {run.step + 1}..{steps}, {len(train_seqs)} sequences ({len(held_seqs)} held out), "
-           f"draft vocabulary {len(draft_tokens) if draft_tokens else vocab}")
-    data_seconds = sum(phase.values())
-    with log_path.open("a", encoding="utf-8") as log:
-        heldout = train_head_loop(
-            head, opt, parts, store, train_seqs, held_seqs, full, steps, run, log, eos=eos, device=torch_device,
-            time_budget=time_budget, snapshot_every=snapshot_every, data_seconds=data_seconds,
-            checkpoint=checkpoint, on_step=on_step,
-        ) or heldout
-    phase["train"] = round(run.seconds, 2)  # cumulative over resumed parts: steps and evaluations
+    parts = TargetParts.of(plan.target.runtime, draft_tokens, plan.device)
+    eos = set(int(t) for t in plan.target.eos_token_ids)
+    status(f"training: steps {run.step + 1}..{plan.steps}, {len(made.train_seqs)} sequences "
+           f"({len(made.held_seqs)} held out), draft vocabulary {len(draft_tokens) if draft_tokens else plan.vocab}")
+    with (plan.out / "train_log.jsonl").open("a", encoding="utf-8") as log:
+        return train_head_loop(
+            head, opt, parts, made.store, made.train_seqs, made.held_seqs, plan.full, plan.steps, run, log, eos=eos,
+            device=plan.device, time_budget=time_budget, snapshot_every=snapshot_every,
+            data_seconds=sum(made.phase.values()), checkpoint=checkpoint, on_step=on_step,
+        )
 
-    # -- the head folder --------------------------------------------------------------------------
-    d = int(target.config.hidden_size)
+
+def _save(
+    plan: _Plan, made: _HeadData, head: EagleHead, draft_tokens: list[int] | None, run: RunProgress,
+    heldout: dict[str, float] | None, command: str | None,
+) -> None:
+    """The head folder: weights, draft vocabulary, and how the head was made (no machine paths)."""
+    target, d = plan.target, int(plan.target.config.hidden_size)
     save_head(
-        out, head.cpu(), draft_tokens=draft_tokens,
+        plan.out, head.cpu(), draft_tokens=draft_tokens,
         target={
-            "name": target.name, "fingerprint": target_fingerprint(target.tokenizer, d, vocab), "hidden_size": d,
-            "vocab_size": vocab, "num_layers": int(target.runtime.num_layers),
+            "name": target.name, "fingerprint": target_fingerprint(target.tokenizer, d, plan.vocab), "hidden_size": d,
+            "vocab_size": plan.vocab, "num_layers": int(target.runtime.num_layers),
         },
         extra={
-            "settings": full, "steps": run.step, "planned_steps": steps, "stopped": run.stopped,
-            "first_loss": run.first_loss, "final_loss": run.loss, "train_sequences": len(train_seqs),
-            "heldout_sequences": len(held_seqs), "magpie_prompts": len(texts), "seconds": phase,
-            "heldout": heldout, "command": portable_command(command),
+            "settings": plan.full, "steps": run.step, "planned_steps": plan.steps, "stopped": run.stopped,
+            "first_loss": run.first_loss, "final_loss": run.loss, "train_sequences": len(made.train_seqs),
+            "heldout_sequences": len(made.held_seqs), "magpie_prompts": len(made.magpie_texts),
+            "seconds": made.phase, "heldout": heldout, "command": portable_command(command),
         },
-    )
-    return HeadResult(
-        out, run.step, steps, run.stopped, run.first_loss, run.loss, heldout,
-        len(draft_tokens) if draft_tokens else vocab, len(train_seqs), len(held_seqs), phase,
     )

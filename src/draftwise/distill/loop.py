@@ -7,7 +7,8 @@ The learning rate warms up linearly, then follows a cosine down to a tenth.
 
 The loop stops after a step when ``on_step`` returns True, at the first Ctrl-C (a second one
 aborts), or before a step that would overrun the time budget; it then writes a checkpoint, so
-``--resume`` carries on exactly where it stopped.
+``--resume`` carries on exactly where it stopped: :func:`resume_from` loads the checkpoint and
+:func:`start_log` cuts the log back to its step (``distill`` and ``train-head`` alike).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import IO, Any
 import torch
 
 from ..errors import ConfigError
+from ..fsutil import write_text_atomic
 from .checkpoint import save_snapshot
 from .data import batch_indices, make_batch
 from .student import draft_logits, kl_loss, teacher_logits
@@ -64,6 +66,40 @@ class RunProgress:
     first_loss: float | None = None
     loss: float | None = None
     stopped: str = "completed"
+
+
+def resume_from(ckpt: dict[str, Any] | None, model: Any, opt: Any) -> RunProgress:
+    """Load a checkpoint's weights, optimizer and RNG into ``model`` and ``opt``, and return its
+    totals; a fresh :class:`RunProgress` when there is no checkpoint (``ckpt`` None)."""
+    if ckpt is None:
+        return RunProgress()
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    torch.set_rng_state(ckpt["rng"])
+    return RunProgress(ckpt["step"], ckpt.get("tokens", 0), ckpt.get("seconds", 0.0), ckpt.get("first_loss"))
+
+
+def kept_log(path: Path, step: int) -> str:
+    """The training log's lines up to ``step`` (a resumed run rewrites the steps after it).
+
+    A line cut short by a kill, or one without a step, is dropped.
+    """
+    if not path.exists():
+        return ""
+    kept = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (json.JSONDecodeError, KeyError, TypeError):
+            continue
+    return "".join(kept)
+
+
+def start_log(path: Path, step: int, *, resumed: bool) -> None:
+    """Make the log at ``path`` hold exactly the steps the run starts from: empty for a new run,
+    the checkpoint's steps (``<= step``) for a resumed one."""
+    write_text_atomic(path, kept_log(path, step) if resumed else "")
 
 
 @contextmanager

@@ -54,17 +54,25 @@ def check_number(name: str, value: Any, *, minimum: float, integer: bool, strict
         raise ConfigError(f"{name}={value!r} must be {what} {rel} {minimum}")
 
 
-def check_numbers(values: dict[str, Any]) -> None:
-    """Check every numeric option of :func:`~draftwise.distill.distill` by name."""
-    # name: (minimum, integer, strict)
-    rules: dict[str, tuple[float, bool, bool]] = {
-        "layers": (1, True, False), "hidden_size": (1, True, False), "vocab_size_draft": (1, True, False),
-        "steps": (1, True, False), "batch": (1, True, False), "seq_len": (2, True, False),
-        "lr": (0, False, True), "temperature": (0, False, True), "time_budget": (0, False, True),
-        "seed": (0, True, False), "gen_tokens": (1, True, False), "checkpoint_every": (1, True, False),
-        "snapshot_every": (1, True, False), "eval_prompts": (0, True, False), "eval_k": (1, True, False),
-        "eval_max_new_tokens": (1, True, False),
-    }
+#: distill's numeric options, name: (minimum, integer, strict)
+NUMBER_RULES: dict[str, tuple[float, bool, bool]] = {
+    "layers": (1, True, False), "hidden_size": (1, True, False), "vocab_size_draft": (1, True, False),
+    "steps": (1, True, False), "batch": (1, True, False), "seq_len": (2, True, False),
+    "lr": (0, False, True), "temperature": (0, False, True), "time_budget": (0, False, True),
+    "seed": (0, True, False), "gen_tokens": (1, True, False), "checkpoint_every": (1, True, False),
+    "snapshot_every": (1, True, False), "eval_prompts": (0, True, False), "eval_k": (1, True, False),
+    "eval_max_new_tokens": (1, True, False),
+}
+
+
+def check_numbers(values: dict[str, Any], rules: dict[str, tuple[float, bool, bool]] = NUMBER_RULES) -> None:
+    """Check every numeric option by name against ``rules`` (default: :func:`~draftwise.distill.distill`'s).
+
+    >>> check_numbers({"lr": 0.0})
+    Traceback (most recent call last):
+    ...
+    draftwise.errors.ConfigError: lr=0.0 must be a number > 0
+    """
     for name, value in values.items():
         minimum, integer, strict = rules[name]
         check_number(name, value, minimum=minimum, integer=integer, strict=strict)
@@ -149,8 +157,10 @@ def resolve_shape(
     return DraftShape(n_layers, init_list, d_hidden, vocab_size_draft)
 
 
-def resolve_settings(explicit: dict[str, Any], saved: dict[str, Any] | None) -> dict[str, Any]:
-    """Explicit values, else the checkpoint's (on resume), else :data:`DEFAULTS`.
+def resolve_settings(
+    explicit: dict[str, Any], saved: dict[str, Any] | None, defaults: dict[str, Any] = DEFAULTS
+) -> dict[str, Any]:
+    """Explicit values, else the checkpoint's (on resume), else ``defaults`` (distill's :data:`DEFAULTS`).
 
     >>> resolve_settings({"lr": None, "seed": 3}, None)
     {'lr': 0.0003, 'seed': 3}
@@ -168,5 +178,5 @@ def resolve_settings(explicit: dict[str, Any], saved: dict[str, Any] | None) -> 
                 )
             out[key] = saved[key]
         else:
-            out[key] = value if value is not None else DEFAULTS.get(key)
+            out[key] = value if value is not None else defaults.get(key)
     return out

@@ -29,24 +29,23 @@ model. The first Ctrl-C does the same; a second one aborts. Options are checked 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import ConfigError
-from ..fsutil import write_text_atomic
 from ..loaders import Model, load_model
-from ..questions import DEFAULT_QUESTIONS, read_questions
+from ..questions import DEFAULT_QUESTIONS, Question, read_questions
 from ..runtime.native import SUPPORTED_MODEL_TYPES
 from .checkpoint import load_checkpoint, save_checkpoint
 from .data import frequent_tokens, make_sequences, ordered_prompts, split_questions
 from .evaluate import EvalReport, evaluate_draft
-from .loop import RunProgress, StepLog, train_loop
-from .options import DEFAULT_STEPS, check_numbers, check_temperatures, resolve_settings, resolve_shape
+from .loop import RunProgress, StepLog, resume_from, start_log, train_loop
+from .options import DEFAULT_STEPS, DraftShape, check_numbers, check_temperatures, resolve_settings, resolve_shape
 from .outputs import (
     check_out_dir,
     claim_out_dir,
@@ -61,6 +60,8 @@ from .outputs import (
 from .student import build_draft
 
 __all__ = ["DistillResult", "StepLog", "distill"]
+
+Status = Callable[[str], None]
 
 
 @dataclass
@@ -84,18 +85,46 @@ class DistillResult:
     eval: EvalReport | None = None
 
 
-def _kept_log(log_path: Path, step: int) -> str:
-    """The training log's lines up to ``step`` (a resumed run rewrites the steps after it)."""
-    if not log_path.exists():
-        return ""
-    lines = []
-    for line in log_path.read_text(encoding="utf-8").splitlines():
-        try:
-            if line.strip() and json.loads(line)["step"] <= step:
-                lines.append(line + "\n")
-        except (json.JSONDecodeError, KeyError, TypeError):
-            continue  # a line cut short by a kill
-    return "".join(lines)
+@dataclass
+class _Plan:
+    """What the checks settled before the output folder is touched."""
+
+    out: Path
+    target: Model
+    shape: DraftShape
+    settings: dict[str, Any]  # the training settings (options.DEFAULTS' keys), resolved
+    steps: int
+    ckpt: dict[str, Any] | None  # the checkpoint resumed from, dropped once loaded
+    prompts_sha: str
+    train_rows: list[Question]
+    held_rows: list[Question]
+
+    @property
+    def ckpt_dir(self) -> Path:
+        return self.out / "checkpoints"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.out / "data"
+
+    @property
+    def full_settings(self) -> dict[str, Any]:
+        """The settings a checkpoint keeps, so that ``--resume`` trains as the first part did."""
+        shape = self.shape
+        return {
+            "target": self.target.name, "layers": shape.layers, "init_layers": shape.init_layers,
+            "hidden_size": shape.hidden_size, "vocab_size_draft": shape.vocab_size_draft, **self.settings,
+        }
+
+
+@dataclass
+class _Data:
+    """The training data: the target's continuations and, for a reduced head, its token ids."""
+
+    sequences: list[list[int]]
+    num_prompts: int
+    seconds: float
+    vocab_subset: list[int] | None
 
 
 def distill(
@@ -166,15 +195,36 @@ def distill(
             "eval_max_new_tokens": eval_max_new_tokens,
         }
     )
-    gen_temperatures = check_temperatures(gen_temperatures)
+    explicit = {
+        "batch": batch, "seq_len": seq_len, "lr": lr, "temperature": temperature, "seed": seed,
+        "prompts": str(Path(prompts).expanduser().resolve()) if prompts is not None else None,
+        "gen_tokens": gen_tokens, "gen_temperatures": check_temperatures(gen_temperatures),
+        "train_embeddings": train_embeddings,
+    }
+    shape = {"layers": layers, "init_layers": init_layers, "hidden_size": hidden_size, "vocab_size_draft": vocab_size_draft}
+    plan = _plan(target, Path(out_dir).expanduser(), shape, explicit, steps, resume=resume, overwrite=overwrite, status=status)
 
-    # -- the output folder and, on resume, its checkpoint: checked, nothing touched yet ---------
-    out = Path(out_dir).expanduser()
-    check_out_dir(out, resume=resume, overwrite=overwrite)
-    ckpt_dir = out / "checkpoints"
-    ckpt = load_checkpoint(ckpt_dir) if resume else None  # weights_only: a crafted file runs nothing
-    saved = ckpt["settings"] if ckpt is not None else None
+    claim_out_dir(plan.out, resume=resume, overwrite=overwrite)  # from here on, the folder is ours
+    data = _make_data(plan, status, on_generate)
+    model, opt, run = _setup_draft(plan, status)
+    _train(plan, data, model, opt, run, status, time_budget=time_budget, checkpoint_every=checkpoint_every,
+           snapshot_every=snapshot_every, on_step=on_step)
+    status(f"saving the draft to {plan.out}")
+    save_draft_folder(plan.out, model, plan.target)
+    write_meta(plan.out, _meta(plan, data, run, command))
+    report = _evaluate(plan, status, prompts=eval_prompts, k=eval_k, max_new_tokens=eval_max_new_tokens,
+                       on_progress=on_evaluate)
+    return DistillResult(
+        out_dir=plan.out, steps=run.step, planned_steps=plan.steps, first_loss=run.first_loss, loss=run.loss,
+        tokens=run.tokens, train_seconds=run.seconds, data_seconds=data.seconds, stopped=run.stopped,
+        layers=plan.shape.layers, init_layers=plan.shape.init_layers, hidden_size=plan.shape.hidden_size,
+        vocab_subset_size=len(data.vocab_subset) if data.vocab_subset else None,
+        train_sequences=len(data.sequences), eval=report,
+    )
 
+
+def _load_target(target: Model | str | Path, status: Status) -> Model:
+    """``target`` loaded if named, and refused unless distill can build a draft of its family."""
     if isinstance(target, (str, Path)):
         status(f"loading target {target}")
         target = load_model(target)
@@ -184,19 +234,23 @@ def distill(
             f"distill builds drafts of the Llama family ({', '.join(SUPPORTED_MODEL_TYPES)}); "
             f"target {target.name!r} is a {model_type!r} model"
         )
+    return target
+
+
+def _plan(
+    target: Model | str | Path, out: Path, shape: dict[str, Any], explicit: dict[str, Any], steps: int | None, *,
+    resume: bool, overwrite: bool, status: Status,
+) -> _Plan:
+    """Check the output folder, the checkpoint (on resume), the target, the shape and the
+    prompts, touching nothing; every bad option fails here, before the slow work."""
+    check_out_dir(out, resume=resume, overwrite=overwrite)
+    ckpt = load_checkpoint(out / "checkpoints") if resume else None  # weights_only: a crafted file runs nothing
+    saved = ckpt["settings"] if ckpt is not None else None
+    target = _load_target(target, status)
     if saved is not None and saved["target"] != target.name:
         raise ConfigError(f"the checkpoint in {out} distils {saved['target']!r}, not {target.name!r}")
-    shape = resolve_shape(
-        target, saved, layers=layers, init_layers=init_layers, hidden_size=hidden_size, vocab_size_draft=vocab_size_draft
-    )
-    settings = resolve_settings(
-        {
-            "batch": batch, "seq_len": seq_len, "lr": lr, "temperature": temperature, "seed": seed,
-            "prompts": str(Path(prompts).expanduser().resolve()) if prompts is not None else None,
-            "gen_tokens": gen_tokens, "gen_temperatures": gen_temperatures, "train_embeddings": train_embeddings,
-        },
-        saved,
-    )
+    draft_shape = resolve_shape(target, saved, **shape)
+    settings = resolve_settings(explicit, saved)
     if settings["seq_len"] > target.runtime.max_context:
         raise ConfigError(f"--seq-len {settings['seq_len']} exceeds the target's context ({target.runtime.max_context})")
     steps = steps if steps is not None else int(ckpt["planned_steps"]) if ckpt is not None else DEFAULT_STEPS
@@ -210,116 +264,127 @@ def distill(
     train_rows, held_rows = split_questions(questions)
     if not train_rows:
         raise ConfigError(f"{prompts_file} leaves no training prompts after the hold-out split; give it more questions")
+    return _Plan(out, target, draft_shape, settings, steps, ckpt, prompts_sha, train_rows, held_rows)
 
-    # -- from here on, the folder is ours ---------------------------------------------------------
-    claim_out_dir(out, resume=resume, overwrite=overwrite)
-    data_dir, log_path = out / "data", out / "train_log.jsonl"
+
+def _make_data(plan: _Plan, status: Status, on_generate: Callable[[int, int], None] | None) -> _Data:
+    """The target's continuations of the training prompts (cached), the held-out questions
+    written beside them, and the reduced head's token ids (the checkpoint's on resume)."""
+    settings, target, ckpt = plan.settings, plan.target, plan.ckpt
     temps = settings["gen_temperatures"]
-    n_prompts = int(ckpt["num_prompts"]) if ckpt is not None else min(len(train_rows), steps * settings["batch"])
+    n_prompts = int(ckpt["num_prompts"]) if ckpt is not None else min(len(plan.train_rows), plan.steps * settings["batch"])
     status(
         f"making training data: {n_prompts} prompts x {len(temps)} target continuations "
         f"(temperatures {', '.join(f'{t:g}' for t in temps)}) of up to {settings['gen_tokens']} tokens "
-        f"(cached in {data_dir})"
+        f"(cached in {plan.data_dir})"
     )
-    t_data = time.perf_counter()
+    t0 = time.perf_counter()
     sequences = make_sequences(
-        target, ordered_prompts(train_rows)[:n_prompts], data_dir, gen_tokens=settings["gen_tokens"],
+        target, ordered_prompts(plan.train_rows)[:n_prompts], plan.data_dir, gen_tokens=settings["gen_tokens"],
         gen_temperatures=temps, seed=settings["seed"], on_progress=on_generate,
     )
-    data_seconds = time.perf_counter() - t_data
-    write_heldout(data_dir, held_rows)
-
+    seconds = time.perf_counter() - t0
+    write_heldout(plan.data_dir, plan.held_rows)
     vocab_subset: list[int] | None = None
     if ckpt is not None:
         vocab_subset = ckpt.get("vocab_subset")
-    elif shape.vocab_size_draft is not None:
-        vocab_subset = frequent_tokens(sequences, shape.vocab_size_draft, int(target.runtime.vocab_size), sorted(target.eos_token_ids))
-    head_rows = torch.tensor(vocab_subset, dtype=torch.long) if vocab_subset else None
+    elif plan.shape.vocab_size_draft is not None:
+        vocab = int(target.runtime.vocab_size)
+        vocab_subset = frequent_tokens(sequences, plan.shape.vocab_size_draft, vocab, sorted(target.eos_token_ids))
+    return _Data(sequences, n_prompts, seconds, vocab_subset)
 
-    frozen = shape.init_layers is not None and not settings["train_embeddings"]
+
+def _frozen(plan: _Plan) -> bool:
+    """Whether the draft keeps the target's embeddings and head (started from its layers, not trained)."""
+    return plan.shape.init_layers is not None and not plan.settings["train_embeddings"]
+
+
+def _setup_draft(plan: _Plan, status: Status) -> tuple[Any, torch.optim.Optimizer, RunProgress]:
+    """The draft, its optimizer and the run's totals: fresh, or (resume) the checkpoint's."""
+    shape, settings = plan.shape, plan.settings
     model = build_draft(
-        target, shape.layers, init_layers=shape.init_layers, hidden_size=shape.hidden_size, seed=settings["seed"],
-        freeze_embeddings=frozen,
+        plan.target, shape.layers, init_layers=shape.init_layers, hidden_size=shape.hidden_size,
+        seed=settings["seed"], freeze_embeddings=_frozen(plan),
     )
     opt = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0
     )
-    run = RunProgress()
-    if ckpt is not None:
-        status(f"resuming from {ckpt_dir / 'last.pt'} at step {ckpt['step']}")
-        model.load_state_dict(ckpt["model"])
-        opt.load_state_dict(ckpt["optimizer"])
-        torch.set_rng_state(ckpt["rng"])
-        run = RunProgress(ckpt["step"], ckpt["tokens"], ckpt["seconds"], ckpt.get("first_loss"))
-        ckpt = None  # the weights live in the model now
-    # the log holds exactly the steps the checkpoint reached
-    write_text_atomic(log_path, _kept_log(log_path, run.step) if saved is not None else "")
+    if plan.ckpt is not None:
+        status(f"resuming from {plan.ckpt_dir / 'last.pt'} at step {plan.ckpt['step']}")
+    run = resume_from(plan.ckpt, model, opt)
+    start_log(plan.out / "train_log.jsonl", run.step, resumed=plan.ckpt is not None)
+    plan.ckpt = None  # the weights live in the model now
+    return model, opt, run
 
-    full_settings = {
-        "target": target.name, "layers": shape.layers, "init_layers": shape.init_layers,
-        "hidden_size": shape.hidden_size, "vocab_size_draft": shape.vocab_size_draft, **settings,
-    }
+
+def _train(
+    plan: _Plan, data: _Data, model: Any, opt: torch.optim.Optimizer, run: RunProgress, status: Status, *,
+    time_budget: float | None, checkpoint_every: int, snapshot_every: int | None,
+    on_step: Callable[[StepLog], bool | None] | None,
+) -> None:
+    """Train from ``run.step`` to ``plan.steps``, logging every step and checkpointing as asked."""
+    settings = plan.settings
 
     def checkpoint() -> None:
         state = {
-            "step": run.step, "planned_steps": steps, "tokens": run.tokens, "seconds": run.seconds,
-            "first_loss": run.first_loss, "num_prompts": n_prompts, "settings": full_settings,
-            "prompts_sha256": prompts_sha, "vocab_subset": vocab_subset,
+            "step": run.step, "planned_steps": plan.steps, "tokens": run.tokens, "seconds": run.seconds,
+            "first_loss": run.first_loss, "num_prompts": data.num_prompts, "settings": plan.full_settings,
+            "prompts_sha256": plan.prompts_sha, "vocab_subset": data.vocab_subset,
         }
-        save_checkpoint(ckpt_dir, model, opt, state)
+        save_checkpoint(plan.ckpt_dir, model, opt, state)
 
-    status(f"training: steps {run.step + 1}..{steps}, batch {settings['batch']} x {settings['seq_len']} tokens")
-    with log_path.open("a", encoding="utf-8") as log:
+    head_rows = torch.tensor(data.vocab_subset, dtype=torch.long) if data.vocab_subset else None
+    status(f"training: steps {run.step + 1}..{plan.steps}, batch {settings['batch']} x {settings['seq_len']} tokens")
+    with (plan.out / "train_log.jsonl").open("a", encoding="utf-8") as log:
         train_loop(
-            target, model, opt, sequences, settings, head_rows, steps, run, log, time_budget=time_budget,
-            checkpoint_every=checkpoint_every, snapshot_every=snapshot_every, checkpoint=checkpoint,
-            ckpt_dir=ckpt_dir, data_dir=data_dir, on_step=on_step,
+            plan.target, model, opt, data.sequences, settings, head_rows, plan.steps, run, log,
+            time_budget=time_budget, checkpoint_every=checkpoint_every, snapshot_every=snapshot_every,
+            checkpoint=checkpoint, ckpt_dir=plan.ckpt_dir, data_dir=plan.data_dir, on_step=on_step,
         )
 
-    # -- the draft folder -------------------------------------------------------------------------
-    status(f"saving the draft to {out}")
-    save_draft_folder(out, model, target)
-    write_meta(
-        out,
-        {
-            "format": 1,
-            "kind": "distilled",
-            "target": target.name,
-            "target_folder": Path(target.folder).name,  # the shipped packs are keyed by it
-            "layers": shape.layers,
-            "hidden_size": shape.hidden_size,
-            "init_layers": shape.init_layers,
-            "vocab_size_draft": len(vocab_subset) if vocab_subset else None,
-            "vocab_subset": vocab_subset,
-            "steps": run.step,
-            "planned_steps": steps,
-            "tokens": run.tokens,
-            "train_seconds": round(run.seconds, 2),
-            "first_loss": run.first_loss,
-            "final_loss": run.loss,
-            "stopped": run.stopped,
-            "train_prompts": n_prompts,
-            "train_sequences": len(sequences),
-            "train_embeddings": not frozen,
-            "split": "per category, file order: positions 3, 7, 11, ... held out, the rest train",
-            "settings": {**full_settings, "prompts": prompts_name(settings["prompts"])},
-            "prompts_sha256": prompts_sha,
-            "command": portable_command(command),
-        },
-    )
 
-    report = None
-    if eval_prompts > 0:
-        held = [q.prompt for q in ordered_prompts(held_rows)[:eval_prompts]]
-        if held:
-            status(f"evaluating on {len(held)} held-out prompts (k={eval_k})")
-            report = evaluate_draft(target, out, held, max_new_tokens=eval_max_new_tokens, k=eval_k, on_progress=on_evaluate)
-            write_eval(out, report.to_dict())
-        else:
-            status("no held-out prompts to evaluate on")
-    return DistillResult(
-        out_dir=out, steps=run.step, planned_steps=steps, first_loss=run.first_loss, loss=run.loss, tokens=run.tokens,
-        train_seconds=run.seconds, data_seconds=data_seconds, stopped=run.stopped, layers=shape.layers,
-        init_layers=shape.init_layers, hidden_size=shape.hidden_size,
-        vocab_subset_size=len(vocab_subset) if vocab_subset else None, train_sequences=len(sequences), eval=report,
-    )
+def _meta(plan: _Plan, data: _Data, run: RunProgress, command: str | None) -> dict[str, Any]:
+    """``draftwise_draft.json``: how the draft was made, with no machine's paths (it ships)."""
+    target, shape, subset = plan.target, plan.shape, data.vocab_subset
+    return {
+        "format": 1,
+        "kind": "distilled",
+        "target": target.name,
+        "target_folder": Path(target.folder).name,  # the shipped packs are keyed by it
+        "layers": shape.layers,
+        "hidden_size": shape.hidden_size,
+        "init_layers": shape.init_layers,
+        "vocab_size_draft": len(subset) if subset else None,
+        "vocab_subset": subset,
+        "steps": run.step,
+        "planned_steps": plan.steps,
+        "tokens": run.tokens,
+        "train_seconds": round(run.seconds, 2),
+        "first_loss": run.first_loss,
+        "final_loss": run.loss,
+        "stopped": run.stopped,
+        "train_prompts": data.num_prompts,
+        "train_sequences": len(data.sequences),
+        "train_embeddings": not _frozen(plan),
+        "split": "per category, file order: positions 3, 7, 11, ... held out, the rest train",
+        "settings": {**plan.full_settings, "prompts": prompts_name(plan.settings["prompts"])},
+        "prompts_sha256": plan.prompts_sha,
+        "command": portable_command(command),
+    }
+
+
+def _evaluate(
+    plan: _Plan, status: Status, *, prompts: int, k: int, max_new_tokens: int,
+    on_progress: Callable[[int, int], None] | None,
+) -> EvalReport | None:
+    """Speculative against plain decoding on up to ``prompts`` held-out prompts (``eval.json``)."""
+    if prompts <= 0:
+        return None
+    held = [q.prompt for q in ordered_prompts(plan.held_rows)[:prompts]]
+    if not held:
+        status("no held-out prompts to evaluate on")
+        return None
+    status(f"evaluating on {len(held)} held-out prompts (k={k})")
+    report = evaluate_draft(plan.target, plan.out, held, max_new_tokens=max_new_tokens, k=k, on_progress=on_progress)
+    write_eval(plan.out, report.to_dict())
+    return report
