@@ -3,7 +3,9 @@
 - ``lint-imports`` checks the contracts in ``pyproject.toml`` (layers from the CLI down to the
   core, and no import cycle between sibling modules at any depth); see ``docs/architecture.md``.
 - No source file under ``src/draftwise`` is longer than :data:`MAX_LINES`: a file a reader can
-  hold in their head.
+  hold in their head; and no function (``def`` to its end) is longer than
+  :data:`MAX_FUNCTION_LINES_CORE` in the core (runtime, drafters, verification, the loop) or
+  :data:`MAX_FUNCTION_LINES` elsewhere: a function a reader can hold.
 - Nothing the package ships or documents points outside the package: no ``../shared`` and no
   machine's absolute path (a build machine's home, cache or work folder). A line that must show
   one on purpose (a doctest of the code that removes them) says ``path-check: ignore``.
@@ -11,6 +13,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 import shutil
 import subprocess
@@ -22,6 +25,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "draftwise"
 MAX_LINES = 400
+MAX_FUNCTION_LINES_CORE = 60
+MAX_FUNCTION_LINES = 100
+#: the core: the layers below ``cost`` in pyproject.toml's contract
+CORE_PACKAGES = ("runtime", "drafters")
+CORE_MODULES = ("decode.py", "passes.py", "verify.py", "kpolicy.py", "metrics.py", "sampling.py", "tree.py", "loaders.py")
 
 #: a path that only exists on one machine: ``/home/<user>``, ``/root/``, ``/Users/<user>``,
 #: ``/work/``, ``C:\\Users\\``. The look-behind skips URLs (``https://x.org/home/...``) and
@@ -104,6 +112,33 @@ def _offending_lines(pattern: re.Pattern[str]) -> list[str]:
     return hits
 
 
+def long_functions(source: str, limit: int) -> list[tuple[str, int]]:
+    r"""``(name, lines)`` of every function in ``source`` longer than ``limit`` lines, ``def`` to
+    end (decorators not counted; a nested function counts inside its parent and on its own).
+
+    >>> long_functions("def f():\n    x = 1\n    return x\n", 2)
+    [('f', 3)]
+    """
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+            if lines > limit:
+                out.append((node.name, lines))
+    return out
+
+
+def test_no_function_over_the_limit() -> None:
+    """Functions a reader can hold: 60 lines in the core, 100 elsewhere."""
+    over = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        core = rel.parts[0] in CORE_PACKAGES or (len(rel.parts) == 1 and rel.name in CORE_MODULES)
+        limit = MAX_FUNCTION_LINES_CORE if core else MAX_FUNCTION_LINES
+        over += [f"{rel}:{name} ({n} > {limit})" for name, n in long_functions(path.read_text(encoding="utf-8"), limit)]
+    assert not over, f"{len(over)} function(s) over the limit; split them: " + ", ".join(over)
+
+
 def test_package_and_docs_do_not_refer_outside_the_repository() -> None:
     hits = _offending_lines(OUTSIDE_REPO)
     assert not hits, "references to files outside the repository:\n" + "\n".join(hits)
@@ -131,7 +166,7 @@ def test_machine_path_pattern(line: str, bad: bool) -> None:
     assert bool(MACHINE_PATH.search(line)) is bad
 
 
-#: a path in backticks in the docs: ``src/draftwise/verify.py``, ``cost/model.py``, ``bench/``
+#: a path in backticks in the docs: ``src/draftwise/verify.py``, ``cost/formulas.py``, ``bench/``
 DOC_PATH = re.compile(r"`([\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.jsonl|\.toml))`")
 #: a relative markdown link: ``[the planner](planner.md)``
 DOC_LINK = re.compile(r"\]\(([^)#:\s]+)\)")

@@ -20,7 +20,7 @@ from draftwise.cost.breakeven import (
     plot_speedup,
     sweep,
 )
-from draftwise.cost.model import (
+from draftwise.cost.formulas import (
     KChoice,
     breakeven_acceptance,
     ceiling,

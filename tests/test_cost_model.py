@@ -1,4 +1,4 @@
-"""One cost model and one timing estimator: every caller agrees with :mod:`draftwise.cost.model`."""
+"""One cost model and one timing estimator: every caller agrees with :mod:`draftwise.cost.formulas`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 import draftwise.kpolicy
 from draftwise.cost import timing
 from draftwise.cost.adaptive import AdaptiveK
-from draftwise.cost.model import (
+from draftwise.cost.formulas import (
     effective_acceptance,
     expected_committed,
     expected_committed_by_position,

@@ -212,6 +212,26 @@ class Stream:
         ``stats`` holds what was done so far."""
         self._steps.close()
 
+    def _commit(self, tokens: Sequence[int], ids: list[int], assembler: TextAssembler
+                ) -> tuple[list[str], int, FinishReason | None]:
+        """Take one step's committed tokens into ``ids`` until EOS, a stop string or the budget:
+        (the text pieces, how many tokens were kept, why the generation ends or None)."""
+        pieces: list[str] = []
+        kept = 0
+        for token in tokens:  # a step may commit several tokens
+            kept += 1
+            if token in self.model.eos_token_ids:
+                return pieces, kept, "eos"
+            ids.append(token)
+            piece = assembler.push([token])
+            if piece:
+                pieces.append(piece)
+            if assembler.stopped:
+                return pieces, kept, "stop"
+            if len(ids) >= self.max_new_tokens:
+                return pieces, kept, "length"
+        return pieces, kept, None
+
     def _run(self) -> Iterator[list[str]]:
         model, stats = self.model, self.stats
         assembler = TextAssembler(model.tokenizer, self.stop)
@@ -234,23 +254,7 @@ class Stream:
             for step in steps:
                 if not prefill_s:
                     prefill_s = time.perf_counter() - start
-                pieces = []
-                kept = 0
-                for token in step.verdict.tokens:  # a step may commit several tokens
-                    kept += 1
-                    if token in model.eos_token_ids:
-                        finish = "eos"
-                        break
-                    ids.append(token)
-                    piece = assembler.push([token])
-                    if piece:
-                        pieces.append(piece)
-                    if assembler.stopped:
-                        finish = "stop"
-                        break
-                    if len(ids) >= self.max_new_tokens:
-                        finish = "length"
-                        break
+                pieces, kept, finish = self._commit(step.verdict.tokens, ids, assembler)
                 stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks, depth=step.positions)
                 if finish is not None:
                     break

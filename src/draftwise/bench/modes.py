@@ -35,6 +35,7 @@ import torch
 
 from ..api import generate
 from ..cost.adaptive import auto_policy
+from ..cost.route import policy_for
 from ..drafters.factory import make_drafter
 from ..drafters.spec import KValue, parse_k
 from ..errors import ConfigError
@@ -131,7 +132,8 @@ class _Mode:
         return self.model.runtime
 
     def speculative(self, spec: str, drafter: Any, k: KValue, ids: list[int], n: int) -> tuple[float, Any]:
-        policy = auto_policy(self.model, spec) if k == "auto" else k  # a fresh policy per generation
+        caps = drafter.capabilities if drafter is not None else None
+        policy = policy_for(self.model, spec, k, capabilities=caps)  # a fresh policy per generation
         t0 = time.perf_counter()
         res = generate(self.fixed, ids, draft=drafter, k=policy, max_new_tokens=n)
         return time.perf_counter() - t0, res

@@ -84,7 +84,7 @@ def _warm_up(runner: Runner, methods: Sequence[Method], answers: Answers, qs: Se
         prompt = build_prompt(runner.model, ["Say hello."], [])
         for m in methods:
             if m.kind != AUTO and any(question_key(q) not in answers[m.name] for q in qs):
-                runner.turn(m, prompt, "qa")
+                runner.turn(m, prompt, "qa", learn=False)  # a draft with a cache learns nothing from it
     finally:
         runner.max_new_tokens = saved
 

@@ -1,11 +1,11 @@
 """The cost model and the planner: which draft pays, with what k, on this machine.
 
-The formulas live in :mod:`draftwise.cost.model` (E, speedup, break-even, best k); a machine
+The formulas live in :mod:`draftwise.cost.formulas` (E, speedup, break-even, best k); a machine
 profile in :mod:`~draftwise.cost.profile` (measured by :mod:`~draftwise.cost.measure`); the
 planner in :mod:`~draftwise.cost.plan`; adaptive k in :mod:`~draftwise.cost.adaptive`.
 """
 
-from .model import (
+from .formulas import (
     breakeven_acceptance,
     ceiling,
     effective_acceptance,

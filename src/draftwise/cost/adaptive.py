@@ -6,7 +6,7 @@ estimate of per-position acceptance and the profile's measured costs. For k = 0.
 
     rate(k) = E(k) / (D(k) + step(k + 1, context)),   E(k) = 1 + sum_{i<k} prod_{j<=i} a_j
 
-(:func:`~draftwise.cost.model.expected_committed_by_position`), where ``a_j`` is the conditional
+(:func:`~draftwise.cost.formulas.expected_committed_by_position`), where ``a_j`` is the conditional
 acceptance at draft position j, estimated from the steps seen so far with exponentially decaying
 counts (recent text matters more: a generation moves between copying and free writing), each
 position shrunk towards the one before it, and ``D`` and ``step`` come from the profile. k = 0 is
@@ -50,7 +50,7 @@ from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import check_writable
 from .measure import measure_profile
-from .model import expected_committed_by_position, tokens_per_second
+from .formulas import expected_committed_by_position, tokens_per_second
 from .profile import Profile, default_profile_path, locked
 
 

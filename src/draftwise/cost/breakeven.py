@@ -1,7 +1,7 @@
 """The break-even calculator (``draftwise breakeven``): where a draft's cost R(k) comes from,
 the sweep over acceptances and k, and its plot. Nothing here loads a model.
 
-The formulas (E, S = E / R, a*, the best k) are :mod:`draftwise.cost.model`'s. One speculative
+The formulas (E, S = E / R, a*, the best k) are :mod:`draftwise.cost.formulas`'s. One speculative
 step costs R(k) = (D(k) + T(k+1)) / T(1) = k c + v(k) plain steps, where c = D(k) / (k T(1)) is
 the draft's cost per proposed token and v(k) = T(k+1) / T(1) the verification cost (about 1 on
 a GPU for small k; it grows on a CPU). R(k) comes from a cost per token ``c``, measured D(k) in
@@ -22,7 +22,7 @@ from typing import Any
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..plots import check_plot_path, pyplot, save_figure
-from .model import (
+from .formulas import (
     CostRatio,
     breakeven_acceptance,
     ceiling,

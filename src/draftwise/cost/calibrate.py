@@ -7,7 +7,7 @@ full pass on this machine, and predicts the speedup with the cost model:
     S = E(a_1..a_k) * T(1) / (k * T_draft(1) + T(k+1))
 
 Costs are timed with :func:`~draftwise.cost.timing.time_forward` (the fast-half mean of repeated
-passes, the profile's estimator) and the speedup comes from :mod:`draftwise.cost.model`. The best
+passes, the profile's estimator) and the speedup comes from :mod:`draftwise.cost.formulas`. The best
 subset is saved (atomically) in the user cache, where ``--draft self`` finds it.
 """
 
@@ -24,7 +24,7 @@ from ..drafters.self_spec import SelfSpecDrafter
 from ..errors import ConfigError
 from ..fsutil import write_json_atomic
 from ..runtime.native import NativeRuntime
-from .model import expected_committed_by_position, predicted_speedup
+from .formulas import expected_committed_by_position, predicted_speedup
 from .timing import time_forward
 
 

@@ -161,60 +161,24 @@ def measure_profile(
         assert drafter is not None  # "none" was left out above
         drafters[key] = drafter
     total = len(contexts) * repeats + len(drafters) * (max_n - 1) + 1
-    done = 0
+    done = [0]
+    report, bar = _reporter(progress, total)
 
-    bar = None
-    if progress is True:
-        from rich.progress import Progress
-
-        bar = Progress(transient=True)
-        task = bar.add_task("profile", total=total)
-        bar.start()
-
-        def report(desc: str, frac: float) -> None:
-            bar.update(task, completed=frac * total, description=desc)
-
-    elif callable(progress):
-        report = progress
-    else:
-
-        def report(desc: str, frac: float) -> None:
-            pass
+    def tick(desc: str) -> None:
+        done[0] += 1
+        report(desc, done[0] / total)
 
     rt = model.runtime
-    forward: dict[int, list[float]] = {}
-    step: dict[int, list[float]] = {}
-    step_sampled: dict[int, list[float]] = {}
     try:
-        for c in contexts:
-            context = _synthetic(c, 1)
-            rt.rollback(0)
-            rt.prefill(context[:-1])  # the last token is fed by each step, as in decoding
-            _time_step(rt, context, 2)  # warm up
-            f_times: list[list[float]] = [[] for _ in range(max_n)]
-            s_times: list[list[float]] = [[] for _ in range(max_n)]
-            r_times: list[list[float]] = [[] for _ in range(max_n)]  # sampled verification
-            for _ in range(repeats):  # rounds over n, so drift hits every n alike
-                for n in range(1, max_n + 1):
-                    f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
-                    s_times[n - 1].append(_time_step(rt, context, n))
-                    if sampled:
-                        r_times[n - 1].append(_time_step(rt, context, n, SAMPLED))
-                done += 1
-                report(f"target passes, context {c}", done / total)
-            forward[c] = monotone([fast_half_mean(t) for t in f_times])
-            # a step contains the pass, so it never costs less than the pass alone
-            step[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward[c])])
-            if sampled:
-                step_sampled[c] = monotone([max(s, f) for s, f in zip(map(fast_half_mean, r_times), forward[c])])
+        timed = {c: _time_passes(rt, c, max_n, repeats, sampled, tick) for c in contexts}
         profile = Profile(
             model=model.name,
             fingerprint=model_fingerprint(model),
             dtype=model.mode,
             runtime=type(rt).__name__,
-            forward=forward,
-            step=step,
-            step_sampled=step_sampled,
+            forward={c: t[0] for c, t in timed.items()},
+            step={c: t[1] for c, t in timed.items()},
+            step_sampled={c: t[2] for c, t in timed.items()} if sampled else {},
             machine={
                 "threads": torch.get_num_threads(),
                 "cpu": platform.processor() or platform.machine(),
@@ -230,8 +194,7 @@ def measure_profile(
                 d, per_token = _time_draft(drafter, rt, prompt, k, repeats)
                 costs.append(d)
                 prefill.append(per_token)
-                done += 1
-                report(f"draft {spec}, k={k}", done / total)
+                tick(f"draft {spec}, k={k}")
             profile.drafts[spec] = costs
             if any(prefill):  # drafts with their own cache; the median is robust to one slow call
                 profile.draft_prefill[spec] = sorted(prefill)[len(prefill) // 2]
@@ -243,3 +206,44 @@ def measure_profile(
             bar.stop()
         rt.rollback(0)
     return profile
+
+
+def _reporter(progress: Callable[[str, float], None] | bool, total: int) -> tuple[Callable[[str, float], None], Any]:
+    """``(report(description, fraction), the rich bar to stop or None)`` for ``progress``: True
+    for a rich bar on stderr, a callback, or False for nothing."""
+    if progress is True:
+        from rich.progress import Progress
+
+        bar = Progress(transient=True)
+        task = bar.add_task("profile", total=total)
+        bar.start()
+        return (lambda desc, frac: bar.update(task, completed=frac * total, description=desc)), bar
+    if callable(progress):
+        return progress, None
+    return (lambda desc, frac: None), None
+
+
+def _time_passes(rt: Any, c: int, max_n: int, repeats: int, sampled: bool,
+                 tick: Callable[[str], None]) -> tuple[list[float], list[float], list[float]]:
+    """At context ``c``: T(n), step(n) and (``sampled``) the sampled step(n) for n = 1..max_n,
+    each the fast-half mean of ``repeats`` rounds over n (so drift hits every n alike), made
+    non-decreasing."""
+    context = _synthetic(c, 1)
+    rt.rollback(0)
+    rt.prefill(context[:-1])  # the last token is fed by each step, as in decoding
+    _time_step(rt, context, 2)  # warm up
+    f_times: list[list[float]] = [[] for _ in range(max_n)]
+    s_times: list[list[float]] = [[] for _ in range(max_n)]
+    r_times: list[list[float]] = [[] for _ in range(max_n)]  # sampled verification
+    for _ in range(repeats):
+        for n in range(1, max_n + 1):
+            f_times[n - 1].append(time_pass(rt, context[-1:] + _synthetic(n - 1, 3)))
+            s_times[n - 1].append(_time_step(rt, context, n))
+            if sampled:
+                r_times[n - 1].append(_time_step(rt, context, n, SAMPLED))
+        tick(f"target passes, context {c}")
+    forward = monotone([fast_half_mean(t) for t in f_times])
+    # a step contains the pass, so it never costs less than the pass alone
+    step = monotone([max(s, f) for s, f in zip(map(fast_half_mean, s_times), forward)])
+    step_sampled = monotone([max(s, f) for s, f in zip(map(fast_half_mean, r_times), forward)]) if sampled else []
+    return forward, step, step_sampled

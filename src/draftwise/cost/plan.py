@@ -21,7 +21,7 @@ The workload is a list of :class:`~draftwise.questions.Question` (``read_questio
    proposed), each committed token ``token_overhead``, and the prefill what it took. Plain
    decoding is the same sum with m = 0. Predicted speedup = mean tokens/s of the method /
    mean tokens/s of plain decoding over the prompts (Spec-Bench's convention,
-   :func:`~draftwise.cost.model.mean_rate_speedup`).
+   :func:`~draftwise.cost.formulas.mean_rate_speedup`).
 
 With sampling (temperature > 0) the output is random, so step 2 uses the measured
 conditional acceptance per draft position instead: E = 1 + sum_i prod_{j<=i} a_j. So does an
@@ -56,7 +56,7 @@ from ..sampling import SamplingConfig
 from .intervals import (
     Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, speedup_draws, uniforms,
 )
-from .model import breakeven_acceptance, effective_acceptance, mean_rate_speedup
+from .formulas import breakeven_acceptance, effective_acceptance, mean_rate_speedup
 from .plan_file import NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .profile import Profile
 from .replay import Trace, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation

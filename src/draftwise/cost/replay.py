@@ -29,7 +29,7 @@ from ..drafters.spec import DraftSpec
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from ..verify import follow
-from .model import expected_committed_by_position
+from .formulas import expected_committed_by_position
 from .profile import Profile
 
 

@@ -20,8 +20,8 @@ from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..questions import Question
 from ..sampling import SamplingConfig
-from .model import mean_rate_speedup
-from .plan import NONE, Plan, as_questions
+from .formulas import mean_rate_speedup
+from .plan import NONE, Plan, as_questions, warm_up
 
 
 def validate_plan(
@@ -50,7 +50,7 @@ def validate_plan(
     # drafters of their own: a suffix draft's cache of earlier outputs grows over these prompts as it
     # would in real use, and learns nothing from the planner's own runs
     drafters = {s: make_drafter(s[0], model) for s in settings}
-    generate(model, [1, 2, 3], max_new_tokens=2)  # warm up
+    warm_up(model)
     # per (label, category): list of (plain tok/s, method tok/s)
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
     plain_tps: list[dict[str, Any]] = []

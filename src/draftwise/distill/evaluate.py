@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cost.model import breakeven_acceptance, leviathan_speedup
+from ..cost.formulas import breakeven_acceptance, leviathan_speedup
 from ..cost.timing import time_forward
 from ..decode import generate
 from ..drafters import make_drafter

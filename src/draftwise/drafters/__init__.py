@@ -6,7 +6,7 @@ a token tree (:class:`Draft`'s ``tree``): ``suffix`` always, ``lookup`` with ``b
 from .base import Capabilities, Draft, Drafter, draft_autoregressive
 from .factory import capabilities_of, make_drafter
 from .lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
-from .model import ModelDrafter, check_same_tokenizer
+from .small_model import ModelDrafter, check_same_tokenizer
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
 from .suffix import SuffixCache, SuffixDrafter

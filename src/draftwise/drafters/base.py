@@ -145,7 +145,9 @@ class Drafter(Protocol):
 
     def end(self, output: Sequence[int] | None) -> None:
         """The generation is over: ``output`` is what it committed when it finished, None when
-        it was cancelled or must not be learned from (a warm-up, a planner's replay)."""
+        it was cancelled or must not be learned from (a warm-up, a repeat of a question, a
+        profile's measurement). A planner's trace and replay pass the traced answer, as the run
+        they model would."""
         ...
 
 

@@ -13,7 +13,7 @@ from .base import Capabilities, Drafter
 from .eagle import eagle_drafter
 from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter
-from .model import ModelDrafter, check_same_tokenizer
+from .small_model import ModelDrafter, check_same_tokenizer
 from .packs import META_FILE, default_draft_folder
 from .self_spec import SelfSpecDrafter
 from .spec import SPEC_HELP, DraftSpec

@@ -165,7 +165,8 @@ class Speculation:
             raise RuntimeError("Speculation.warm_up() has not run: the server builds its drafters at start-up")
         drafter = self._drafters[str(choice.draft)]  # choose() let only allowed drafts through
         if choice.k == AUTO:
-            return drafter, AdaptiveK(self._profile, str(choice.draft))
+            # the start-up profile, never one measured in a request; the drafter's own statement
+            return drafter, AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities)
         assert isinstance(choice.k, int)
         return drafter, choice.k
 
