@@ -86,11 +86,19 @@ def test_cli_generate_with_a_draft_reports_stats(tiny_chat_folder):
         catch_exceptions=False,
     )
     assert res.exit_code == 0, res.output
-    stats = json.loads(res.stdout.strip().splitlines()[-1])["stats"]
+    payload = json.loads(res.stdout.strip().splitlines()[-1])
+    stats = payload["stats"]
     for key in ("proposed", "accepted", "recovered", "bonus", "committed", "target_passes",
                 "mean_committed_per_pass", "acceptance_by_position", "draft_seconds", "verify_seconds"):
         assert key in stats
-    assert stats["proposed"] > 0
+    assert payload["finish_reason"] == "length" and stats["committed"] == payload["new_tokens"] == 12
+    # every pass commits what it accepted plus one token (recovered or bonus); the prefill's
+    # pass proposes nothing, every other pass at most k = 3
+    assert stats["committed"] == stats["accepted"] + stats["target_passes"] == sum(stats["accept_lengths"])
+    assert len(stats["accept_lengths"]) == stats["target_passes"]
+    assert stats["accepted"] <= stats["proposed"] == stats["depth"] <= 3 * (stats["target_passes"] - 1)
+    assert stats["recovered"] + stats["bonus"] == stats["tested_by_position"][0]  # one per proposing pass
+    assert stats["target_passes"] < stats["committed"]  # the look-up saved passes on a repeated prompt
 
 
 def test_cli_bad_k_and_bad_draft_exit_2(tiny_chat_folder):

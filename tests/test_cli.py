@@ -22,7 +22,15 @@ def test_generate_json_has_the_documented_keys(tiny_chat_folder):
     payload = json.loads(res.stdout.strip().splitlines()[-1])
     assert {"text", "token_ids", "new_tokens", "seconds"} <= payload.keys()
     assert payload["new_tokens"] == len(payload["token_ids"]) <= 5
-    assert payload["seconds"] > 0
+    # wall time holds the prefill and every timed draft and verify interval; the rate is its own
+    stats = payload["stats"]
+    assert payload["prefill_seconds"] <= payload["seconds"]
+    assert stats["draft_seconds"] + stats["verify_seconds"] <= payload["seconds"]
+    assert payload["tokens_per_second"] == pytest.approx(payload["new_tokens"] / payload["seconds"])
+    # plain decoding: one token a pass, nothing proposed (an ending EOS is committed, not returned)
+    ended_at_eos = payload["finish_reason"] == "eos"
+    assert stats["committed"] == stats["target_passes"] == payload["new_tokens"] + ended_at_eos
+    assert stats["proposed"] == stats["accepted"] == 0
 
 
 def test_generate_stream_prints_text(tiny_chat_folder):

@@ -59,7 +59,40 @@ def test_stream_pieces_concatenate_to_the_text(tiny):
     pieces = list(s)
     assert s.result is not None
     assert "".join(pieces) == s.result.text
-    assert s.result.seconds >= s.result.prefill_seconds > 0
+
+
+class _TimedRuntime:
+    """The tiny model's runtime on a fake clock: a prefill takes 5 s, every other pass 1 s, and
+    nothing else takes any time."""
+
+    def __init__(self, inner, clock):
+        self._inner, self._clock = inner, clock
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+    def prefill(self, ids):
+        self._clock.now += 5.0
+        return self._inner.prefill(ids)
+
+    def forward(self, ids, **kwargs):
+        self._clock.now += 1.0
+        return self._inner.forward(ids, **kwargs)
+
+
+def test_seconds_are_the_prefill_plus_every_pass(tiny, monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    clock = SimpleNamespace(now=100.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock.now)
+    timed = dataclasses.replace(tiny, runtime=_TimedRuntime(tiny.runtime, clock), eos_token_ids=frozenset())
+    s = stream(timed, "hi", max_new_tokens=20, sampling=SamplingConfig(temperature=1.0, seed=0))
+    list(s)
+    # the prefill commits the first token, each of 19 plain passes one more
+    assert (s.result.prefill_seconds, s.result.seconds) == (5.0, 5.0 + 19 * 1.0)
+    assert (s.stats.target_passes, s.stats.verify_seconds, s.stats.draft_seconds) == (20, 24.0, 0.0)
+    assert s.result.tokens_per_second == 20 / 24.0
 
 
 def test_seeds_are_honoured(tiny):

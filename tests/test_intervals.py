@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from draftwise.cost.formulas import expected_committed_by_position
 from draftwise.cost.intervals import (
     Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, price_per_token, speedup_draws,
     uniforms,
 )
 from draftwise.cost.measure import measure_profile
-from draftwise.cost.model import expected_committed_by_position
 from draftwise.cost.plan import load_plan, make_plan
 from draftwise.cost.profile import Profile
 from draftwise.cost.replay import predict_seconds
@@ -105,7 +105,9 @@ def test_speedup_draws_scale_only_the_steps():
 def test_profile_times_sampled_steps_and_older_profiles_fall_back(tiny, tmp_path):
     p = measure_profile(tiny, drafts=["lookup"], max_n=3, contexts=(16, 48), repeats=2, progress=False)
     assert set(p.step_sampled) == {16, 48} and all(len(v) == 3 for v in p.step_sampled.values())
-    assert p.step_time(2, 30, sampled=True) > 0
+    # a 2-token sampled step at context 30: linear between the sampled ones measured at 16 and 48
+    at_16, at_48 = p.step_sampled[16][1], p.step_sampled[48][1]
+    assert p.step_time(2, 30, sampled=True) == pytest.approx(at_16 + (at_48 - at_16) * (30 - 16) / (48 - 16))
     back = Profile.load(p.save(tmp_path / "p.json"))
     assert back.step_sampled == p.step_sampled
     old = p.to_dict()

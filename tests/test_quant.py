@@ -187,9 +187,20 @@ def test_q4_default_model_greedy_speculation_equals_its_plain_decoding(tmp_path,
     # the tied head is Q8_0 in the file: it runs as per-channel int8 (see docs/runtime.md)
     assert sources.pop("model.embed_tokens.weight") == "quantized"
     assert set(sources.values()) == {"file"} and len(sources) == 7 * 30
-    assert list((tmp_path / "cache" / "quant").glob("*.q4.safetensors"))  # cached for next time
+    assert len(list((tmp_path / "cache" / "quant").glob("*.q4.safetensors"))) == 1  # cached for next time
+    # a chat answer that ends at EOS: drafted tokens accepted past the EOS are not committed
     prompt = "Repeat this list exactly: apples, pears, plums, apples, pears, plums, apples."
     plain = generate(model, prompt, max_new_tokens=32)
     spec = generate(model, prompt, max_new_tokens=32, draft="lookup", k=4)
     assert spec.token_ids == plain.token_ids
-    assert spec.stats.accepted > 0
+    assert spec.stats.committed == plain.stats.committed == plain.stats.target_passes  # plain: a token a pass
+    assert spec.stats.committed <= spec.stats.accepted + spec.stats.target_passes
+    # a list the model continues: every pass commits what it accepted plus one token, so the
+    # look-up's accepted tokens are target passes saved
+    text = "apples, pears, plums, apples, pears, plums, apples,"
+    plain = generate(model, text, max_new_tokens=32, chat=False)
+    spec = generate(model, text, max_new_tokens=32, chat=False, draft="lookup", k=4)
+    assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
+    assert spec.stats.committed == spec.stats.accepted + spec.stats.target_passes == plain.stats.target_passes == 32
+    assert spec.stats.accepted <= spec.stats.proposed <= 4 * (spec.stats.target_passes - 1)
+    assert 2 * spec.stats.target_passes <= plain.stats.target_passes  # 9 of 32 when written

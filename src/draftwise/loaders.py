@@ -7,7 +7,7 @@ directory, keyed by the file's content hash; later loads read that folder in a f
 The conversion writes into ``converted/.convert-<pid>-<name>-<random>`` and renames it into
 place, so a reader never sees half a folder. A conversion killed outright (SIGKILL, power
 loss) leaves that temporary folder behind; the next conversion removes it once its process is
-gone, or once it is an hour old.
+gone, or once it is an hour old (convert_staging.py).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from .chat import encode_conversation
+from .convert_staging import clean_stale_conversions, move_into_place, staging_folder
 from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from .fsutil import check_writable, write_json_atomic
 from .models import BUILTIN_MODELS
@@ -37,10 +36,6 @@ DTypeName = Literal["float32", "bfloat16"]
 RuntimeName = Literal["auto", "native", "hf"]
 _DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _GGUF_MAGIC = b"GGUF"
-#: the prefix of a conversion's temporary folder, followed by ``<pid>-``
-_CONVERT_PREFIX = ".convert-"
-#: a temporary folder this old is stale even if a process with its pid runs (the pid was reused)
-STALE_AFTER_S = 3600.0
 
 
 def parse_dtype(name: str | torch.dtype) -> torch.dtype:
@@ -81,7 +76,6 @@ def _load_q4(source: Path, folder: Path, config: Any, status: Callable[[str], No
     """The runtime options of a q4 load: the GGUF's own blocks (or weights quantized at load),
     cached under ``cache_dir()/quant`` like a conversion."""
     from .runtime.gguf_blocks import load_q4, q4_weights, save_q4
-    from .runtime.native import load_state_dict
 
     state = load_state_dict(folder)
     cached = writable_cache_dir("quant") / f"{_q4_cache_key(source, folder)}.q4.safetensors"
@@ -120,49 +114,6 @@ def writable_cache_dir(sub: str) -> Path:
     )
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (assumed so where it cannot be asked without harm)."""
-    if os.name == "nt":  # os.kill(pid, 0) would terminate it on Windows: go by age there
-        return True
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, and belongs to someone else
-        return True
-    except OSError:
-        return False
-    return True
-
-
-def clean_stale_conversions(folder: Path, *, max_age_s: float = STALE_AFTER_S) -> list[Path]:
-    """Remove the temporary folders of conversions that died (their process is gone) or that are
-    older than ``max_age_s``; return what was removed. A live conversion's folder is kept.
-
-    Folders of the old naming (``.tmp-*``) are removed by age only.
-    """
-    removed = []
-    now = time.time()
-    for tmp in folder.glob(".*"):
-        if not tmp.is_dir():
-            continue
-        try:
-            age = now - tmp.stat().st_mtime
-        except OSError:
-            continue  # removed meanwhile
-        if tmp.name.startswith(_CONVERT_PREFIX):
-            pid_text = tmp.name[len(_CONVERT_PREFIX):].split("-", 1)[0]
-            dead = not pid_text.isdigit() or not _process_alive(int(pid_text))
-        elif tmp.name.startswith(".tmp-"):
-            dead = False
-        else:
-            continue
-        if dead or age > max_age_s:
-            shutil.rmtree(tmp, ignore_errors=True)
-            removed.append(tmp)
-    return removed
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as f:
@@ -198,7 +149,7 @@ def gguf_to_folder(path: str | Path, *, status: Callable[[str], None] | None = N
     clean_stale_conversions(converted)
     if status:
         status(f"converting {path.name} to safetensors (once; cached in {converted})")
-    tmp = Path(tempfile.mkdtemp(prefix=f"{_CONVERT_PREFIX}{os.getpid()}-{path.stem}-", dir=converted))
+    tmp = staging_folder(converted, path.stem)
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -216,24 +167,11 @@ def gguf_to_folder(path: str | Path, *, status: Callable[[str], None] | None = N
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         write_json_atomic(tmp / "draftwise_source.json", {"gguf": str(path), "size": path.stat().st_size})
-        _move_into_place(tmp, target)
+        move_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
-
-
-def _move_into_place(tmp: Path, target: Path) -> None:
-    """Rename the finished ``tmp`` to ``target``; a complete ``target`` another process made
-    meanwhile wins (``tmp`` is then dropped by the caller), an incomplete one is replaced."""
-    try:
-        tmp.rename(target)
-        return
-    except OSError:
-        if (target / "config.json").exists():
-            return
-    shutil.rmtree(target, ignore_errors=True)
-    tmp.rename(target)
 
 
 def resolve_model(spec: str | Path) -> tuple[str, Path]:
@@ -338,59 +276,92 @@ def load_model(
     """
     if runtime not in ("auto", "native", "hf"):
         raise ConfigError(f"runtime {runtime!r} is not one of auto, native, hf")
-    torch_dtype = parse_dtype(dtype)
-    if max_context is not None and max_context < 2:
-        raise ConfigError(f"max_context={max_context} is too small; pass at least 2")
-    quant = parse_quant(quant)
-    torch_device = parse_device(device)
+    # every option is checked before a (slow) conversion starts
+    options = _RuntimeOptions.checked(dtype, max_context, quant, device, compile)
     name, source = resolve_model(spec)
     folder = gguf_to_folder(source, status=status) if source.is_file() else source
     if status:
         status(f"loading {name} ({folder})")
+    config, tokenizer = _read_folder(folder)
+    rt = _make_runtime(runtime, name, source, folder, config, options, status)
+    eos = _eos_ids(folder, config, tokenizer)
+    return Model(name=name, folder=folder, runtime=rt, tokenizer=tokenizer, eos_token_ids=eos, config=config)
+
+
+@dataclass(frozen=True)
+class _RuntimeOptions:
+    """How a runtime runs, checked: what :func:`load_model` hands either runtime."""
+
+    dtype: torch.dtype
+    max_context: int | None
+    quant: str  # "none", "q4" or "int8"
+    device: torch.device
+    compile: bool
+
+    @classmethod
+    def checked(
+        cls, dtype: DTypeName | torch.dtype, max_context: int | None, quant: str, device: str | torch.device,
+        compile: bool,
+    ) -> _RuntimeOptions:
+        """Each bad value a one-line ConfigError, checked in the order of the arguments."""
+        torch_dtype = parse_dtype(dtype)
+        if max_context is not None and max_context < 2:
+            raise ConfigError(f"max_context={max_context} is too small; pass at least 2")
+        return cls(torch_dtype, max_context, parse_quant(quant), parse_device(device), compile)
+
+
+def _read_folder(folder: Path) -> tuple[Any, Any]:
+    """The (config, tokenizer) of a Hugging Face folder; a ModelLoadError naming it otherwise."""
     from transformers import AutoConfig, AutoTokenizer
 
     try:
-        config = AutoConfig.from_pretrained(str(folder))
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        return AutoConfig.from_pretrained(str(folder)), AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:
         raise ModelLoadError(f"could not read model folder {folder}: {exc}") from exc
 
+
+def _make_runtime(
+    runtime: str, name: str, source: Path, folder: Path, config: Any, options: _RuntimeOptions,
+    status: Callable[[str], None] | None,
+) -> Runtime:
+    """The native runtime where asked for or where it supports ``config`` (``runtime="auto"``),
+    else the Hugging Face adapter."""
     problem = check_supported(config)
-    rt: Runtime
     if runtime == "native" and problem:
         raise UnsupportedArchitectureError(
             f"{problem}; load it with runtime='hf' (CLI: --runtime hf), the Hugging Face adapter"
         )
     if runtime == "native" or (runtime == "auto" and not problem):
-        options = _load_q4(source, folder, config, status) if quant == "q4" else {}
-        state = options.pop("state", None)
-        rt = NativeRuntime(
-            config,
-            state if state is not None else load_state_dict(folder),
-            dtype=torch_dtype,
-            max_context=max_context,
-            quant=quant,
-            device=torch_device,
-            **options,
+        return _native_runtime(source, folder, config, options, status)
+    if options.quant != "none" or options.compile:
+        what = f"quant={options.quant!r}" if options.quant != "none" else "compile"
+        raise ConfigError(
+            f"{what} needs the native runtime; {name} runs on the Hugging Face adapter ({problem or 'runtime=hf'})"
         )
-        if compile:
-            reason = rt.enable_compile()
-            if reason and status:
-                status(f"--compile: {reason}; running uncompiled")
-    else:
-        if quant != "none" or compile:
-            what = f"quant={quant!r}" if quant != "none" else "compile"
-            raise ConfigError(
-                f"{what} needs the native runtime; {name} runs on the Hugging Face adapter ({problem or 'runtime=hf'})"
-            )
-        from .runtime.hf import HFRuntime  # imports transformers' cache classes: only when used
+    from .runtime.hf import HFRuntime  # imports transformers' cache classes: only when used
 
-        rt = HFRuntime.from_folder(folder, dtype=torch_dtype, max_context=max_context, device=torch_device)
-    return Model(
-        name=name,
-        folder=folder,
-        runtime=rt,
-        tokenizer=tokenizer,
-        eos_token_ids=_eos_ids(folder, config, tokenizer),
-        config=config,
+    return HFRuntime.from_folder(
+        folder, dtype=options.dtype, max_context=options.max_context, device=options.device
     )
+
+
+def _native_runtime(
+    source: Path, folder: Path, config: Any, options: _RuntimeOptions, status: Callable[[str], None] | None
+) -> NativeRuntime:
+    """The native runtime on ``folder``'s weights (q4: the GGUF's own blocks), compiled if asked."""
+    q4 = _load_q4(source, folder, config, status) if options.quant == "q4" else {}
+    state = q4.pop("state", None)
+    rt = NativeRuntime(
+        config,
+        state if state is not None else load_state_dict(folder),
+        dtype=options.dtype,
+        max_context=options.max_context,
+        quant=options.quant,
+        device=options.device,
+        **q4,
+    )
+    if options.compile:
+        reason = rt.enable_compile()
+        if reason and status:
+            status(f"--compile: {reason}; running uncompiled")
+    return rt
