@@ -63,6 +63,17 @@ def write_json_atomic(path: str | Path, data: Any, *, indent: int | None = 2) ->
     return write_text_atomic(path, json.dumps(data, indent=indent, ensure_ascii=False) + "\n")
 
 
+def read_json(path: Path, what: str, made_by: str) -> Any:
+    """The JSON in ``path``, a ``what`` (e.g. "profile") written by the command ``made_by``;
+    a binary or non-JSON file is a ConfigError that says so."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not a {what}: it is not UTF-8 text (binary?)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path} is not JSON ({exc}); pass a {what} written by `{made_by}`") from None
+
+
 def check_writable(folder: str | Path, what: str = "output folder", *, fix: str = "choose another") -> Path:
     """Create ``folder`` if needed and prove a file can be written there; a clear error otherwise.
 

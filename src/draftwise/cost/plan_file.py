@@ -5,14 +5,13 @@ makes it; ``draftwise plan --out`` writes it, ``load_plan`` reads it back.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json, write_json_atomic
 
 PLAN_SCHEMA = "draftwise.plan/1"
 NONE = "none"
@@ -128,10 +127,4 @@ def load_plan(path: str | Path) -> Plan:
         path = path / "plan.json"
     if not path.is_file():
         raise ConfigError(f"no plan at {path}; make one with `draftwise plan --out {path.parent}`")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path} is not a plan: it is not UTF-8 text (binary?)") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path} is not JSON ({exc}); pass a plan written by `draftwise plan --out`") from None
-    return Plan.from_dict(data, source=str(path))
+    return Plan.from_dict(read_json(path, "plan", "draftwise plan --out"), source=str(path))

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -46,7 +45,7 @@ from typing import Any
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..fsutil import write_json_atomic
+from ..fsutil import read_json, write_json_atomic
 from ..loaders import cache_dir
 
 SCHEMA = "draftwise.profile/1"
@@ -243,13 +242,7 @@ class Profile:
         path = Path(path).expanduser()
         if not path.is_file():
             raise ConfigError(f"no profile at {path}; make one with `draftwise profile --out {path}`")
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except UnicodeDecodeError:
-            raise ConfigError(f"{path} is not a profile: it is not UTF-8 text (binary?)") from None
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path} is not JSON ({exc}); pass a profile written by `draftwise profile`") from None
-        return cls.from_dict(data, source=str(path))
+        return cls.from_dict(read_json(path, "profile", "draftwise profile"), source=str(path))
 
 
 def _seconds(values: Any, what: str) -> list[float]:
