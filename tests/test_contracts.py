@@ -63,6 +63,18 @@ def test_capabilities_say_how_auto_treats_each_kind():
         Capabilities(scored=True)
 
 
+def test_the_planner_and_a_real_run_cache_the_same_answer(tiny):
+    """A finished generation hands a learning draft its tokens without the EOS that ended it;
+    the planner's trace and replay must do the same, or the replay would propose EOS."""
+    from draftwise.cost.replay import answer, replay_lookup
+
+    eos = next(iter(tiny.eos_token_ids))
+    assert answer([5, 6, eos], tiny.eos_token_ids) == [5, 6]
+    drafter = make_drafter("suffix", tiny)
+    replay_lookup(drafter, [1, 2, 3], [5, 6, 7, eos], 4, 16, eos_token_ids=tiny.eos_token_ids)
+    assert drafter.cache.generations() == [[5, 6, 7]]
+
+
 def test_auto_counts_an_unscored_tree_by_depth_and_chooses_its_budget():
     class Costs:
         max_n = 9
@@ -130,15 +142,17 @@ def test_a_runtime_without_trees_verifies_the_first_chain_and_says_so_once(monke
     rt = _FakeRuntime(logits, trees=False)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        verdict, ranks = passes.verify_pass(rt, 1, draft, SamplingConfig(), torch.Generator())
+        verdict, ranks, verified = passes.verify_pass(rt, 1, draft, SamplingConfig(), torch.Generator())
         passes.verify_pass(rt, 1, draft, SamplingConfig(), torch.Generator())
     assert rt.parents is None  # the chain [5, 6] ran with the plain causal mask
     assert (verdict.accepted, verdict.tokens, ranks) == (2, [5, 6, 8], ())
+    assert (verified.tokens, verified.depth) == ([5, 6], 2)  # what the statistics count
     assert rt.kept == (10, [0, 1, 2])
     assert len([w for w in said if "first chain" in str(w.message)]) == 1
     tree_rt = _FakeRuntime(logits, trees=True)
-    verdict, ranks = passes.verify_pass(tree_rt, 1, draft, SamplingConfig(), torch.Generator())
+    verdict, ranks, verified = passes.verify_pass(tree_rt, 1, draft, SamplingConfig(), torch.Generator())
     assert tree_rt.parents == [-1, 0, 0, 1] and verdict.path == [0, 1, 3] and ranks == ((2, 0), (1, 0))
+    assert verified is draft.tree
 
 
 # -- lifecycle and cache ownership ------------------------------------------------------------
@@ -194,9 +208,13 @@ def test_two_bench_methods_with_one_spec_and_auto_never_share_a_cache(tiny):
     auto = build_methods(tiny, "auto", 4, ())[-1]
     runner.turn(methods[1], [5, 6, 7, 8], "qa")
     runner.turn(auto, [5, 6, 7, 9], "qa")
-    own = runner.auto_drafters["suffix"].cache
+    own = runner.auto_drafters[("auto", "suffix")].cache
     assert own is not caches[0] and len(own) == 1 and len(caches[0]) == 1 and len(caches[1]) == 0
-    assert own.generations() != caches[0].generations() or own is not caches[0]
+    # a second auto method routed to the same draft keeps a cache of its own too
+    other = build_methods(tiny, "auto@k=3", 4, ())[-1]
+    runner.turn(other, [5, 6, 7, 9], "qa")
+    theirs = runner.auto_drafters[(other.name, "suffix")].cache
+    assert theirs is not own and len(theirs) == 1 and len(own) == 1
 
 
 def test_bench_auto_runs_the_adaptive_k_under_k_auto(tiny, monkeypatch):

@@ -128,6 +128,8 @@ def decode_steps(
     t0 = clock()
     if drafter is not None:  # before the prefill: an EAGLE head sets which layers it records
         drafter.start(prompt_ids, cfg, generator)
+        stats.draft_seconds += clock() - t0
+        t0 = clock()
     logits = runtime.prefill(prompt_ids)  # [vocab]
     first = next_token(logits, cfg, generator)
     stats.verify_seconds += clock() - t0
@@ -142,8 +144,8 @@ def decode_steps(
         t0 = clock()
         draft, shadow = _propose(drafter, policy, context, budget, left)
         t1 = clock()
-        verdict, ranks = verify_pass(runtime, context[-1], draft, cfg, generator)
-        depth = draft.tree.depth if draft.tree is not None else len(draft.tokens)
+        verdict, ranks, verified = verify_pass(runtime, context[-1], draft, cfg, generator)
+        depth = verified.depth  # what was verified: a tree, or its first chain on some runtimes
         if drafter is not None and draft.tokens:
             drafter.observe(verdict.accepted)
             policy.observe(depth, verdict.accepted)
@@ -153,7 +155,7 @@ def decode_steps(
         stats.verify_seconds += clock() - t1
         context.extend(verdict.tokens)
         produced += len(verdict.tokens)
-        yield Step(len(draft.tokens), verdict, ranks, depth)
+        yield Step(len(verified), verdict, ranks, depth)
 
 
 def plain_tokens(

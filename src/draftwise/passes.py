@@ -67,9 +67,11 @@ def tree_ranks(tree: TokenTree, path: Sequence[int]) -> tuple[tuple[int, int], .
 
 def verify_pass(
     runtime: Runtime, last: int, draft: Draft, cfg: SamplingConfig, generator: torch.Generator
-) -> tuple[Verdict, tuple[tuple[int, int], ...]]:
+) -> tuple[Verdict, tuple[tuple[int, int], ...], TokenTree]:
     """One target pass over ``[last, *draft]``: verify, keep the accepted path (the cache then
-    holds ``last`` and the accepted tokens), and trace a tree's ranks (``()`` for a chain)."""
+    holds ``last`` and the accepted tokens), and trace a tree's ranks (``()`` for a chain).
+    Returns the tree it verified too: a runtime that cannot verify trees gets the first chain,
+    and the statistics must count that, not the tree that was proposed."""
     base = runtime.length
     if draft.tree is not None and not draft.tree.is_chain and not runtime.supports_trees:
         draft = first_chain(draft, f"the {type(runtime).__name__} runtime cannot verify trees")
@@ -82,4 +84,4 @@ def verify_pass(
     else:
         verdict = verify_tree_sampled(tree, draft.probs, logits_to_probs(rows, cfg), generator)
     runtime.keep(base, verdict.path)
-    return verdict, (() if tree.is_chain else tree_ranks(tree, verdict.path))
+    return verdict, (() if tree.is_chain else tree_ranks(tree, verdict.path)), tree

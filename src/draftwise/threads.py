@@ -16,7 +16,7 @@ cores the other needs, and both collapse (measured here: 26 tok/s alone, 3.5 + 3
 Sharing by thread count avoids that and keeps the default spin's speed alone;
 ``docs/runtime.md`` ("Threads and contention") has the figures.
 
-:func:`apply_omp_defaults` runs from ``draftwise/__init__.py`` before anything imports torch,
+:func:`apply_omp_defaults` runs from ``draftwise/cli/__init__.py`` (the command line, an entry point) before anything imports torch,
 because libgomp reads its environment once, when torch loads it. With sharing on it sets
 nothing; with ``DRAFTWISE_SHARE_CORES=0`` it sets a short spin (``GOMP_SPINCOUNT=3000``) where
 the user set no wait policy of their own. ``DRAFTWISE_OMP_DEFAULTS=0`` turns both off.

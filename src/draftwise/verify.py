@@ -168,6 +168,14 @@ def _after_rejection(p: torch.Tensor, x: torch.Tensor, q: torch.Tensor | None) -
     return torch.where(total > 0, residual / total.clamp_min(1e-30), p)
 
 
+def _to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``host`` on ``device`` without making the host wait: pinned memory and an asynchronous
+    copy on an accelerator (a pageable copy synchronises); nothing at all on the CPU."""
+    if device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def _draw(probs: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """[rows] one token per row of ``probs`` ([rows, vocab], each summing to 1), by inverting the
     cumulative distribution at the uniforms ``v`` ([rows]): a token with probability 0 is never
@@ -195,8 +203,10 @@ def verify_tree_sampled(
     Every node's accept test is computed at once, each against its row's p after its earlier
     siblings were rejected (the only case in which it is consulted), and so is each row's token
     for the case that the walk stops there (all children rejected: the residual; a leaf: p).
-    Randomness: ``torch.rand(m)`` (one uniform per node), then ``torch.rand(m + 1)`` (one per
-    row's stopping token), float64, from ``generator``.
+    Randomness: ``torch.rand(2m + 1)``, float64, from ``generator``: one uniform per node, then
+    one per row's stopping token. What the host knows (uniforms, tokens, the tree's rounds)
+    reaches the device in one asynchronous transfer, so on an accelerator the step waits once,
+    for the one read at the end.
     """
     m = len(tree)
     p = target_probs
@@ -204,15 +214,21 @@ def verify_tree_sampled(
     q = None
     if draft_probs is not None:
         _check_rows(tree, draft_probs, "draft_probs", extra=0)
-        q = draft_probs.to(p.device)  # a no-op when they share one
-    u = torch.rand(m, generator=generator, dtype=torch.float64).to(p.device)  # [m]
-    v = torch.rand(m + 1, generator=generator, dtype=torch.float64).to(p.device)  # [m + 1]
-    tokens = torch.tensor([0, *tree.tokens], device=p.device)  # [m + 1], row 0 unused
+        q = draft_probs.to(p.device, non_blocking=True)  # a no-op when they share one
+    rounds = _by_rank(tree)
+    # everything the host knows, in one transfer (no wait for the device on an accelerator):
+    # the uniforms (u: one per node, v: one per row's stopping token), the tokens, each round
+    u_v = _to_device(torch.rand(2 * m + 1, generator=generator, dtype=torch.float64), p.device)
+    u, v = u_v[:m], u_v[m:]  # [m], [m + 1]
+    ints = _to_device(torch.tensor([0, *tree.tokens, *(i for r, c in rounds for i in (*r, *c))]), p.device)
+    tokens = ints[: m + 1]  # [m + 1], row 0 unused
     cur = p.clone()  # [m + 1, vocab]: each row's p after the siblings rejected so far
     accept = torch.zeros(m + 1, dtype=torch.bool, device=p.device)  # [m + 1], row 0 unused
-    for rows, children in _by_rank(tree):
-        r = torch.tensor(rows, device=p.device)  # [n]
-        c = torch.tensor(children, device=p.device)  # [n]
+    at = m + 1
+    for rows, _ in rounds:
+        n = len(rows)
+        r, c = ints[at : at + n], ints[at + n : at + 2 * n]  # [n] rows, [n] their i-th children
+        at += 2 * n
         x = tokens[c]  # [n]
         p_x = cur[r, x].double()
         q_x = torch.ones_like(p_x) if q is None else q[c - 1, x].double()

@@ -73,15 +73,15 @@ class Runner:
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.plan = plan
-        self.auto_drafters: dict[str, Any] = {}
+        self.auto_drafters: dict[tuple[str, str], Any] = {}  # (method, spec) -> drafter
         self.peer: HFPeer | None = None
 
     def _auto(self, method: Method, category: str) -> tuple[str, Any, KValue, str]:
         spec, k, source = route(self.plan, category, method.k)
         key = str(spec)
-        if key not in self.auto_drafters:
-            self.auto_drafters[key] = make_drafter(spec, self.model)
-        drafter = self.auto_drafters[key]
+        if (method.name, key) not in self.auto_drafters:  # one method's drafters are its own
+            self.auto_drafters[(method.name, key)] = make_drafter(spec, self.model)
+        drafter = self.auto_drafters[(method.name, key)]
         if drafter is None:  # the plan says no speculation pays here: plain decoding (k unused)
             return key, None, 1, source
         return key, drafter, parse_k(k), source

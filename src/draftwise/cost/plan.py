@@ -192,7 +192,8 @@ def _replay(
     if cfg.greedy and replayable(spec):
         if (str(spec), k) not in replays:
             replays[(str(spec), k)] = make_drafter(spec, model)
-        return replay_lookup(replays[(str(spec), k)], prompt_ids, ref.tokens, k, max_new_tokens)
+        return replay_lookup(replays[(str(spec), k)], prompt_ids, ref.tokens, k, max_new_tokens,
+                             eos_token_ids=model.eos_token_ids)
     assert trace is not None  # every draft that cannot be replayed was traced
     if cfg.greedy and not rates_only(spec):
         return replay_hits(trace.hits(), k, max_new_tokens)

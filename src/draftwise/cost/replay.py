@@ -17,7 +17,7 @@ The planner (:mod:`draftwise.cost.plan`) decodes each prompt once per draft, spe
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,7 +102,7 @@ def trace_generation(
             break
     gen.close()
     if drafter is not None:  # as a finished generation: a learning draft keeps it (as the replay does)
-        drafter.end(list(tokens))
+        drafter.end(answer(tokens, model.eos_token_ids))
     return Trace(
         question_id=question_id,
         category=category,
@@ -142,8 +142,19 @@ def accepted_along(draft: Any, truth: Sequence[int]) -> int:
     return follow(tree, accept, [0] * (len(tree) + 1)).accepted
 
 
+def answer(tokens: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
+    """What a finished generation hands a learning draft: its tokens without the EOS that
+    ended it (as :class:`draftwise.decode.Stream` does).
+
+    >>> answer([5, 6, 2], {2}), answer([5, 6], {2})
+    ([5, 6], [5, 6])
+    """
+    return list(tokens[:-1]) if tokens and tokens[-1] in eos_token_ids else list(tokens)
+
+
 def replay_lookup(
-    make: Callable[[], Any] | Any, prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int
+    make: Callable[[], Any] | Any, prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int,
+    *, eos_token_ids: Collection[int] = (),
 ) -> list[tuple[int, int]]:
     """The (proposed, accepted) steps a replayable draft (:func:`replayable`) would take at this
     k, greedy and exact; a tree step's ``proposed`` is its node count. ``make`` builds the
@@ -162,7 +173,7 @@ def replay_lookup(
             drafter.observe(acc)
         context.extend(tokens[pos : pos + acc + 1])
         pos += acc + 1
-    drafter.end(list(tokens))  # as a finished generation would: a learning draft keeps it
+    drafter.end(answer(tokens, eos_token_ids))  # as a finished generation would: a learning draft keeps it
     return steps
 
 

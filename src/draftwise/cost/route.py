@@ -1,5 +1,5 @@
-"""Routing: which draft and which k one generation runs, for ``bench``, ``serve`` and
-``generate`` alike (one function each, so the three can never disagree).
+"""Routing: which draft and which k one generation runs, for ``bench``, ``serve`` and the
+public ``generate`` alike (one function each, so they can never disagree).
 
 - :func:`route`: a plan's choice for a workload category, with the user's k: the plan picks the
   draft, and ``k="auto"`` (the user's) replaces the plan's fixed k with the adaptive policy.

@@ -21,7 +21,7 @@ from typing import Any
 
 from ..cost.formulas import breakeven_acceptance, leviathan_speedup
 from ..cost.timing import time_forward
-from ..decode import generate
+from ..api import generate
 from ..drafters import make_drafter
 from ..errors import ConfigError
 
