@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from draftwise.drafters import Capabilities
 from draftwise.cost.replay import accepted_along, replay_lookup, replayable, trace_generation
 from draftwise.drafters import make_drafter
 from draftwise.drafters.base import Capabilities, Draft
@@ -51,7 +50,6 @@ class _TwoGuesses:
 
     name = "two-guesses"
     capabilities = Capabilities(trees=True)  # unscored trees
-    capabilities = Capabilities(trees=True)
 
     def start(self, prompt, sampling, generator) -> None:
         pass
@@ -61,9 +59,6 @@ class _TwoGuesses:
         return Draft(tree.tokens, tree=tree)
 
     def observe(self, num_accepted: int) -> None:
-        pass
-
-    def end(self, output) -> None:
         pass
 
     def end(self, output) -> None:

@@ -115,6 +115,14 @@ class Capabilities:
         if self.scored and not self.trees:
             raise ValueError("only a drafter that proposes trees can score its nodes")
 
+    @classmethod
+    def hybrid(cls, copy: Capabilities, head: Capabilities) -> Capabilities:
+        """A copy draft's tree with a head's guesses merged in (``suffix+eagle:...``): a scored
+        tree, replayed from rates, priced as the head; it keeps what either part keeps."""
+        return cls(trees=True, scored=True, reads_features=copy.reads_features or head.reads_features,
+                   shares_target_cache=copy.shares_target_cache or head.shares_target_cache,
+                   learns=copy.learns or head.learns, replay="rates", cost=head.cost)
+
     @property
     def tree_policy(self) -> Literal["chain", "scored", "unscored"]:
         """How ``--k auto`` treats the proposals: chains by k, scored trees trimmed by their

@@ -108,10 +108,7 @@ def capabilities_of(spec: DraftSpec | str) -> Capabilities:
     """
     spec = DraftSpec.parse(spec)
     if spec.then is not None:
-        parts = (capabilities_of(replace(spec, then=None)), capabilities_of(spec.then))
-        return Capabilities(trees=True, scored=True, reads_features=any(c.reads_features for c in parts),
-                            shares_target_cache=any(c.shares_target_cache for c in parts),
-                            learns=any(c.learns for c in parts), replay="rates", cost=parts[1].cost)
+        return Capabilities.hybrid(capabilities_of(replace(spec, then=None)), capabilities_of(spec.then))
     if spec.kind == "lookup":
         return Capabilities(trees=spec.branches > 1, replay="exact", cost="host")
     if spec.kind == "suffix":

@@ -84,12 +84,7 @@ class HybridDrafter:
         self.copy, self.head, self.extra = copy, head, int(extra)
         self.name = label or f"{copy.name}+{head.name}"
         self._greedy = True
-        parts = (copy.capabilities, head.capabilities)
-        self.capabilities = Capabilities(
-            trees=True, scored=True, reads_features=any(c.reads_features for c in parts),
-            shares_target_cache=any(c.shares_target_cache for c in parts), learns=any(c.learns for c in parts),
-            replay="rates", cost=head.capabilities.cost,
-        )
+        self.capabilities = Capabilities.hybrid(copy.capabilities, head.capabilities)
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
         self._greedy = sampling.greedy
