@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import draftwise  # noqa: F401  first: it sets the OpenMP defaults before torch loads (docs/runtime.md)
@@ -73,15 +72,12 @@ def default_model(default_folder):
 
 
 @pytest.fixture(scope="session")
-def tiny_chat_folder(tmp_path_factory, default_folder) -> Path:
-    """A tiny random Llama that uses the default model's tokenizer and chat template."""
-    folder = tmp_path_factory.mktemp("tiny-chat")
-    config = tiny_llama_config(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=512)
-    random_hf_model(config, seed=1).save_pretrained(folder)
-    for f in default_folder.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
-            shutil.copy(f, folder / f.name)
-    return folder
+def tiny_chat_folder(tmp_path_factory) -> Path:
+    """A tiny random Llama with a tiny chat tokenizer (tests/tiny.py): SmolLM2's special tokens,
+    ids and chat template over a 2048-token byte-level BPE; nothing of the real model is read."""
+    from .tiny import make_chat_folder
+
+    return make_chat_folder(tmp_path_factory.mktemp("tiny-chat"), seed=1)
 
 
 @pytest.fixture(scope="module")

@@ -18,23 +18,14 @@ from draftwise.drafters import make_drafter
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
 
-from .conftest import random_hf_model, tiny_llama_config
 from .images import is_complete_png
+from .tiny import make_chat_folder
 
 
 @pytest.fixture(scope="module")
-def tiny_draft_folder(tmp_path_factory, tiny_chat_folder):
+def tiny_draft_folder(tmp_path_factory):
     """A second tiny model with the same tokenizer: a model draft for the tiny target."""
-    import shutil
-
-    folder = tmp_path_factory.mktemp("tiny-draft")
-    config = tiny_llama_config(vocab_size=49152, bos_token_id=1, eos_token_id=2, max_position_embeddings=512,
-                               num_hidden_layers=1)
-    random_hf_model(config, seed=7).save_pretrained(folder)
-    for f in tiny_chat_folder.iterdir():
-        if f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
-            shutil.copy(f, folder / f.name)
-    return folder
+    return make_chat_folder(tmp_path_factory.mktemp("tiny-draft"), seed=7, num_hidden_layers=1)
 
 
 def fake_profile(model, *, step=None, drafts=None, max_n=9, token_overhead=0.0) -> Profile:
