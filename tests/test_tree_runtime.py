@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from draftwise.errors import ConfigError
-from draftwise.runtime.base import Runtime, ancestor_mask, check_parents
+from draftwise.runtime.base import Rows, Runtime, ancestor_mask, check_parents
 from draftwise.runtime.hf import HFRuntime
 from draftwise.runtime.native import NativeRuntime
 from draftwise.tree import TokenTree
@@ -125,7 +125,7 @@ def test_chain_parents_take_the_chain_path(hf_model: Any) -> None:
     assert torch.equal(plain, explicit)
     # the tree code (gathered rope positions, ancestor mask) on a chain gives the same numbers
     rt.prefill(PROMPT)
-    forced = rt._run(ids, rt._all_layers, last_only=False, parents=[-1, 0, 1, 2, 3])
+    forced = rt.forward_batch([Rows(0, ids, tree=[-1, 0, 1, 2, 3])])[0]
     assert torch.equal(plain, forced)
 
 

@@ -33,12 +33,28 @@ positions read as not recorded until a full pass rewrites them). Capture off cos
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
 
 from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Rows:
+    """One sequence's new rows in a batched pass (``NativeRuntime.forward_batch``): the cache
+    ``slot`` they extend, their token ``ids``, their ``tree`` (``parents`` as ``forward`` takes
+    them; None: a chain), and which logits come back: every row's, only the last one's
+    (``last_only``: a prompt), or none (``logits=False``: a prompt chunk that is not the last)."""
+
+    slot: int
+    ids: list[int]
+    tree: list[int] | None = None
+    last_only: bool = False
+    logits: bool = True
 
 
 @runtime_checkable

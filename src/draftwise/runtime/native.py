@@ -32,6 +32,7 @@ Loading (the context length, the quantization modes, a state dict into fused mat
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError, UnsupportedArchitectureError
-from .base import ancestor_mask, check_keep, check_parents
+from .attention import attend, padded_keys, padded_rows, visible_keys
+from .base import Rows, ancestor_mask, check_keep, check_parents
 from .features import FeatureCapture
 from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
 from .native_weights import WeightLoader, context_length, quant_modes
@@ -89,16 +91,13 @@ class NativeRuntime(FeatureCapture):
         self._load_layers(weights)
         self._load_head(weights, head_quant)
         self._allocate(dtype)
-        self._length = 0
-        # the last pass: where it started and its parents (None: a chain), for keep()
-        self._pass_start = 0
-        self._pass_parents: list[int] | None = None
         self._all_layers = tuple(range(self.num_layers))
         self.compiled = False
         self._layers = self._layers_impl
         self.head_rows: torch.Tensor | None = None  # see restrict_head
         self._head_sub: torch.Tensor | None = None
         self._feature_dim = int(self.embed.shape[1])  # see capture_features
+        self.scale = self.head_dim ** -0.5  # attention's 1 / sqrt(head_dim)
 
     def _load_layers(self, weights: WeightLoader) -> None:
         """Each decoder layer's two norms and four fused matmuls: q/k/v, o, gate/up, down."""
@@ -127,17 +126,56 @@ class NativeRuntime(FeatureCapture):
         self._head = weights.linear(["model.embed_tokens.weight" if tied else head_name], None, head_quant)
 
     def _allocate(self, dtype: torch.dtype) -> None:
-        """The rotary tables and the KV cache, both for all ``max_context`` positions."""
+        """The rotary tables for all ``max_context`` positions and the KV cache of one slot."""
         cos, sin = rope_tables(self.config, self._max_context)
         half = self.head_dim // 2
         sign = torch.cat([-torch.ones(half), torch.ones(self.head_dim - half)])
         self.cos = cos.to(self.device, dtype)  # [max_context, hd]
         self.sin_signed = (sin * sign).to(self.device, dtype)  # sin with rotate_half's sign folded in
-        # the KV cache: one [kv_heads, max_context, head_dim] buffer per layer for K and for V;
-        # empty, not zeros: attention only ever reads positions below `length`, all written
-        shape = (self.n_kv, self._max_context, self.head_dim)
-        self.k_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v_cache = [torch.empty(shape, dtype=dtype, device=self.device) for _ in range(self.num_layers)]
+        self.allocate_slots(1)
+
+    def allocate_slots(self, slots: int, context: int | None = None) -> None:
+        """(Re)allocate the KV cache for ``slots`` sequences of up to ``context`` positions each
+        (default: ``max_context``); everything cached is forgotten. Slot 0 is the one the
+        single-sequence methods (``prefill``, ``forward``, ``keep``...) use.
+
+        One ``[slots, kv_heads, context, head_dim]`` buffer per layer for K and for V, padded to
+        a multiple of :data:`.attention.CHUNK` positions and zeroed: the batched attention reads
+        whole blocks, and a masked key must hold a finite value (its weight is exactly 0)."""
+        context = self._max_context if context is None else int(context)
+        if slots < 1 or not 1 <= context <= self._max_context:
+            raise ConfigError(f"allocate_slots({slots}, {context}): need slots >= 1 and 1 <= context <= {self._max_context}")
+        shape = (slots, self.n_kv, padded_keys(context), self.head_dim)
+        self._k = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self.num_layers)]
+        self._v = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self.num_layers)]
+        self._context = context
+        self._lengths = [0] * slots
+        # each slot's last pass: where it started and its parents (None: a chain), for keep()
+        self._pass_starts = [0] * slots
+        self._pass_parents: list[list[int] | None] = [None] * slots
+
+    def cache_bytes(self, slots: int, context: int) -> int:
+        """Bytes of KV cache ``allocate_slots(slots, context)`` takes."""
+        per_position = 2 * self.num_layers * self.n_kv * self.head_dim * torch.empty(0, dtype=self._dtype).element_size()
+        return slots * padded_keys(context) * per_position
+
+    @property
+    def slots(self) -> int:
+        return len(self._lengths)
+
+    @property
+    def slot_context(self) -> int:
+        """Positions one slot holds (``max_context`` unless ``allocate_slots`` said fewer)."""
+        return self._context
+
+    @property
+    def k_cache(self) -> list[torch.Tensor]:
+        """Slot 0's K cache per layer, ``[kv_heads, context, head_dim]`` views."""
+        return [k[0] for k in self._k]
+
+    @property
+    def v_cache(self) -> list[torch.Tensor]:
+        return [v[0] for v in self._v]
 
     @classmethod
     def from_folder(
@@ -180,7 +218,7 @@ class NativeRuntime(FeatureCapture):
 
     @property
     def length(self) -> int:
-        return self._length
+        return self._lengths[0]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -191,13 +229,20 @@ class NativeRuntime(FeatureCapture):
         return True
 
     def rollback(self, length: int) -> None:
-        if not 0 <= length <= self._length:
-            raise ConfigError(f"cannot roll back to {length}: the cache holds {self._length} positions")
-        self._length = length
+        self.rollback_slot(0, length)
+
+    def rollback_slot(self, slot: int, length: int) -> None:
+        """Forget slot ``slot``'s positions ``>= length``."""
+        if not 0 <= length <= self._lengths[slot]:
+            raise ConfigError(f"cannot roll back to {length}: the cache holds {self._lengths[slot]} positions")
+        self._lengths[slot] = length
+
+    def slot_length(self, slot: int) -> int:
+        return self._lengths[slot]
 
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        self._length = 0
-        return self._run(ids, self._all_layers, last_only=True)[0]
+        self._lengths[0] = 0
+        return self._run([Rows(0, list(ids), None, last_only=True)], self._all_layers)[0][0]
 
     def forward(
         self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
@@ -211,24 +256,38 @@ class NativeRuntime(FeatureCapture):
                 )
         tree = None
         if parents is not None and check_parents(parents, len(ids)) is not None:
-            tree = [int(p) for p in parents]  # a chain (None) takes the plain path
-        return self._run(ids, chosen, last_only=False, parents=tree)
+            tree = [int(x) for x in parents]  # a chain (None) takes the plain causal mask
+        return self._run([Rows(0, list(ids), tree)], chosen)[0]
+
+    def forward_batch(self, passes: Sequence[Rows]) -> list[torch.Tensor]:
+        """One pass over several slots' new rows (each :class:`Rows`): their logits, in order,
+        ``[n, vocab]`` each (``[1, vocab]`` for ``last_only``, ``[0, vocab]`` for ``logits=False``).
+        A row's logits are bit-identical to what the same slot's rows give in a pass of their
+        own: the batch only shares the matmuls (see :mod:`.attention`)."""
+        if self._feats is not None and (len(passes) > 1 or any(p.slot for p in passes)):
+            raise ConfigError("feature capture (an EAGLE draft) runs one sequence at a time, in slot 0")
+        return self._run(list(passes), self._all_layers)
 
     def keep(self, base: int, rows: Sequence[int]) -> None:
-        held = self._length - self._pass_start
-        kept = check_keep(base, rows, start=self._pass_start, held=held, parents=self._pass_parents)
+        self.keep_slot(0, base, rows)
+
+    def keep_slot(self, slot: int, base: int, rows: Sequence[int]) -> None:
+        """``keep`` for slot ``slot``'s last pass."""
+        start, parents = self._pass_starts[slot], self._pass_parents[slot]
+        kept = check_keep(base, rows, start=start, held=self._lengths[slot] - start, parents=parents)
         # rows[i] >= i; the leading rows with rows[i] == i are in place already
         first = next((i for i, r in enumerate(kept) if r != i), len(kept))
         if first < len(kept):
             src = torch.tensor(kept[first:], device=self.device) + base  # [moved] slots
             dst = slice(base + first, base + len(kept))
             with torch.inference_mode():
-                for cache in (*self.k_cache, *self.v_cache):
-                    cache[:, dst] = cache.index_select(1, src)  # gathered first: src and dst may overlap
-                if self._feats is not None:
+                for cache in (*self._k, *self._v):
+                    # gathered first: src and dst may overlap
+                    cache[slot, :, dst] = cache[slot].index_select(1, src)
+                if self._feats is not None and slot == 0:
                     self._feats.move(src, base + first)
-        self._length = base + len(kept)
-        self._pass_parents = None  # what stays is a chain
+        self._lengths[slot] = base + len(kept)
+        self._pass_parents[slot] = None  # what stays is a chain
 
     def restrict_head(self, rows: Sequence[int] | torch.Tensor | None) -> None:
         """Score only the token ids ``rows`` (a reduced-vocabulary draft head, as in FR-Spec);
@@ -253,49 +312,44 @@ class NativeRuntime(FeatureCapture):
         # one fused kernel (it accumulates in float32, as transformers' RMSNorm does)
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
-    def _layers_impl(
-        self,
-        x: torch.Tensor,
-        mask: torch.Tensor | None,
-        start: int,
-        end: int,
-        layers: tuple[int, ...],
-        positions: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """The decoder layers ``layers`` over ``x`` (``[n, d]``, this pass's own tensor: it is
-        updated in place), writing their K/V at slots ``start .. end - 1``; the rows sit at
-        those positions, or at ``positions`` (``[n]``, a tree's) when given."""
-        n = end - start
-        H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
-        if positions is None:
-            cos = self.cos[start:end, None, :]  # [n, 1, hd]
-            sin = self.sin_signed[start:end, None, :]
-        else:
-            cos = self.cos[positions, None, :]  # [n, 1, hd]
-            sin = self.sin_signed[positions, None, :]
+    def _layers_impl(self, x: torch.Tensor, plan: _Plan, layers: tuple[int, ...]) -> torch.Tensor:
+        """The decoder layers ``layers`` over ``x`` (``[R, d]``, this pass's own tensor: it is
+        updated in place), writing each row's K/V at its slot and position (``plan``)."""
+        R = x.shape[0]
+        H, KV, hd = self.n_heads, self.n_kv, self.head_dim
+        cos, sin = self.cos[plan.positions, None, :], self.sin_signed[plan.positions, None, :]  # [R, 1, hd]
         for i in layers:
             h = self._norm(x, self.ln_attn[i])
-            qkv = self._qkv[i](h)  # [n, (H + 2 KV) * hd]
-            qk = rope(qkv[:, : (H + KV) * hd].view(n, H + KV, hd), cos, sin)  # q and k at once
-            q, k = qk[:, :H], qk[:, H:]
-            self.k_cache[i][:, start:end] = k.transpose(0, 1)  # [KV, n, hd]
-            self.v_cache[i][:, start:end] = qkv[:, (H + KV) * hd :].view(n, KV, hd).transpose(0, 1)
-            # fold each group's query heads into the sequence axis: [KV, G * n, hd]
-            qg = q.reshape(n, KV, G, hd).permute(1, 2, 0, 3).reshape(KV, G * n, hd)
-            att = F.scaled_dot_product_attention(
-                qg[None], self.k_cache[i][None, :, :end], self.v_cache[i][None, :, :end], attn_mask=mask
-            )  # [1, KV, G * n, hd]
-            att = att[0].view(KV, G, n, hd).permute(2, 0, 1, 3).reshape(n, H * hd)
-            x.add_(self._o[i](att))
+            qkv = self._qkv[i](h)  # [R, (H + 2 KV) * hd]
+            qk = rope(qkv[:, : (H + KV) * hd].view(R, H + KV, hd), cos, sin)  # q and k at once
+            self._k[i][plan.slot_of, :, plan.at] = qk[:, H:]  # [R, KV, hd] into [slots, KV, ctx, hd]
+            self._v[i][plan.slot_of, :, plan.at] = qkv[:, (H + KV) * hd :].view(R, KV, hd)
+            x.add_(self._o[i](self._attend(i, qk[:, :H], plan)))
             h = self._norm(x, self.ln_mlp[i])
-            gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [n, ffn] each
+            gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [R, ffn] each
             x.add_(self._down[i](F.silu(gate).mul_(up)))
         return x
+
+    def _attend(self, layer: int, q: torch.Tensor, plan: _Plan) -> torch.Tensor:
+        """Attention of the pass's query rows ``q`` (``[R, H, hd]``) over their own slots'
+        caches, row-invariantly (:mod:`.attention`): ``[R, H * hd]``."""
+        H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
+        B, rows, lo = plan.batch, plan.rows, plan.first_slot
+        # each slot's rows side by side, each KV head's query group folded into the row axis
+        qp = q.new_zeros(B * rows, H, hd).index_copy_(0, plan.place, q).float().mul_(self.scale)
+        qp = qp.view(B, rows, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, rows * G, hd)
+        qp = F.pad(qp, (0, 0, 0, plan.m_padded - rows * G))  # [B, KV, M, hd]
+        k = self._k[layer][lo : lo + B, :, : plan.keys]  # [B, KV, L, hd]
+        v = self._v[layer][lo : lo + B, :, : plan.keys]
+        out = attend(qp, k.float(), v.float(), plan.bias)[:, :, : rows * G]  # [B, KV, rows * G, hd]
+        out = out.view(B, KV, rows, G, hd).permute(0, 2, 1, 3, 4).reshape(B * rows, H * hd)
+        return out.index_select(0, plan.place).to(q.dtype)  # [R, H * hd]
 
     def enable_compile(self) -> str | None:
         """Run the decoder layers through ``torch.compile`` (inductor: it fuses the norms, rope,
         reshapes and SwiGLU between the matmuls). Returns why not, in a few words, where this
-        machine cannot (no C++ compiler, a device inductor does not cover), and stays eager."""
+        machine cannot (no C++ compiler, a device inductor does not cover), and stays eager.
+        A compiled pass is not promised row-invariant: inductor picks its own reductions."""
         import shutil
 
         if self.device.type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
@@ -304,62 +358,124 @@ class NativeRuntime(FeatureCapture):
             compiled = torch.compile(self._layers_impl, dynamic=True)
             self._layers = compiled
             with torch.no_grad():  # warm up the shapes a decode uses: n = 1 and n > 1
-                saved = self._length, self._pass_start, self._pass_parents
-                self._run([0, 0], self._all_layers, last_only=False)
-                self._run([0], self._all_layers, last_only=False)
-                self._length, self._pass_start, self._pass_parents = saved
+                saved = list(self._lengths), list(self._pass_starts), list(self._pass_parents)
+                self._run([Rows(0, [0, 0], None)], self._all_layers)
+                self._run([Rows(0, [0], None)], self._all_layers)
+                self._lengths, self._pass_starts, self._pass_parents = saved
         except Exception as exc:  # inductor raises many kinds; any of them means eager
             self._layers = self._layers_impl
             return f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         self.compiled = True
         return None
 
-    def _run(
-        self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool, parents: list[int] | None = None
-    ) -> torch.Tensor:
+    def _run(self, passes: list[Rows], layers: Sequence[int]) -> list[torch.Tensor]:
         # inference_mode is faster, but tensors made under it cannot enter a compiled graph
         with torch.no_grad() if self.compiled else torch.inference_mode():
-            return self._run_impl(ids, layers, last_only=last_only, parents=parents)
+            return self._run_impl(passes, tuple(layers))
 
-    def _run_impl(
-        self, ids: Sequence[int], layers: Sequence[int], *, last_only: bool, parents: list[int] | None
-    ) -> torch.Tensor:
-        n = len(ids)
-        if n == 0:
-            raise ConfigError("forward needs at least one token")
-        start = self._length
-        end = start + n
-        if end > self._max_context:
-            raise ContextLengthError(
-                f"{end} positions do not fit in the context of {self._max_context} tokens; "
-                "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
-            )
-        tokens = torch.as_tensor(ids, dtype=torch.long, device=self.device)
-        x = F.embedding(tokens, self.embed)  # [n, d]
-        mask, positions = None, None
-        if parents is not None:  # a tree: row j sees the cache and its ancestors-or-self
-            depths = check_parents(parents, n) or list(range(n))
-            positions = torch.tensor(depths, device=self.device) + start  # [n]
-            seen = torch.ones(n, start, dtype=torch.bool, device=self.device)
-            mask = torch.cat([seen, ancestor_mask(parents, self.device)], dim=1)  # [n, end]
-        elif n > 1:  # query i (at position start+i) sees keys 0..start+i
-            pos = torch.arange(end, device=self.device)
-            mask = pos[None, :] <= pos[start:, None]  # [n, end]
-        mask = None if mask is None else mask.repeat(self.group, 1)  # [G * n, end]: the folded query layout
-        if self._feats is not None and tuple(layers) == self._all_layers:  # record (see .features)
-            x = self._feats.run_recorded(lambda part, x: self._layers(x, mask, start, end, part, positions), x, start)
+    def _run_impl(self, passes: list[Rows], layers: tuple[int, ...]) -> list[torch.Tensor]:
+        plan = self._plan(passes)
+        tokens = torch.as_tensor([t for p in passes for t in p.ids], dtype=torch.long, device=self.device)
+        x = F.embedding(tokens, self.embed)  # [R, d]
+        if self._feats is not None and layers == self._all_layers:  # record (see .features)
+            start = plan.starts[0]
+            x = self._feats.run_recorded(lambda part, x: self._layers(x, plan, part), x, start)
         else:
-            x = self._layers(x, mask, start, end, tuple(layers), positions)
+            x = self._layers(x, plan, layers)
             if self._feats is not None:
-                self._feats.forget(start)  # a draft pass: its slots hold no target features
-        self._length = end
-        self._pass_start, self._pass_parents = start, parents
-        if last_only:
-            x = x[-1:]
+                self._feats.forget(plan.starts[0])  # a draft pass: its slots hold no target features
+        wanted: list[int] = []  # the rows whose logits are returned
+        offset = 0
+        for p, start in zip(passes, plan.starts):
+            n = len(p.ids)
+            self._lengths[p.slot] = start + n
+            self._pass_starts[p.slot], self._pass_parents[p.slot] = start, p.tree
+            if p.logits:
+                wanted.extend(range(offset + n - 1, offset + n) if p.last_only else range(offset, offset + n))
+            offset += n
+        logits = self._logits(x[wanted] if len(wanted) < x.shape[0] else x)
+        out, used = [], 0
+        for p in passes:
+            n = 0 if not p.logits else 1 if p.last_only else len(p.ids)
+            out.append(logits[used : used + n])
+            used += n
+        return out
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The final norm and the head: ``[n, vocab]`` float32."""
         x = self._norm(x, self.final_norm)
         if self.head_rows is None:
-            return self._head(x).float()  # [n or 1, vocab]
+            return self._head(x).float()
         assert self._head_sub is not None
-        out = torch.full((x.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [n or 1, vocab]
+        out = torch.full((x.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [n, vocab]
         return out.index_copy_(1, self.head_rows, F.linear(x, self._head_sub).float())
 
+    def _plan(self, passes: list[Rows]) -> _Plan:
+        """Where each row of a pass goes: its slot, cache position and rotary position, its
+        place in the padded attention layout, and what it sees (:func:`.attention.visible_keys`)."""
+        if not passes:
+            raise ConfigError("a pass needs at least one sequence")
+        seen_slots: set[int] = set()
+        starts, trees, slot_of, at, positions = [], [], [], [], []
+        for p in passes:
+            if not 0 <= p.slot < self.slots or p.slot in seen_slots:
+                raise ConfigError(f"slot {p.slot} is not a free slot of this pass (slots 0..{self.slots - 1}, once each)")
+            seen_slots.add(p.slot)
+            n, start = len(p.ids), self._lengths[p.slot]
+            if n == 0:
+                raise ConfigError("forward needs at least one token")
+            if start + n > self._context:
+                raise ContextLengthError(
+                    f"{start + n} positions do not fit in the context of {self._context} tokens; "
+                    "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
+                )
+            depths = list(range(n)) if p.tree is None else (check_parents(p.tree, n) or list(range(n)))
+            starts.append(start)
+            trees.append(None if p.tree is None else ancestor_mask(p.tree))
+            slot_of.extend([p.slot] * n)
+            at.extend(range(start, start + n))
+            positions.extend(start + d for d in depths)
+        lo, hi = min(seen_slots), max(seen_slots) + 1
+        rows = max(len(p.ids) for p in passes)
+        # the pass covers slots lo..hi-1; a slot with no rows in it gets none (all padding)
+        by_slot = {p.slot: (start, len(p.ids), tree) for p, start, tree in zip(passes, starts, trees)}
+        cover = [by_slot.get(s, (0, 0, None)) for s in range(lo, hi)]
+        keys = padded_keys(max(st + n for st, n, _ in cover))
+        seen = visible_keys([c[0] for c in cover], [c[1] for c in cover], [c[2] for c in cover], rows, keys)
+        seen = seen.repeat_interleave(self.group, dim=1)  # [B, rows * G, keys]: the folded layout
+        m_padded = padded_rows(rows * self.group)
+        seen = F.pad(seen, (0, 0, 0, m_padded - rows * self.group))
+        seen[:, rows * self.group :, 0] = True  # padding rows see slot 0: a finite softmax
+        bias = torch.zeros(seen.shape, dtype=torch.float32).masked_fill_(~seen, float("-inf"))[:, None]
+        place = [(p.slot - lo) * rows + j for p in passes for j in range(len(p.ids))]
+        dev = self.device
+        return _Plan(
+            starts=starts,
+            slot_of=torch.tensor(slot_of, device=dev),
+            at=torch.tensor(at, device=dev),
+            positions=torch.tensor(positions, device=dev),
+            place=torch.tensor(place, device=dev),
+            first_slot=lo,
+            batch=hi - lo,
+            rows=rows,
+            m_padded=m_padded,
+            keys=keys,
+            bias=bias.to(dev),
+        )
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One pass's layout (built by ``NativeRuntime._plan``, read by every layer)."""
+
+    starts: list[int]  # each pass's slot length before it
+    slot_of: torch.Tensor  # [R] the slot of each row
+    at: torch.Tensor  # [R] the cache position each row is written at
+    positions: torch.Tensor  # [R] the rotary position (a tree row: start + its depth)
+    place: torch.Tensor  # [R] the row's index in the [batch * rows] attention layout
+    first_slot: int
+    batch: int  # slots first_slot .. first_slot + batch - 1
+    rows: int  # the most rows any slot brings
+    m_padded: int  # rows * group, padded (attention.padded_rows)
+    keys: int  # keys attended, padded (attention.padded_keys)
+    bias: torch.Tensor  # [batch, 1, m_padded, keys] 0 or -inf

@@ -140,6 +140,8 @@ class Linear:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "mkldnn":
+            if x.shape[0] == 1:  # oneDNN reduces one row in another order when K > 1024: run two
+                return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), self.packed, self.bias, "none", [], "")[:1]
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.kind == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
