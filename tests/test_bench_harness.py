@@ -30,7 +30,8 @@ QUESTIONS = [
     {"question_id": 2, "category": "qa", "turns": ["What is the capital of France?"]},
     {"question_id": 3, "category": "summarization", "turns": ["Summarise: the cat sat on the mat. The cat sat."]},
 ]
-ROW_KEYS = {"tokens_per_s", "speedup", "mat", "acceptance", "draft_time_share", "questions"}
+ROW_KEYS = {"tokens_per_s", "speedup", "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance",
+            "draft_time_share", "questions"}
 
 
 def write_jsonl(path, rows):

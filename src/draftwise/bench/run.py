@@ -18,7 +18,7 @@ Example::
     from draftwise import load_model
     from draftwise.bench import run_bench
     model = load_model("default")
-    summary = run_bench(model, drafts="lookup,self", k=4, max_new_tokens=64,
+    summary = run_bench(model, drafts="lookup,suffix", k=4, max_new_tokens=64,
                         limit_per_category=1, out_dir="bench-out")
     summary["groups"]["overall"]["lookup"]["speedup"]
 """
@@ -33,6 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..cost.defaults import DEFAULT_DRAFTS
 from ..drafters.spec import KValue, parse_k
 from ..errors import ConfigError, ContextLengthError
 from ..fsutil import write_json_atomic, write_text_atomic
@@ -137,7 +138,7 @@ def run_bench(
     model: Any,
     questions: str | Path | Sequence[Question | Mapping[str, Any]] = DEFAULT_QUESTIONS,
     *,
-    drafts: str | Sequence[DraftItem] = ("lookup", "self"),
+    drafts: str | Sequence[DraftItem] = DEFAULT_DRAFTS,
     k: KValue = 4,
     max_new_tokens: int = 128,
     limit_per_category: int | None = None,
@@ -169,9 +170,10 @@ def run_bench(
     question during which it ran out. On Ctrl-C the summary of the finished questions is written
     and KeyboardInterrupt re-raised.
 
-    Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup", "mat",
-    "acceptance", "draft_time_share", "questions"}}}, "equality", "config",
-    "acceptance_by_position", "run"}``.
+    Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
+    "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
+    "questions"}}}, "equality", "config", "acceptance_by_position", "run"}``; the two speedups
+    are defined in :mod:`draftwise.bench.summary`.
     """
     started = time.perf_counter()
     sampling = sampling or SamplingConfig()

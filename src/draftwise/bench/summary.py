@@ -2,7 +2,13 @@
 
 - tokens/s of a question = its new tokens over its wall time, all turns together (prefill
   included); a method's tokens/s = the mean over questions;
-- speedup = mean tokens/s of the method / mean tokens/s of ``none`` over the *same* questions;
+- speedup = mean tokens/s of the method / mean tokens/s of ``none`` over the *same* questions
+  (Spec-Bench's: every question weighs alike, so a short answer that copies a lot counts as
+  much as a long one, and this can exceed #MAT);
+- speedup_total_time = total tokens/s of the method (all its new tokens over all its wall
+  time) / the same for ``none``. When the methods commit the same tokens (greedy decoding,
+  which is lossless) it is ``none``'s total time over the method's: what a user waiting for
+  every answer sees. ``new_tokens`` and ``wall_s`` are those totals;
 - #MAT (``mat``) = committed tokens / target passes, the recovered or bonus token included
   (so plain decoding has exactly 1);
 - acceptance = accepted / proposed draft tokens; draft_time_share = draft seconds / wall time.
@@ -47,12 +53,20 @@ def _row(choices: Sequence[Mapping[str, Any]], method: str) -> tuple[dict[str, A
     row = {
         "tokens_per_s": speed,
         "speedup": None,
+        "speedup_total_time": None,
+        "new_tokens": sum(sum(c["new_tokens"]) for c in choices),
+        "wall_s": wall,
         "mat": None if peer or not passes else sum(s["committed"] for s in stats) / passes,
         "acceptance": None if peer or method == BASELINE or not proposed else sum(s["accepted"] for s in stats) / proposed,
         "draft_time_share": None if peer or wall <= 0 else sum(s.get("draft_seconds", 0.0) for s in stats) / wall,
         "questions": len(choices),
     }
     return row, speed
+
+
+def _total_rate(row: Mapping[str, Any]) -> float:
+    """All the new tokens of a row over all its wall time (0 when no time was spent)."""
+    return row["new_tokens"] / row["wall_s"] if row["wall_s"] > 0 else 0.0
 
 
 def _by_position(answers: Mapping[str, Mapping[str, Any]], complete: Sequence[Question]) -> dict[str, Any]:
@@ -88,8 +102,10 @@ def summarise(
         for m in methods:
             table[m], speeds[m] = _row([choice(answers[m][question_key(q)]) for q in qs], m)
         base = speeds.get(BASELINE, 0.0)
+        base_total = _total_rate(table[BASELINE]) if BASELINE in table else 0.0
         for m in methods:
             table[m]["speedup"] = speeds[m] / base if base > 0 else None
+            table[m]["speedup_total_time"] = _total_rate(table[m]) / base_total if base_total > 0 else None
         groups[group] = table
     by_position = {
         m: _by_position(answers[m], complete) for m in methods if m != BASELINE and not is_peer(m)

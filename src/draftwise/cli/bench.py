@@ -12,6 +12,7 @@ from ..bench import render_markdown, run_bench
 from ..bench.methods import parse_methods, parse_peers
 from ..bench.outdir import prepare_out
 from ..bench.runner import load_plan_for_auto
+from ..cost.defaults import DEFAULT_DRAFTS
 from ..drafters.spec import SPEC_HELP, parse_k
 from ..plots import PLOT_INSTALL_HINT, plotting_available
 from ..questions import DEFAULT_QUESTIONS, read_questions
@@ -40,7 +41,7 @@ def bench(
             help=f"Comma-separated drafts run against plain decoding ({SPEC_HELP}), each optionally "
             "@k=K; auto = the plan's choice per category. 'none' always runs.",
         ),
-    ] = "lookup,self",
+    ] = ",".join(DEFAULT_DRAFTS),
     k: Annotated[str, typer.Option("--k", help="Tokens proposed per step: an integer or 'auto'.")] = "4",
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     limit_per_category: Annotated[

@@ -4,13 +4,15 @@ On the embedded default model and a few dev questions, one from each Spec-Bench 
 from the questions held out of the shipped draft's training), it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
-2. plans: traces lookup, self-speculation, the shipped distilled draft (``model:default``) and
-   the shipped EAGLE head (``eagle:default``), each when one ships for the model, predicts
-   every k, recommends per category;
+2. plans: traces the default drafts (:func:`draftwise.cost.defaults.default_drafts`: lookup,
+   suffix, and the hybrid ``suffix+eagle:default`` when an EAGLE head ships for the model),
+   predicts every k, recommends per category;
 3. benchmarks plain decoding, each draft at its best k and ``auto`` (the plan's pick per
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
-4. prints the table, the break-even acceptance of each draft against what it achieved, and the
-   recommendation. Everything is written to ``--out``.
+4. prints, in 80 columns: each category's pick, the break-even acceptance of each draft against
+   what it achieved, what was measured (both speedups, labelled) and the recommendation. The
+   full tables are in ``--out``: plan.md (every draft in every category) and bench/summary.md
+   (every group).
 
 It needs nothing beside the installed package: the questions ship inside it.
 """
@@ -25,13 +27,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bench import render_markdown, run_bench
+from ..bench import run_bench
+from ..bench.methods import AUTO, BASELINE
+from ..bench.report import format_value
 from ..cost.adaptive import resolve_profile
+from ..cost.defaults import default_drafts
 from ..cost.plan import Plan, make_plan
-from ..cost.report import best_per_draft, breakeven_text, interval_text, plot_plan, render_plan_markdown
+from ..cost.report import best_per_draft, breakeven_text, interval_text, plan_rows, plot_plan, render_plan_markdown
 from ..distill.data import split_questions
-from ..drafters.eagle import shipped_head
-from ..drafters.packs import shipped_pack
 from ..errors import ConfigError
 from ..fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
 from ..plots import plotting_available
@@ -40,22 +43,59 @@ from .common import (
     CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
     plot_or_warn, progress_bar, user_errors,
 )
-from .plan import plan_table
 
 COMMAND = "demo"
 
 
+def picks_table(plan: Plan) -> Table:
+    """Each category's pick and its prediction (every draft in every category is in plan.md)."""
+    table = Table(title="plan: each category's pick (every draft, every category: plan.md)")
+    table.add_column("category", overflow="fold")
+    table.add_column("pick", overflow="fold")
+    table.add_column("predicted [95%]", justify="right", no_wrap=True)
+    for row in plan_rows(plan):
+        table.add_row(plain(row["category"]), plain(row["recommended"]),
+                      f"{row['predicted']:.2f}x{escape(interval_text(row['interval']))}")
+    return table
+
+
 def breakeven_table(plan: Plan) -> Table:
     """Per draft, overall: its best k, the acceptance it needs there and what it achieved."""
-    table = Table(title="break-even: the acceptance each draft needs on this machine vs what it achieved")
-    for col in ("draft", "best k", "needs a* >=", "achieved a_eff", "raw acceptance", "predicted", "pays?"):
-        table.add_column(col, justify="left" if col == "draft" else "right")
+    table = Table(title="break-even: the acceptance each draft needs on this machine (a*) "
+                  "and what it achieved (a_eff), all categories")
+    table.add_column("draft", overflow="fold")
+    for col in ("best\nk", "needs\na*", "achieved\na_eff", "predicted", "pays?"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, c in best_per_draft(plan, "overall").items():
         ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
-        raw = "-" if c.acceptance is None else f"{c.acceptance:.2f}"
-        pays = c.speedup > 1.0
-        table.add_row(plain(name), str(c.k), breakeven_text(c), ae, raw, f"{c.speedup:.2f}x",
-                      "[green]yes[/]" if pays else "[red]no[/]")
+        table.add_row(plain(name), str(c.k), breakeven_text(c), ae, f"{c.speedup:.2f}x",
+                      "[green]yes[/]" if c.speedup > 1.0 else "[red]no[/]")
+    return table
+
+
+def measured_table(summary: dict[str, Any]) -> Table:
+    """Every method over all the questions, with both speedups, labelled (every group:
+    bench/summary.md)."""
+    run, eq = summary["run"], summary["equality"]
+    table = Table(
+        title=f"measured: {run['questions_finished']} questions, interleaved with plain decoding (none)",
+        caption="speedup: mean tok/s is Spec-Bench's (each question's tok/s, averaged, over none's); "
+        "total time is none's total time over the method's (what a user waiting for every answer "
+        "sees). equal: turns identical to none. Every group: bench/summary.md",
+        caption_justify="left",
+    )
+    table.add_column("method", overflow="fold")
+    for col in ("k", "tok/s", "speedup:\nmean tok/s", "speedup:\ntotal time", "#MAT", "equal"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for name, row in summary["groups"].get("overall", {}).items():
+        k = summary["config"]["drafts"].get(name, {}).get("k")
+        same = eq["methods"].get(name) if eq.get("checked") else None
+        table.add_row(
+            plain(name.split("@k=")[0]), "-" if name in (BASELINE, AUTO) or k is None else str(k),
+            format_value(row["tokens_per_s"], ".1f"), format_value(row["speedup"], ".2f", "x"),
+            format_value(row.get("speedup_total_time"), ".2f", "x"), format_value(row["mat"], ".2f"),
+            "-" if same is None else f"{same['equal']}/{same['total']}",
+        )
     return table
 
 
@@ -130,8 +170,7 @@ def demo(
         target = load_with_status(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
-        drafts = ["lookup", "self"] + (["model:default"] if shipped_pack(target) is not None else [])
-        drafts += ["eagle:default"] if shipped_head(target) is not None else []
+        drafts = default_drafts(target)  # what measured best; the hybrid when a head ships
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)
         with progress_bar("plan") as report:
@@ -149,9 +188,9 @@ def demo(
             plan=plan, dtype=dtype.value,
         )
         write_json_atomic(out_dir / "demo.json", {"plan": plan.to_dict(), "bench": _jsonable(summary)})
-    out.print(render_markdown(summary), highlight=False, markup=False)
-    out.print(plan_table(plan))
+    out.print(picks_table(plan))
     out.print(breakeven_table(plan))
+    out.print(measured_table(summary))
     print_recommendation(plan, summary)
     pngs = "plan.png, bench/*.png" if plotting_available() else "no plots"
     out.print(f"files: {plain(out_dir)}/plan.md, bench/summary.md, {pngs}", highlight=False)
@@ -160,8 +199,11 @@ def demo(
 def print_recommendation(plan: Plan, summary: dict[str, Any]) -> None:
     """The plan's overall pick and the routed (per-category) prediction, with what was measured."""
     d, k = plan.recommended["overall"]
-    routed = summary["groups"]["overall"].get("auto", {}).get("speedup")
-    measured = f", measured {routed:.2f}x" if routed else ""
+    routed = summary["groups"]["overall"].get(AUTO, {})
+    measured = ""
+    if routed.get("speedup"):
+        total = format_value(routed.get("speedup_total_time"), ".2f", "x")
+        measured = f", measured {routed['speedup']:.2f}x (mean tok/s) and {total} (total time)"
     pick = "no speculation" if d == "none" else f"--draft {plain(d)} --k {k}"
     out.print(
         f"recommendation for this workload: [bold]{pick}[/] (predicted {plan.predicted['overall']:.2f}x"

@@ -19,14 +19,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from ..cost.defaults import default_drafts, default_drafts_text
 from ..cost.export import export_config
 from ..cost.measure import measure_profile
 from ..cost.parsing import parse_ks
-from ..cost.plan import Plan, make_plan
+from ..cost.plan import NONE, Plan, make_plan
 from ..cost.profile import Profile, default_profile_path
 from ..cost.report import (
     breakeven_text,
-    draft_cells,
     inside_text,
     interval_text,
     plan_rows,
@@ -60,24 +60,33 @@ class Engine(str, Enum):
 
 
 def plan_table(plan: Any) -> Table:
+    """One row per category and draft (at its best k), the category's pick marked: six narrow
+    columns, so the table reads in an 80-column terminal however many drafts were planned."""
     table = Table(title=f"plan for {escape(plan.model)}: predicted speedup over plain decoding")
-    table.add_column("category")
-    table.add_column("recommended")
-    table.add_column("predicted", justify="right")
-    for d in plan.drafts:
-        table.add_column(f"{escape(d)}: best k, speedup, a_eff / a*", justify="right")
-
-    def cell(c: Any) -> str:
-        ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
-        ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
-        return (f"k={c.k} {c.speedup:.2f}x{escape(interval_text(c.interval))} "
-                f"[{'green' if ok else 'red'}]{ae}[/] / {breakeven_text(c)}")
-
-    for row in plan_rows(plan):
-        cells = draft_cells(row, plan.drafts, cell)
-        table.add_row(escape(row["category"]), escape(row["recommended"]),
-                      f"{row['predicted']:.2f}x{escape(interval_text(row['interval']))}", *cells)
+    table.add_column("category / draft", overflow="fold")
+    for col in ("k", "predicted [95%]", "a_eff", "a*", "pick"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for i, row in enumerate(plan_rows(plan)):
+        if i:
+            table.add_section()
+        pick = tuple(plan.recommended[row["category"]])
+        table.add_row(f"[bold]{escape(row['category'])}[/]")
+        for d in plan.drafts:
+            c = row["drafts"].get(d)
+            if c is None:
+                table.add_row(f"  {escape(d)}", "-", "-", "-", "-", "")
+                continue
+            ok = c.effective_acceptance is not None and c.breakeven is not None and c.effective_acceptance > c.breakeven
+            ae = "-" if c.effective_acceptance is None else f"{c.effective_acceptance:.2f}"
+            table.add_row(f"  {escape(d)}", str(c.k), f"{c.speedup:.2f}x{escape(interval_text(c.interval))}",
+                          f"[{'green' if ok else 'red'}]{ae}[/]", breakeven_text(c),
+                          _PICKED if pick == (d, c.k) else "")
+        if pick[0] == NONE:  # no draft beats plain decoding here
+            table.add_row("  none (plain)", "-", f"{row['predicted']:.2f}x", "-", "-", _PICKED)
     return table
+
+
+_PICKED = "[bold green]<-[/]"
 
 
 def validation_table(validation: dict[str, Any]) -> Table:
@@ -175,7 +184,7 @@ def _print_plan(plan: Plan, out_dir: Path | None, written: list[str], exported: 
         f"(predicted {plan.predicted['overall']:.2f}x{escape(interval_text(plan.intervals.get('overall')))}); "
         f"routing each category to its own pick: {plan.routed_overall:.2f}x"
         f"{escape(interval_text(plan.routed_interval))}. a_eff: acceptance achieved; a*: needed to break even "
-        "(green: above it); in brackets: 95% prediction intervals."
+        "(green: above it); <-: the category's pick; in brackets: 95% prediction intervals."
     )
     if plan.validation:
         out.print(validation_table(plan.validation))
@@ -204,7 +213,8 @@ def plan_cmd(
     device: DeviceOpt = "cpu",
     quant: QuantOpt = Quant.none,
     compile_: CompileOpt = False,
-    drafts: Annotated[str, typer.Option("--drafts", help="Comma-separated draft specs.")] = "lookup,self",
+    drafts: Annotated[str | None, typer.Option(
+        "--drafts", help="Comma-separated draft specs.", show_default=default_drafts_text())] = None,
     ks: Annotated[str, typer.Option("--ks", help="k values to consider, e.g. 1-8.")] = "1-8",
     per_category: Annotated[int, typer.Option("--per-category", min=1, help="Prompts sampled per category.")] = 2,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
@@ -221,13 +231,15 @@ def plan_cmd(
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
     with user_errors():
         questions = select_questions(read_questions(prompts or DEFAULT_QUESTIONS), per_category)
-        specs = parse_drafts(drafts, "--drafts")
+        specs = parse_drafts(drafts, "--drafts") if drafts is not None else None
         k_list = _parse_ks(ks)
         out_dir = _check_options(temperature, out_dir)
         given = read_profile(profile_file) if profile_file is not None else None  # fails before the model loads
         target = load_with_status(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
+        if specs is None:  # the defaults depend on the model: a shipped head adds the hybrid
+            specs = [DraftSpec.parse(d) for d in default_drafts(target)]
         for spec in specs:  # unknown specs fail here, before any measuring (a model draft loads later)
             if spec.kind != "model":
                 make_drafter(spec, target)
