@@ -71,6 +71,28 @@ def default_model(default_folder):
     return load_model("default", dtype="float32")
 
 
+@pytest.fixture
+def cli_shares_default_model(monkeypatch, default_model) -> list[str]:
+    """``draftwise`` commands run in-process (CliRunner) that load ``default`` as the session did
+    (float32, runtime auto, CPU, no quant) get the session's ``default_model`` instead of a
+    second copy; any other load goes through. Returns the specs it served, so a test can check
+    that it did."""
+    import draftwise.cli.common as common
+
+    real = common.load_model
+    served: list[str] = []
+
+    def load(spec, **options):
+        plain = dict(dtype="float32", runtime="auto", max_context=None, device="cpu", quant="none", compile=False)
+        if spec == "default" and all(options.get(k, v) == v for k, v in plain.items()):
+            served.append(spec)
+            return default_model
+        return real(spec, **options)
+
+    monkeypatch.setattr(common, "load_model", load)
+    return served
+
+
 @pytest.fixture(scope="session")
 def tiny_chat_folder(tmp_path_factory) -> Path:
     """A tiny random Llama with a tiny chat tokenizer (tests/tiny.py): SmolLM2's special tokens,

@@ -74,9 +74,10 @@ def test_models_lists_the_default():
 
 
 @pytest.mark.real_model
-def test_generate_on_the_default_model():
+def test_generate_on_the_default_model(cli_shares_default_model):
     res = run("generate", "Say hello.", "-n", "8", "--json")
     assert res.exit_code == 0, res.output
+    assert cli_shares_default_model == ["default"]  # no --model: the default, loaded once a session
     payload = json.loads(res.stdout.strip().splitlines()[-1])
     assert payload["runtime"] == "NativeRuntime" and payload["text"]
 

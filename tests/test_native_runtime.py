@@ -142,16 +142,17 @@ def test_unsupported_architecture_names_the_fallback():
 
 
 @pytest.mark.real_model
-def test_smollm2_matches_transformers_on_a_real_prompt(default_folder):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def test_smollm2_matches_transformers_on_a_real_prompt(default_folder, default_model):
+    from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(default_folder, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(default_folder)
-    ids = tok("Speculative decoding makes a cheap draft propose tokens that the target verifies")[
+    ids = default_model.tokenizer("Speculative decoding makes a cheap draft propose tokens that the target verifies")[
         "input_ids"
     ]
     ref = hf_logits(hf, ids)
-    rt = NativeRuntime.from_folder(default_folder, hf.config, max_context=256)
+    rt = default_model.runtime  # the session's: load_model("default") built it from default_folder
+    assert isinstance(rt, NativeRuntime)
+    rt.rollback(0)
     last = rt.prefill(ids[:-4])
     assert (last - ref[-5]).abs().max() <= TOL
     assert (rt.forward(ids[-4:]) - ref[-4:]).abs().max() <= TOL

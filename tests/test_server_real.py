@@ -21,9 +21,10 @@ PROMPT = "Repeat this list twice: apples, pears, plums, cherries."
 
 
 @pytest.mark.real_model
-def test_real_model_greedy_through_the_server_equals_draftwise_generate(default_model):
+def test_real_model_greedy_through_the_server_equals_draftwise_generate(default_model, cli_shares_default_model):
     done = CliRunner().invoke(cli, ["generate", PROMPT, "-n", "48", "--json"])
     assert done.exit_code == 0, done.output
+    assert cli_shares_default_model == ["default"]
     ref = json.loads(done.stdout.strip().splitlines()[-1])
     app = create_app(default_model, Speculation(default_model, draft="lookup", k=4, plan=None),
                      ServerSettings(model_name="default", max_tokens_cap=64))
