@@ -5,43 +5,40 @@ model's theta and scaling, grouped-query attention, SwiGLU, tied or untied head.
 
 Why it is faster than ``transformers`` at batch size 1 on a CPU:
 
-- the KV cache is allocated once at load, ``[layers][kv_heads, max_context, head_dim]``, and
-  written at token positions; ``rollback`` only moves ``length`` (no copy, no crop);
-- q/k/v and gate/up projections are fused into one matmul each, so a layer is 4 matmuls;
-- grouped-query attention folds the query heads of a group into the sequence axis
-  (``[kv_heads, group * n, head_dim]``) instead of repeating K and V for every head;
-- no ``nn.Module`` machinery, hooks or mask objects on the hot path.
+- the KV cache is allocated once, ``[layers][slots, kv_heads, context, head_dim]``, and written
+  at token positions; ``rollback`` only moves ``length``; q/k/v and gate/up are one matmul each;
+- grouped-query attention folds a group's query heads into the row axis instead of repeating K/V;
+  no ``nn.Module`` machinery, hooks or mask objects on the hot path.
 
 ``forward(ids, layers=...)`` runs a chosen subset of the decoder layers, then the final norm and
 the shared head: the self-speculation draft. It writes the cache of those layers only; the
 target's verification pass later rewrites every layer at those positions.
 
 ``forward(ids, parents=...)`` feeds a token tree (:mod:`.base`): row j is written at slot
-``length + j`` but rotated to position ``length + depth(j)`` and masked to its ancestors; a chain
-(``parents=None``) takes the plain path (sliced tables, causal mask). ``keep(base, rows)`` then
-copies the kept path's K/V down to consecutive slots (only the rows not already in place).
+``length + j`` but rotated to position ``length + depth(j)`` and masked to its ancestors.
+``keep(base, rows)`` then copies the kept path's K/V down (only the rows not already in place).
 
-``capture_features`` (:mod:`.features`) records hidden states per slot for an EAGLE draft head:
-a pass then runs the layers in segments ending at the recorded ones and copies ``x`` after each
-(capture off costs one ``None`` check a pass). A ``layers=`` pass records nothing.
+Batching: the cache holds ``slots`` sequences (``allocate_slots``); ``forward_batch`` runs several
+slots' rows in one pass (:mod:`.batch_plan`), and every kernel is row-invariant
+(:mod:`.attention`), so a row's logits never depend on what else is in its pass.
 
-Loading (the context length, the quantization modes, a state dict into fused matmuls) lives in
-:mod:`.native_weights`; nothing there runs on the forward path.
+``capture_features`` (:mod:`.features`) records hidden states per position for an EAGLE head
+(slot 0 only). Loading (context length, quantization, fused matmuls) is :mod:`.native_weights`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, ContextLengthError, UnsupportedArchitectureError
-from .attention import attend, padded_keys, padded_rows, visible_keys
-from .base import Rows, ancestor_mask, check_keep, check_parents
+from ..errors import ConfigError, UnsupportedArchitectureError
+from .attention import attend, padded_keys
+from .batch_plan import Plan, fill_queries, gather_output, make_plan
+from .base import Rows, check_keep, check_parents
 from .features import FeatureCapture
 from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
 from .native_weights import WeightLoader, context_length, quant_modes
@@ -156,8 +153,7 @@ class NativeRuntime(FeatureCapture):
 
     def cache_bytes(self, slots: int, context: int) -> int:
         """Bytes of KV cache ``allocate_slots(slots, context)`` takes."""
-        per_position = 2 * self.num_layers * self.n_kv * self.head_dim * torch.empty(0, dtype=self._dtype).element_size()
-        return slots * padded_keys(context) * per_position
+        return slots * padded_keys(context) * 2 * self.num_layers * self.n_kv * self.head_dim * self._dtype.itemsize
 
     @property
     def slots(self) -> int:
@@ -168,14 +164,8 @@ class NativeRuntime(FeatureCapture):
         """Positions one slot holds (``max_context`` unless ``allocate_slots`` said fewer)."""
         return self._context
 
-    @property
-    def k_cache(self) -> list[torch.Tensor]:
-        """Slot 0's K cache per layer, ``[kv_heads, context, head_dim]`` views."""
-        return [k[0] for k in self._k]
-
-    @property
-    def v_cache(self) -> list[torch.Tensor]:
-        return [v[0] for v in self._v]
+    k_cache = property(lambda self: [k[0] for k in self._k], doc="Slot 0's K cache per layer: [KV, ctx, hd] views")
+    v_cache = property(lambda self: [v[0] for v in self._v], doc="Slot 0's V cache per layer: [KV, ctx, hd] views")
 
     @classmethod
     def from_folder(
@@ -312,38 +302,33 @@ class NativeRuntime(FeatureCapture):
         # one fused kernel (it accumulates in float32, as transformers' RMSNorm does)
         return F.rms_norm(x, weight.shape, weight, self.eps)
 
-    def _layers_impl(self, x: torch.Tensor, plan: _Plan, layers: tuple[int, ...]) -> torch.Tensor:
+    def _layers_impl(self, x: torch.Tensor, plan: Plan, layers: tuple[int, ...]) -> torch.Tensor:
         """The decoder layers ``layers`` over ``x`` (``[R, d]``, this pass's own tensor: it is
         updated in place), writing each row's K/V at its slot and position (``plan``)."""
         R = x.shape[0]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         cos, sin = self.cos[plan.positions, None, :], self.sin_signed[plan.positions, None, :]  # [R, 1, hd]
+        lo, B, L, start = plan.first_slot, plan.batch, plan.keys, plan.starts[0]
         for i in layers:
             h = self._norm(x, self.ln_attn[i])
             qkv = self._qkv[i](h)  # [R, (H + 2 KV) * hd]
             qk = rope(qkv[:, : (H + KV) * hd].view(R, H + KV, hd), cos, sin)  # q and k at once
-            self._k[i][plan.slot_of, :, plan.at] = qk[:, H:]  # [R, KV, hd] into [slots, KV, ctx, hd]
-            self._v[i][plan.slot_of, :, plan.at] = qkv[:, (H + KV) * hd :].view(R, KV, hd)
-            x.add_(self._o[i](self._attend(i, qk[:, :H], plan)))
+            k, v = qk[:, H:], qkv[:, (H + KV) * hd :].view(R, KV, hd)  # [R, KV, hd]
+            if plan.single:  # one slot's consecutive positions
+                self._k[i][lo, :, start : start + R] = k.transpose(0, 1)
+                self._v[i][lo, :, start : start + R] = v.transpose(0, 1)
+            else:  # into [slots, KV, ctx, hd] at each row's slot and position
+                self._k[i][plan.slot_of, :, plan.at] = k
+                self._v[i][plan.slot_of, :, plan.at] = v
+            keys, values = self._k[i][lo : lo + B, :, :L], self._v[i][lo : lo + B, :, :L]  # [B, KV, L, hd]
+            if keys.dtype != torch.float32:
+                keys, values = keys.float(), values.float()
+            att = attend(fill_queries(plan, qk[:, :H], self.scale), keys, values, plan.bias)  # [B, KV, M, hd]
+            x.add_(self._o[i](gather_output(plan, att, x.dtype)))
             h = self._norm(x, self.ln_mlp[i])
             gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [R, ffn] each
             x.add_(self._down[i](F.silu(gate).mul_(up)))
         return x
-
-    def _attend(self, layer: int, q: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        """Attention of the pass's query rows ``q`` (``[R, H, hd]``) over their own slots'
-        caches, row-invariantly (:mod:`.attention`): ``[R, H * hd]``."""
-        H, KV, G, hd = self.n_heads, self.n_kv, self.group, self.head_dim
-        B, rows, lo = plan.batch, plan.rows, plan.first_slot
-        # each slot's rows side by side, each KV head's query group folded into the row axis
-        qp = q.new_zeros(B * rows, H, hd).index_copy_(0, plan.place, q).float().mul_(self.scale)
-        qp = qp.view(B, rows, KV, G, hd).permute(0, 2, 1, 3, 4).reshape(B, KV, rows * G, hd)
-        qp = F.pad(qp, (0, 0, 0, plan.m_padded - rows * G))  # [B, KV, M, hd]
-        k = self._k[layer][lo : lo + B, :, : plan.keys]  # [B, KV, L, hd]
-        v = self._v[layer][lo : lo + B, :, : plan.keys]
-        out = attend(qp, k.float(), v.float(), plan.bias)[:, :, : rows * G]  # [B, KV, rows * G, hd]
-        out = out.view(B, KV, rows, G, hd).permute(0, 2, 1, 3, 4).reshape(B * rows, H * hd)
-        return out.index_select(0, plan.place).to(q.dtype)  # [R, H * hd]
 
     def enable_compile(self) -> str | None:
         """Run the decoder layers through ``torch.compile`` (inductor: it fuses the norms, rope,
@@ -374,7 +359,8 @@ class NativeRuntime(FeatureCapture):
             return self._run_impl(passes, tuple(layers))
 
     def _run_impl(self, passes: list[Rows], layers: tuple[int, ...]) -> list[torch.Tensor]:
-        plan = self._plan(passes)
+        plan = make_plan(passes, self._lengths, self._context, kv_heads=self.n_kv, group=self.group,
+                         head_dim=self.head_dim, device=self.device)
         tokens = torch.as_tensor([t for p in passes for t in p.ids], dtype=torch.long, device=self.device)
         x = F.embedding(tokens, self.embed)  # [R, d]
         if self._feats is not None and layers == self._all_layers:  # record (see .features)
@@ -409,73 +395,3 @@ class NativeRuntime(FeatureCapture):
         assert self._head_sub is not None
         out = torch.full((x.shape[0], self.vocab_size), float("-inf"), device=self.device)  # [n, vocab]
         return out.index_copy_(1, self.head_rows, F.linear(x, self._head_sub).float())
-
-    def _plan(self, passes: list[Rows]) -> _Plan:
-        """Where each row of a pass goes: its slot, cache position and rotary position, its
-        place in the padded attention layout, and what it sees (:func:`.attention.visible_keys`)."""
-        if not passes:
-            raise ConfigError("a pass needs at least one sequence")
-        seen_slots: set[int] = set()
-        starts, trees, slot_of, at, positions = [], [], [], [], []
-        for p in passes:
-            if not 0 <= p.slot < self.slots or p.slot in seen_slots:
-                raise ConfigError(f"slot {p.slot} is not a free slot of this pass (slots 0..{self.slots - 1}, once each)")
-            seen_slots.add(p.slot)
-            n, start = len(p.ids), self._lengths[p.slot]
-            if n == 0:
-                raise ConfigError("forward needs at least one token")
-            if start + n > self._context:
-                raise ContextLengthError(
-                    f"{start + n} positions do not fit in the context of {self._context} tokens; "
-                    "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
-                )
-            depths = list(range(n)) if p.tree is None else (check_parents(p.tree, n) or list(range(n)))
-            starts.append(start)
-            trees.append(None if p.tree is None else ancestor_mask(p.tree))
-            slot_of.extend([p.slot] * n)
-            at.extend(range(start, start + n))
-            positions.extend(start + d for d in depths)
-        lo, hi = min(seen_slots), max(seen_slots) + 1
-        rows = max(len(p.ids) for p in passes)
-        # the pass covers slots lo..hi-1; a slot with no rows in it gets none (all padding)
-        by_slot = {p.slot: (start, len(p.ids), tree) for p, start, tree in zip(passes, starts, trees)}
-        cover = [by_slot.get(s, (0, 0, None)) for s in range(lo, hi)]
-        keys = padded_keys(max(st + n for st, n, _ in cover))
-        seen = visible_keys([c[0] for c in cover], [c[1] for c in cover], [c[2] for c in cover], rows, keys)
-        seen = seen.repeat_interleave(self.group, dim=1)  # [B, rows * G, keys]: the folded layout
-        m_padded = padded_rows(rows * self.group)
-        seen = F.pad(seen, (0, 0, 0, m_padded - rows * self.group))
-        seen[:, rows * self.group :, 0] = True  # padding rows see slot 0: a finite softmax
-        bias = torch.zeros(seen.shape, dtype=torch.float32).masked_fill_(~seen, float("-inf"))[:, None]
-        place = [(p.slot - lo) * rows + j for p in passes for j in range(len(p.ids))]
-        dev = self.device
-        return _Plan(
-            starts=starts,
-            slot_of=torch.tensor(slot_of, device=dev),
-            at=torch.tensor(at, device=dev),
-            positions=torch.tensor(positions, device=dev),
-            place=torch.tensor(place, device=dev),
-            first_slot=lo,
-            batch=hi - lo,
-            rows=rows,
-            m_padded=m_padded,
-            keys=keys,
-            bias=bias.to(dev),
-        )
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One pass's layout (built by ``NativeRuntime._plan``, read by every layer)."""
-
-    starts: list[int]  # each pass's slot length before it
-    slot_of: torch.Tensor  # [R] the slot of each row
-    at: torch.Tensor  # [R] the cache position each row is written at
-    positions: torch.Tensor  # [R] the rotary position (a tree row: start + its depth)
-    place: torch.Tensor  # [R] the row's index in the [batch * rows] attention layout
-    first_slot: int
-    batch: int  # slots first_slot .. first_slot + batch - 1
-    rows: int  # the most rows any slot brings
-    m_padded: int  # rows * group, padded (attention.padded_rows)
-    keys: int  # keys attended, padded (attention.padded_keys)
-    bias: torch.Tensor  # [batch, 1, m_padded, keys] 0 or -inf

@@ -115,12 +115,13 @@ class Linear:
       on the real models.)
     """
 
-    __slots__ = ("weight", "bias", "packed", "kind")
+    __slots__ = ("weight", "bias", "packed", "kind", "pad_one")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> None:
         self.weight, self.bias = weight, bias
         self.packed: torch.Tensor | None = None
         self.kind = "dense"
+        self.pad_one = False  # run one row as two: see _one_row_differs
         if not pack or weight.device.type != "cpu":
             return
         if weight.dtype == torch.float32 and kernel_works("mkldnn_fp32"):
@@ -132,6 +133,8 @@ class Linear:
         elif weight.dtype == torch.bfloat16 and kernel_works("mkldnn_bf16"):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH)
             self.kind = "mkldnn"
+        if self.kind != "dense":
+            self.pad_one = _one_row_differs(self, weight)
 
     @property
     def nbytes(self) -> int:
@@ -139,13 +142,31 @@ class Linear:
         return _nbytes(self.weight) + _nbytes(self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.pad_one and x.shape[0] == 1:
+            return self._run(x.expand(2, -1))[:1]
+        return self._run(x)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
         if self.kind == "mkldnn":
-            if x.shape[0] == 1:  # oneDNN reduces one row in another order when K > 1024: run two
-                return torch.ops.mkldnn._linear_pointwise(x.expand(2, -1), self.packed, self.bias, "none", [], "")[:1]
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         if self.kind == "mkl":
             return torch.ops.mkl._mkl_linear(x, self.packed, self.weight, self.bias, x.shape[0])
         return F.linear(x, self.weight, self.bias)
+
+
+def _one_row_differs(linear: Linear, weight: torch.Tensor) -> bool:
+    """Whether ``linear`` computes a row alone in another summation order than beside others.
+
+    Row invariance (DESIGN.md section 11) needs a row's result not to depend on the rows beside
+    it. On a 2-core AMD EPYC (AVX-512), oneDNN's one-row path reduces over K > 1024 in another
+    order than its path for 2 or more rows, which all agree; other CPUs may differ elsewhere.
+    So each packed weight is checked once at load, on random rows; where one row differs, a
+    one-row call runs as two identical rows (about 10% more for that matmul)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(32, weight.shape[1], generator=gen).to(weight.dtype)
+    with torch.inference_mode():
+        together = linear._run(x)
+        return not all(torch.equal(linear._run(x[i : i + 1]), together[i : i + 1]) for i in (0, 7, 31))
 
 
 class Int8Linear:
