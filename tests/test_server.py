@@ -270,11 +270,11 @@ def test_a_failing_request_does_not_kill_the_worker(tiny, monkeypatch):
     app, server = start(tiny)
     calls = []
 
-    def broken(self, choice):
+    def broken(self, choice, *slot):
         calls.append(choice)
         if len(calls) == 1:
             raise RuntimeError("boom")
-        return original(self, choice)
+        return original(self, choice, *slot)
 
     original = Speculation.build
     monkeypatch.setattr(Speculation, "build", broken)

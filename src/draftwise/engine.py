@@ -44,6 +44,8 @@ from .runtime.base import Rows
 from .sampling import SamplingConfig
 
 DEFAULT_PREFILL_CHUNK = 32  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
+DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: T(16) = 1.76 T(1) here, so 16 streams give ~9x one's tokens/s
+DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
 
 
 def _greenlet() -> Any:
@@ -166,12 +168,14 @@ class PassStats:
 
     passes: int = 0
     rows: int = 0
+    last_rows: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
 
     def record(self, sequences: int, rows: int, seconds: float) -> None:
         self.passes += 1
         self.rows += rows
+        self.last_rows = rows
         self.seconds += seconds
         self.batch_sizes.append(sequences)
         if len(self.batch_sizes) > 4096:
@@ -205,6 +209,11 @@ class Engine:
         self._live: list[Sequence_] = []
         self._slot_models = [dataclasses.replace(model, runtime=SlotRuntime(self, s)) for s in range(self.max_batch)]
         self._main: Any = None
+
+    @property
+    def slot_models(self) -> list[Model]:
+        """The model as each slot's generation sees it (its runtime is that slot's)."""
+        return list(self._slot_models)
 
     @property
     def running(self) -> int:

@@ -7,11 +7,13 @@ import logging
 import math
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from ..cost.plan import load_plan
+from ..engine import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
+from ..drafters.factory import capabilities_of
 from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
 from ..errors import ConfigError
 from .common import (
@@ -53,6 +55,13 @@ def serve(
     api_key: Annotated[str | None, typer.Option("--api-key", envvar=API_KEY_ENV,
                                                 help="Require 'Authorization: Bearer KEY' (all but /health).")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests that may wait; more get 429.")] = 128,
+    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests decoded together (continuous "
+                                                  f"batching on the native runtime; 1: one at a time). Default: "
+                                                  f"{DEFAULT_MAX_BATCH}, or 1 when an EAGLE draft is allowed.")] = None,
+    context: Annotated[int, typer.Option("--context", min=1, help="Positions per request (prompt + answer); "
+                                         "the KV cache takes --max-batch x --context.")] = DEFAULT_SERVE_CONTEXT,
+    prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="Prompt tokens a request feeds per step "
+                                               "while others decode.")] = DEFAULT_PREFILL_CHUNK,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
                                                    "included) before a request is ended.")] = 600.0,
@@ -78,6 +87,8 @@ def serve(
         loaded_plan = load_plan(plan) if plan is not None else None
         if loaded_plan is not None and spec != AUTO:
             warn("--plan is used only with --draft auto; requests may still ask for it with draft 'auto'")
+        if (max_batch is not None and max_batch < 1) or prefill_chunk < 1:
+            raise ConfigError(f"--max-batch {max_batch} and --prefill-chunk {prefill_chunk} must be >= 1")
         if not (math.isfinite(request_timeout) and request_timeout > 0):
             raise ConfigError(f"--request-timeout {request_timeout} must be a number of seconds > 0")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -98,15 +109,36 @@ def serve(
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
         speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed)
-        model_thread.call(speculation.warm_up)  # a draft that cannot run here fails now, in one line
+        max_batch = _max_batch(max_batch, speculation, loaded)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
+            max_batch=max_batch, prefill_chunk=prefill_chunk, context=context,
         )
         app = create_app(loaded, speculation, settings, model_thread=model_thread)
-    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}; "
+        # the engine and every allowed drafter are built now: what cannot run fails here, in one line
+        app.state.worker.warm_up()
+    engine = app.state.worker.engine
+    cache = f", KV cache {engine.runtime.cache_bytes(max_batch, engine.runtime.slot_context) / 2**30:.1f} GiB" \
+        if engine is not None else ""
+    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}, "
+              f"max batch {max_batch}{cache}; "
               f"requests may name: {', '.join(speculation.allowed)})", highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+def _max_batch(given: int | None, speculation: Any, model: Any) -> int:
+    """``--max-batch``: as given, else :data:`DEFAULT_MAX_BATCH` on the native runtime; 1 where
+    an allowed draft reads the target's features (EAGLE runs one sequence at a time) or the
+    runtime cannot batch. Given > 1 where it cannot work: one clear line."""
+    features = [name for name, s in speculation.allowed.items() if capabilities_of(s).reads_features]
+    can_batch = hasattr(model.runtime, "forward_batch")
+    if given is None:
+        return DEFAULT_MAX_BATCH if can_batch and not features else 1
+    if given > 1 and features:
+        raise ConfigError(f"--max-batch {given}: the EAGLE draft(s) {', '.join(features)} read the target's "
+                          "features one sequence at a time; use --max-batch 1, or leave EAGLE drafts out")
+    return given
 
 
 def _allowed_drafts(text: str) -> list[DraftSpec]:

@@ -96,6 +96,18 @@ def _suffix_drafter(spec: DraftSpec, model: Any) -> SuffixDrafter:
     return SuffixDrafter(nodes=spec.nodes, depth=spec.depth, factor=spec.factor, min_prob=spec.min_prob, cache=cache)
 
 
+def _share_learned(drafter: Any, source: Any) -> None:
+    """Point ``drafter`` at ``source``'s cross-generation cache (a hybrid: its copy draft's)."""
+    if isinstance(drafter, HybridDrafter) and isinstance(source, HybridDrafter):
+        _share_learned(drafter.copy, source.copy)
+    elif isinstance(drafter, SuffixDrafter) and isinstance(source, SuffixDrafter):
+        if drafter.max_depth != source.max_depth:
+            raise ConfigError("share_with must be a drafter of the same spec")
+        drafter.cache = source.cache  # a SuffixCache is thread-safe, and one owner keeps it
+    elif drafter.capabilities.learns:
+        raise ConfigError(f"{drafter.name} learns across generations but cannot share what it learns")
+
+
 def capabilities_of(spec: DraftSpec | str) -> Capabilities:
     """What the drafter ``spec`` names declares (:class:`Capabilities`), without building it
     (the planner reads this before it loads any weights); ``make_drafter(spec, model)
@@ -122,12 +134,23 @@ def capabilities_of(spec: DraftSpec | str) -> Capabilities:
     return Capabilities()  # none: plain decoding
 
 
-def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any) -> Drafter | None:
+def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any, *, share_with: Drafter | None = None
+                 ) -> Drafter | None:
     """The drafter ``spec`` names for target ``model`` (a :class:`draftwise.Model`); None for
     ``none``. A drafter object is returned as it is. Every call builds a new drafter with its
-    own state (a suffix draft's cache included): to learn across generations, keep the object."""
+    own state (a suffix draft's cache included): to learn across generations, keep the object.
+
+    ``share_with``: a drafter of the same spec whose state *across* generations (a suffix
+    draft's cache of earlier answers: ``capabilities.learns``) the new one reads and teaches too,
+    while everything of one generation stays its own: what several generations running at once
+    (one server, many slots) need."""
     if spec is None:
         return None
+    if share_with is not None:
+        drafter = make_drafter(spec, model)
+        if drafter is not None:
+            _share_learned(drafter, share_with)
+        return drafter
     if not isinstance(spec, (str, DraftSpec)):
         if isinstance(spec, Drafter):
             return spec

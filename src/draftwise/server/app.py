@@ -55,6 +55,9 @@ class ServerSettings:
     max_tokens_cap: int = 1024
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
+    max_batch: int = 1  # requests decoded together (the batched engine when > 1)
+    prefill_chunk: int = 32  # prompt tokens a request feeds per step while others decode
+    context: int | None = None  # positions per batched request (None: the model's); capped by the model's
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
@@ -112,7 +115,8 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
     Pass the :class:`~draftwise.server.worker.ModelThread` that loaded the model, so the jobs run
     on that thread too (a fresh one is made otherwise)."""
     metrics = ServerMetrics(settings.model_name)
-    worker = Worker(model, speculation, metrics, max_queue=settings.max_queue, thread=model_thread)
+    worker = Worker(model, speculation, metrics, max_queue=settings.max_queue, thread=model_thread,
+                    max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk, context=settings.context)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -229,7 +233,7 @@ class Intake:
         where = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
         if not ids:
             raise APIError(400, "the prompt is empty; send some text", param=where)
-        context, cap = self.model.runtime.max_context, self.settings.max_tokens_cap
+        context, cap = self.worker.context, self.settings.max_tokens_cap
         name = "max_completion_tokens" if getattr(body, "max_completion_tokens", None) else "max_tokens"
         limit = body.token_limit
         if limit is not None and limit > cap:

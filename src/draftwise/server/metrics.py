@@ -80,7 +80,13 @@ class ServerMetrics:
                                            buckets=_RATE, registry=r)
         self.waiting = Gauge(P + "num_requests_waiting", "Requests in the queue (the queue depth).", lab,
                              registry=r)
-        self.running = Gauge(P + "num_requests_running", "Requests being generated.", lab, registry=r)
+        self.running = Gauge(P + "num_requests_running", "Requests being generated (the sequences in the "
+                             "running batch).", lab, registry=r)
+        self.batch_size = Histogram(P + "batch_size", "Sequences in each target pass.", lab,
+                                    buckets=(1, 2, 4, 8, 12, 16, 24, 32, 64), registry=r)
+        self.rows_per_pass = Histogram(P + "tokens_per_pass", "Rows (tokens) fed to each target pass: a plain "
+                                       "step's 1, a chain's k + 1, a tree's nodes, prompt chunks.", lab,
+                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024), registry=r)
 
     def track_queue(self, waiting: Callable[[], float], running: Callable[[], float]) -> None:
         """Read the gauges from the worker when scraped (never stale)."""
@@ -95,6 +101,11 @@ class ServerMetrics:
 
     def observe_first(self, ttft_s: float) -> None:
         self.ttft.labels(self.model_name).observe(ttft_s)
+
+    def observe_pass(self, sequences: int, rows: int) -> None:
+        """One batched target pass: how many sequences and rows it served."""
+        self.batch_size.labels(self.model_name).observe(sequences)
+        self.rows_per_pass.labels(self.model_name).observe(rows)
 
     def observe_gap(self, gap_s: float) -> None:
         self.itl.labels(self.model_name).observe(gap_s)

@@ -29,11 +29,12 @@ request and only read afterwards, so it is bounded by the allowed list:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..cost.adaptive import AdaptiveK, resolve_profile
+from ..cost.defaults import DEFAULT_DRAFTS
 from ..cost.plan import Plan, make_plan
 from ..cost.route import route
 from ..drafters.base import Drafter
@@ -93,10 +94,12 @@ class Speculation:
         #: canonical spec -> spec; nothing else is ever built, so the caches below are bounded by it
         self.allowed = allowed_drafts(self.default_draft, plan, allow)
         self._drafters: dict[str, Drafter | None] = {}
+        #: with a batched worker, each slot's own drafters (sharing the ones above's caches)
+        self._slot_drafters: list[dict[str, Drafter | None]] = []
         self._profile: Any = None  # one profile covering every allowed draft, when k may be auto
         self._warm = False
 
-    def warm_up(self) -> None:
+    def warm_up(self, slot_models: Sequence[Any] = ()) -> None:
         """Build every allowed drafter now (a model or eagle draft loads its weights; a draft
         that cannot run on this model fails here, at start-up, not in a request) and, when the
         server's k is ``auto``, read or measure the profile for all of them. Idempotent; run on
@@ -105,6 +108,10 @@ class Speculation:
             return
         for key, spec in self.allowed.items():
             self._drafters[key] = make_drafter(spec, self.model)
+        for slot_model in slot_models or ():  # one generation per slot at a time, each its drafters
+            self._slot_drafters.append({
+                key: make_drafter(spec, slot_model, share_with=self._drafters[key]) for key, spec in self.allowed.items()
+            })
         if self.default_k == AUTO:
             drafts = [key for key in self.allowed if key != "none"]
             if drafts:
@@ -157,13 +164,16 @@ class Speculation:
                            f"{', '.join(self.allowed)} (the server's operator adds drafts with --allow-draft)",
                            param="speculative.draft", code="draft_not_allowed")
 
-    def build(self, choice: Choice) -> tuple[Drafter | None, int | KPolicy]:
-        """The drafter and k (a number, or a fresh adaptive policy) for one generation."""
+    def build(self, choice: Choice, slot: int | None = None) -> tuple[Drafter | None, int | KPolicy]:
+        """The drafter and k (a number, or a fresh adaptive policy) for one generation (in the
+        batched worker's ``slot``)."""
         if choice.draft.is_none:
             return None, 1
         if not self._warm:
             raise RuntimeError("Speculation.warm_up() has not run: the server builds its drafters at start-up")
-        drafter = self._drafters[str(choice.draft)]  # choose() let only allowed drafts through
+        # choose() let only allowed drafts through
+        drafters = self._drafters if slot is None else self._slot_drafters[slot]
+        drafter = drafters[str(choice.draft)]
         if choice.k == AUTO:
             # the start-up profile, never one measured in a request; the drafter's own statement
             return drafter, AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities)
@@ -172,10 +182,12 @@ class Speculation:
 
 
 def startup_plan(model: Any, *, per_category: int = 1, max_new_tokens: int = 64) -> Plan:
-    """A plan made at start-up for ``--draft auto`` without ``--plan``: prompt lookup, k = 1..8,
-    on ``per_category`` dev questions per category (Spec-Bench's), from the cached profile."""
+    """A plan made at start-up for ``--draft auto`` without ``--plan``: the default drafts
+    (:data:`~draftwise.cost.defaults.DEFAULT_DRAFTS`: lookup and suffix), k = 1..8, on
+    ``per_category`` dev questions per category (Spec-Bench's), from the cached profile."""
     questions = select_questions(read_questions(DEFAULT_QUESTIONS), per_category)
-    profile = resolve_profile(model, "lookup")
+    drafts = list(DEFAULT_DRAFTS)
+    profile = resolve_profile(model, drafts)
     ks = list(range(1, min(8, profile.max_n - 1) + 1))
-    log.info("making a plan at start-up: lookup, k=1..%d, %d dev questions", ks[-1], len(questions))
-    return make_plan(model, questions, profile, drafts=("lookup",), ks=ks, max_new_tokens=max_new_tokens)
+    log.info("making a plan at start-up: %s, k=1..%d, %d dev questions", ", ".join(drafts), ks[-1], len(questions))
+    return make_plan(model, questions, profile, drafts=drafts, ks=ks, max_new_tokens=max_new_tokens)

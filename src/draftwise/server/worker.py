@@ -20,9 +20,12 @@ at 21 tok/s instead of 30. ``draftwise serve`` therefore loads the model, makes 
 warms up on the same thread that later runs the jobs, and the main thread only runs the
 event loop.
 
-Batching: the worker takes work with :meth:`Worker._next_batch` and runs it with
-:meth:`Worker._run_batch`. Today a batch is one job; a batched decode loop replaces
-``_run_batch`` (and lets ``_next_batch`` take several) without changing the handle protocol.
+Continuous batching (``max_batch`` > 1): the worker runs up to ``max_batch`` jobs at once on
+the batched engine (:mod:`draftwise.engine`): between two steps it admits queued jobs into free
+slots, each job is the same :meth:`Worker._run` as alone (its own drafter, k, sampling, stop
+strings, cancellation and deadline), and one target pass per step serves them all. A job that
+ends (done, cancelled, timed out, failed) frees its slot at once. With ``max_batch`` 1 jobs run
+one at a time on the model itself.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import Any, Literal, TypeVar
 
 from ..api import stream
 from ..decode import GenerationResult
+from ..engine import DEFAULT_PREFILL_CHUNK, Engine
 from ..errors import DraftwiseError
 from ..metrics import SpecStats
 from ..sampling import SamplingConfig
@@ -144,8 +148,14 @@ class Worker:
     """The model's only user. ``start()`` it once; ``submit`` from the event loop."""
 
     def __init__(self, model: Any, speculation: Speculation, metrics: ServerMetrics, *, max_queue: int,
-                 thread: ModelThread | None = None) -> None:
+                 thread: ModelThread | None = None, max_batch: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+                 context: int | None = None) -> None:
         self.model = model
+        self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
+        self.engine: Engine | None = None
+        self._context = context
+        self._handles: list[JobHandle] = []  # the jobs in the engine's batch
         self.speculation = speculation
         self.metrics = metrics
         self.max_queue = max_queue
@@ -158,6 +168,11 @@ class Worker:
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
     @property
+    def context(self) -> int:
+        """Positions one request may take: the engine's slot, or the model's context."""
+        return self.engine.runtime.slot_context if self.engine is not None else self.model.runtime.max_context
+
+    @property
     def waiting(self) -> int:
         return self._queue.qsize()
 
@@ -166,8 +181,17 @@ class Worker:
         return self._running is not None and not self._running.done()
 
     def warm_up(self) -> None:
-        """Build the allowed drafters (and the profile, for k auto) on the model thread."""
-        self._thread.call(self.speculation.warm_up)
+        """Build the batched engine (``max_batch`` > 1), the allowed drafters (one set per slot)
+        and the profile (for k auto), on the model thread."""
+        self._thread.call(self._warm_up)
+
+    def _warm_up(self) -> None:
+        if self.max_batch > 1 and self.engine is None:
+            limit = self.model.runtime.max_context
+            context = limit if self._context is None else min(self._context, limit)
+            self.engine = Engine(self.model, max_batch=self.max_batch, prefill_chunk=self.prefill_chunk,
+                                 context=context)
+        self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
@@ -183,9 +207,9 @@ class Worker:
             if handle is not None:
                 handle.cancel()
                 handle.post(Event("error", error="the server is shutting down", code="cancelled"))
-        current = self._current
-        if current is not None:
-            current.cancel()
+        for current in [self._current, *self._handles]:
+            if current is not None:
+                current.cancel()
         try:
             self._queue.put(None, timeout=timeout)
         except queue.Full:  # pragma: no cover - filled again while stopping; the loop ends at its next job
@@ -208,22 +232,54 @@ class Worker:
 
     # -- the thread ----------------------------------------------------------------------
     def _loop(self) -> None:
+        if self.engine is not None:
+            return self._loop_batched(self.engine)
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
             self._run_batch(batch)
 
+    def _loop_batched(self, engine: Engine) -> None:
+        """Admit queued jobs into free slots between steps; step while any runs."""
+        stopping = False
+        while not (stopping and not engine.running):
+            while not stopping and engine.free:
+                try:  # wait for work only when nothing runs
+                    handle = self._queue.get(block=not engine.running)
+                except queue.Empty:
+                    break
+                if handle is None:
+                    stopping = True
+                    break
+                self._handles.append(handle)
+                engine.start(self._batched_job(handle))
+            if engine.running:
+                before = engine.stats.passes
+                engine.step()
+                if engine.stats.passes > before:
+                    self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+
+    def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
+        def run(slot_model: Any) -> None:
+            try:
+                self._run_batch([handle], slot_model)
+            finally:
+                self._handles.remove(handle)
+
+        return run
+
     def _next_batch(self) -> list[JobHandle] | None:
         handle = self._queue.get()
         return None if handle is None else [handle]
 
-    def _run_batch(self, batch: list[JobHandle]) -> None:
+    def _run_batch(self, batch: list[JobHandle], model: Any = None) -> None:
         for handle in batch:
             self.running += 1
-            self._current = handle
+            if model is None:
+                self._current = handle
             try:
-                self._run(handle)
+                self._run(handle, model if model is not None else self.model)
             except Exception:  # a bug, not a user error: log it, answer 500, keep serving
                 log.exception("request %s failed", handle.job.request_id)
                 handle.post(Event("error", error="internal error while generating; see the server log",
@@ -232,9 +288,10 @@ class Worker:
                 self._end(handle, "error", now, None, None, SpecStats(), None)
             finally:
                 self.running -= 1
-                self._current = None
+                if model is None:
+                    self._current = None
 
-    def _run(self, handle: JobHandle) -> None:
+    def _run(self, handle: JobHandle, model: Any) -> None:
         job, m = handle.job, self.metrics
         started = time.monotonic()
         if handle.cancelled:
@@ -245,8 +302,9 @@ class Worker:
         m.observe_start(started - job.arrived)
         handle.post(Event("start"))
         try:
-            drafter, k = self.speculation.build(job.choice)
-            s = stream(self.model, job.prompt_ids, max_new_tokens=job.max_tokens, sampling=job.sampling,
+            slot = getattr(model.runtime, "slot", None)  # a batched engine's slot, or None
+            drafter, k = self.speculation.build(job.choice, slot)
+            s = stream(model, job.prompt_ids, max_new_tokens=job.max_tokens, sampling=job.sampling,
                        stop=job.stop, draft=drafter, k=k)
         except DraftwiseError as exc:
             handle.post(Event("error", error=str(exc), code="invalid"))
