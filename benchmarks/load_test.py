@@ -24,6 +24,14 @@ dev-question mix, speculation ``none`` against ``auto``, against one server.
    server's own prefill time (``timings.prompt_ms``: TTFT without the queue), tokens, errors.
    A request is *lost* if its stream ends without a final chunk or an error.
 
+Batching: ``--max-batch 1,16`` starts one server per value, one after the other (never two at
+once), each with ``serve --max-batch N``, and runs the phases against each; ``--phases none``
+runs plain decoding only (the throughput of batching itself). ``--dtype`` and ``--quant`` go to
+the server and to the references, so "equal" checks each mode against its own plain decoding.
+
+    python benchmarks/load_test.py --clients 16 --requests 1 --max-tokens 128 --phases none \
+        --max-batch 1,16 --out benchmarks/results/serve-batch
+
 Writes ``run.json`` (every request), ``summary.json``, ``summary.md`` and ``load_test.png``.
 """
 
@@ -77,10 +85,11 @@ def make_prompts(questions: list[Question], count: int) -> list[dict[str, Any]]:
     return prompts
 
 
-def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int) -> float:
+def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int, *, dtype: str = "float32",
+               quant: str = "none") -> float:
     """Each prompt's greedy answer (token ids) and, for a second turn, the first turn's answer
     as the conversation's assistant message."""
-    model = load_model(model_name)
+    model = load_model(model_name, dtype=dtype, quant=quant)
     first_answer: dict[Any, str] = {}
     t0 = time.perf_counter()
     for p in sorted(prompts, key=lambda p: p["turn"]):  # first turns before the second turns that need them
@@ -108,7 +117,7 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any
         spec["k"] = "auto"
     body = {"messages": messages(prompt), "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "return_token_ids": True, "speculative": spec}
-    rec: dict[str, Any] = {"mode": mode, "client": client_id, "question_id": prompt["question_id"],
+    rec: dict[str, Any] = {"mode": mode, "phase": mode, "client": client_id, "question_id": prompt["question_id"],
                            "turn": prompt["turn"], "category": prompt["category"], "error": None, "lost": False}
     t0 = time.perf_counter()
     final = None
@@ -202,19 +211,24 @@ def render(summary: dict[str, Any]) -> str:
         f"max_tokens={cfg['max_tokens']}, {cfg['prompts']} distinct prompts ({cfg['turns'][0]} dev questions' first "
         f"turns spread over the categories, {cfg['turns'][1]} MT-bench second turns; none repeated); auto phase: "
         f"the plan's draft per category with {'the adaptive k' if cfg['k'] == 'auto' else 'the plan' + chr(39) + 's k'}; "
-        f"model {cfg['model']}; server `{cfg['server']}`; {cfg['date']}.", "",
+        f"model {cfg['model']} ({cfg.get('dtype', 'float32')}, quant {cfg.get('quant', 'none')}); servers started "
+        f"one at a time with --max-batch {cfg.get('max_batch', [1])}; last server `{cfg['server']}`; {cfg['date']}.",
+        "",
         f"Command: `{cfg['command']}`", "",
         "| speculation | requests | errors | lost | equal to `draftwise generate` | tokens/s | TTFT p50 | "
         "TTFT p99 | e2e p50 | e2e p99 | server TTFT p50 (prefill) | tokens/pass |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for mode in MODES:
-        p = s[mode]
+    for mode, p in s.items():
         lines.append(
             f"| {mode} | {p['requests']} | {p['errors']} | {p['lost']} | {p['equal']}/{p['ok']} | "
             f"{p['tokens_per_s']:.1f} | {p['ttft_p50_s']:.2f} s | {p['ttft_p99_s']:.2f} s | {p['e2e_p50_s']:.2f} s | "
             f"{p['e2e_p99_s']:.2f} s | {p['prefill_p50_s'] * 1000:.1f} ms | {p['mean_committed_per_pass']:.2f} |")
     g = summary["goals"]
+    for key, value in g.get("batching", {}).items():
+        lines += ["", f"{key}: **{value:.2f}x** the aggregate tokens/s of the same phase at the first --max-batch."]
+    if "speedup" not in g:
+        return "\n".join(lines) + "\n"
     lines += ["", f"auto / none aggregate tokens/s: **{g['speedup']:.2f}x** (goal >= 1.3x). "
               f"Server-side TTFT p50 (prefill, no queue): auto {g['prefill_overhead'] * 100:+.1f}% vs none "
               f"(goal <= +5%); client TTFT p50 (queue included): auto {g['ttft_overhead'] * 100:+.1f}%.",
@@ -239,12 +253,13 @@ def plot(summary: dict[str, Any], records: list[dict[str, Any]], path: Path) -> 
         print("no matplotlib: load_test.png not written", file=sys.stderr)
         return
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
-    tps = [summary["phases"][m]["tokens_per_s"] for m in MODES]
-    axes[0].bar(MODES, tps, color=["#999999", "#2a7ab9"])
+    names = list(summary["phases"])
+    tps = [summary["phases"][m]["tokens_per_s"] for m in names]
+    axes[0].bar(names, tps, color=["#999999", "#2a7ab9"] * len(names))
     axes[0].set_title("aggregate tokens/s")
     for ax, key, title in ((axes[1], "ttft", "time to first token (s)"), (axes[2], "e2e", "end-to-end latency (s)")):
-        for mode, colour in zip(MODES, ("#999999", "#2a7ab9")):
-            v = sorted(r[key] for r in records if r["mode"] == mode and key in r and r["error"] is None)
+        for mode, colour in zip(names, ("#999999", "#2a7ab9", "#d95f02", "#1b9e77", "#7570b3", "#e7298a")):
+            v = sorted(r[key] for r in records if r["phase"] == mode and key in r and r["error"] is None)
             ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=mode, color=colour)
         ax.set_title(title)
         ax.set_ylabel("fraction of requests")
@@ -253,12 +268,13 @@ def plot(summary: dict[str, Any], records: list[dict[str, Any]], path: Path) -> 
     save_figure(fig, path)
 
 
-def start_server(args: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str, list[str]]:
+def start_server(args: argparse.Namespace, max_batch: int) -> tuple[subprocess.Popen[bytes], str, list[str]]:
     exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
     cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--port", str(args.port),
            "--max-queue", str(max(128, args.clients * 2)), "--max-tokens-cap", str(args.max_tokens),
-           "--request-timeout", "3600"] + (["--k", "auto"] if args.k == "auto" else [])
-    log = open(Path(args.out) / "server.log", "wb")
+           "--request-timeout", "3600", "--max-batch", str(max_batch), "--dtype", args.dtype, "--quant", args.quant,
+           ] + (["--k", "auto"] if args.k == "auto" else [])
+    log = open(Path(args.out) / f"server-b{max_batch}.log", "wb")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{args.port}"
     for _ in range(600):  # bounded: 5 minutes for the model to load
@@ -288,7 +304,20 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--url", default=None, help="use this running server (started with --draft auto)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "serve"))
+    ap.add_argument("--max-batch", default="1", help="comma-separated: one server per value, one at a time")
+    ap.add_argument("--phases", default="none,auto", help="none (plain), auto (the plan's speculation) or both")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quant", default="none")
     args = ap.parse_args()
+    try:
+        batches = [int(b) for b in args.max_batch.split(",")]
+    except ValueError:
+        ap.error(f"--max-batch {args.max_batch!r}: give comma-separated integers >= 1")
+    modes = [m.strip() for m in args.phases.split(",")]
+    if min(batches) < 1 or len(set(batches)) != len(batches):
+        ap.error("--max-batch values must be distinct integers >= 1")
+    if not modes or any(m not in MODES for m in modes):
+        ap.error(f"--phases takes {', '.join(MODES)}")
     if args.prompts is None:
         args.prompts = args.clients * args.requests
     if min(args.clients, args.requests, args.max_tokens, args.prompts) < 1:
@@ -297,42 +326,54 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     prompts = make_prompts(read_questions(DEFAULT_QUESTIONS), args.prompts)
     print(f"references: {len(prompts)} prompts, greedy, {args.max_tokens} tokens ...", flush=True)
-    ref_s = references(args.model, prompts, args.max_tokens)
-    proc, url, cmd = (None, args.url, ["(external)"]) if args.url else start_server(args)
-    try:
-        # warm-up, not counted, on a prompt outside the mix: a warm-up on a measured prompt would
-        # put its answer in the suffix draft's cross-request cache before the auto phase asks it
-        warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [WARM_UP], "answers": [],
-                "reference": []}
-        asyncio.run(phase(url, [warm], "auto", 1, 1, 8, args.k == "auto"))
-        records: list[dict[str, Any]] = []
-        phases = {}
-        for mode in MODES:
-            print(f"phase {mode}: {args.clients} clients x {args.requests} requests ...", flush=True)
-            recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens,
-                                             args.k == "auto"))
-            records += recs
-            phases[mode] = summarize(recs, wall)
-            print(json.dumps(phases[mode]), flush=True)
-        metrics = httpx.get(url + "/metrics", timeout=10).text
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
-    none, auto = phases["none"], phases["auto"]
+    ref_s = references(args.model, prompts, args.max_tokens, dtype=args.dtype, quant=args.quant)
+    records: list[dict[str, Any]] = []
+    phases: dict[str, Any] = {}
+    cmd: list[str] = ["(external)"]
+    for batch in batches if not args.url else batches[:1]:
+        proc, url, cmd = (None, args.url, ["(external)"]) if args.url else start_server(args, batch)
+        try:
+            # warm-up, not counted, on a prompt outside the mix: a warm-up on a measured prompt would
+            # put its answer in the suffix draft's cross-request cache before the auto phase asks it
+            warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [WARM_UP], "answers": [],
+                    "reference": []}
+            asyncio.run(phase(url, [warm], modes[-1], 1, 1, 8, args.k == "auto"))
+            for mode in modes:
+                label = mode if len(batches) == 1 else f"{mode}@batch{batch}"
+                print(f"phase {label}: {args.clients} clients x {args.requests} requests ...", flush=True)
+                recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens,
+                                                 args.k == "auto"))
+                for r in recs:
+                    r["phase"] = label
+                records += recs
+                phases[label] = summarize(recs, wall)
+                print(json.dumps(phases[label]), flush=True)
+            metrics = httpx.get(url + "/metrics", timeout=10).text
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(30)
+    goals: dict[str, Any] = {}
+    if len(batches) > 1:
+        goals["batching"] = {f"{m}@batch{b}": phases[f"{m}@batch{b}"]["tokens_per_s"] /
+                             phases[f"{m}@batch{batches[0]}"]["tokens_per_s"] for m in modes for b in batches[1:]}
+    if len(batches) == 1 and set(modes) == set(MODES):
+        none, auto = phases["none"], phases["auto"]
+        goals.update(speedup=auto["tokens_per_s"] / none["tokens_per_s"] if none["tokens_per_s"] else 0.0,
+                     ttft_overhead=auto["ttft_p50_s"] / none["ttft_p50_s"] - 1,
+                     prefill_overhead=auto["prefill_p50_s"] / none["prefill_p50_s"] - 1)
     summary = {
         "config": {"model": args.model, "clients": args.clients, "requests": args.requests,
                    "max_tokens": args.max_tokens, "prompts": len(prompts), "plan": args.plan,
+                   "max_batch": batches, "dtype": args.dtype, "quant": args.quant, "phases": modes,
                    "server": " ".join(["draftwise", *cmd[1:]]) if proc else args.url,
                    "command": "python benchmarks/load_test.py " + " ".join(sys.argv[1:]),
                    "references_s": ref_s, "k": args.k,
                    "turns": [sum(p["turn"] == 1 for p in prompts), sum(p["turn"] == 2 for p in prompts)],
                    "date": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()},
         "phases": phases,
-        "categories": by_category(records),
-        "goals": {"speedup": auto["tokens_per_s"] / none["tokens_per_s"] if none["tokens_per_s"] else 0.0,
-                  "ttft_overhead": auto["ttft_p50_s"] / none["ttft_p50_s"] - 1,
-                  "prefill_overhead": auto["prefill_p50_s"] / none["prefill_p50_s"] - 1},
+        "categories": by_category(records) if "speedup" in goals else [],
+        "goals": goals,
         "server_metrics": [ln for ln in metrics.splitlines() if ln.startswith("draftwise:spec_decode")],
     }
     write_json_atomic(out / "run.json", {"prompts": prompts, "records": records})
