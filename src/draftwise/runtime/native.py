@@ -36,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, UnsupportedArchitectureError
-from .attention import attend, padded_keys
-from .batch_plan import Plan, fill_queries, gather_output, make_plan
+from .attention import padded_keys
+from .batch_plan import Plan, attend_groups, make_plan
 from .base import Rows, check_keep, check_parents
 from .features import FeatureCapture
 from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
@@ -308,7 +308,7 @@ class NativeRuntime(FeatureCapture):
         R = x.shape[0]
         H, KV, hd = self.n_heads, self.n_kv, self.head_dim
         cos, sin = self.cos[plan.positions, None, :], self.sin_signed[plan.positions, None, :]  # [R, 1, hd]
-        lo, B, L, start = plan.first_slot, plan.batch, plan.keys, plan.starts[0]
+        lo, start = plan.first_slot, plan.starts[0]
         for i in layers:
             h = self._norm(x, self.ln_attn[i])
             qkv = self._qkv[i](h)  # [R, (H + 2 KV) * hd]
@@ -320,11 +320,7 @@ class NativeRuntime(FeatureCapture):
             else:  # into [slots, KV, ctx, hd] at each row's slot and position
                 self._k[i][plan.slot_of, :, plan.at] = k
                 self._v[i][plan.slot_of, :, plan.at] = v
-            keys, values = self._k[i][lo : lo + B, :, :L], self._v[i][lo : lo + B, :, :L]  # [B, KV, L, hd]
-            if keys.dtype != torch.float32:
-                keys, values = keys.float(), values.float()
-            att = attend(fill_queries(plan, qk[:, :H], self.scale), keys, values, plan.bias)  # [B, KV, M, hd]
-            x.add_(self._o[i](gather_output(plan, att, x.dtype)))
+            x.add_(self._o[i](attend_groups(plan, qk[:, :H], self._k[i], self._v[i], self.scale, x.dtype)))
             h = self._norm(x, self.ln_mlp[i])
             gate, up = self._gate_up[i](h).chunk(2, dim=-1)  # [R, ffn] each
             x.add_(self._down[i](F.silu(gate).mul_(up)))
