@@ -40,6 +40,40 @@ def _equality_lines(eq: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _batched_lines(batched: Mapping[str, Any]) -> list[str]:
+    """The ``bench --batch N`` table: each method's batched phase beside its one-at-a-time row."""
+    n = batched["batch"]
+    lines = [
+        "", f"## Batched: {n} at a time", "",
+        f"The {batched['questions']} finished questions again, {n} at a time on the batched engine (all "
+        "first turns, then all second turns). aggregate tok/s = all new tokens over the phase's wall "
+        "time; per-request tok/s = the mean of each request's tokens over its own seconds; x one at a "
+        "time = aggregate over the one-at-a-time row's total tokens over total time; equal = turns "
+        "whose tokens equal the one-at-a-time run's.", "",
+        "| method | aggregate tok/s | per-request tok/s | one at a time tok/s | x one at a time | equal "
+        "| requests | wall s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for m, row in batched["methods"].items():
+        equal = f"{row['equal']}/{row['requests']}" if row["equal"] is not None else "n/a"
+        lines.append(
+            f"| {m} | {format_value(row['tokens_per_s'], '.1f')} | "
+            f"{format_value(row['per_request_tokens_per_s'], '.1f')} | "
+            f"{format_value(row['one_at_a_time_tokens_per_s'], '.1f')} | "
+            f"{format_value(row['x_one_at_a_time'], '.2f', 'x')} | {equal} | {row['requests']} | "
+            f"{row['wall_s']:.2f} |"
+        )
+    if batched["skipped"] or any(row["mismatches"] for row in batched["methods"].values()):
+        lines.append("")
+    for m, row in batched["methods"].items():
+        if row["mismatches"]:
+            turns = ", ".join(f"q{mm['question_id']} turn {mm['turn']}" for mm in row["mismatches"])
+            lines.append(f"- {m}: batched output differs from one at a time in {turns}.")
+    for m, why in batched["skipped"].items():
+        lines.append(f"- {m}: not batched ({why}).")
+    return lines
+
+
 def render_markdown(summary: Mapping[str, Any]) -> str:
     """``summary.md``: one table per group (methods as rows), the equality line, the command."""
     cfg, run = summary["config"], summary["run"]
@@ -70,6 +104,8 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                 f"{format_value(row['draft_time_share'], '.2f')} | {row['questions']} |"
             )
     lines += ["", *_equality_lines(summary["equality"])]
+    if summary.get("batched"):
+        lines += _batched_lines(summary["batched"])
     if run.get("skipped"):
         lines += ["", "Skipped (too long for the context): "
                   + ", ".join(str(s["question_id"]) for s in run["skipped"]) + "."]

@@ -41,6 +41,7 @@ from ..loaders import load_model
 from ..questions import DEFAULT_QUESTIONS, Question, parse_question, read_questions, select_questions
 from ..sampling import SamplingConfig
 from .answers import answer_record, question_key
+from .batched import check_batch_option, check_batch_runtime, run_batched
 from .equality import check_equality
 from .methods import AUTO, DraftItem, Method, parse_methods, parse_peers
 from .outdir import fingerprint, prepare_out, start_run
@@ -134,65 +135,12 @@ def _loop(
                 break
 
 
-def run_bench(
-    model: Any,
-    questions: str | Path | Sequence[Question | Mapping[str, Any]] = DEFAULT_QUESTIONS,
-    *,
-    drafts: str | Sequence[DraftItem] = DEFAULT_DRAFTS,
-    k: KValue = 4,
-    max_new_tokens: int = 128,
-    limit_per_category: int | None = None,
-    sampling: SamplingConfig | None = None,
-    peers: str | Sequence[str] = (),
-    out_dir: str | Path | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    time_budget: float | None = None,
-    progress: bool = True,
-    plan: Any = None,
-    dtype: str = "float32",
-    warmup: bool = True,
-) -> dict[str, Any]:
-    """Benchmark plain decoding (``none``), each draft and each peer on a workload.
-
-    ``model`` is a loaded :class:`draftwise.Model` or a spec (``"default"``, a folder, a .gguf;
-    loaded with ``dtype``). ``questions`` is a Spec-Bench JSONL path or a text file (one prompt a
-    line), or a list of :class:`~draftwise.questions.Question` (or dicts shaped like JSONL lines).
-    ``drafts`` are specs (``"lookup"``, ``"self"``, ``"model:PATH"``, ``"lookup@k=8"``, ``"auto"``
-    = the plan's choice per category) or ``(spec, k)`` pairs; ``k`` is an int or ``"auto"``.
-    ``peers=("hf",)`` adds Hugging Face ``generate``. ``plan`` is a plan object or path (default
-    ``out_dir/plan.json``; only ``auto`` needs one).
-
-    With ``out_dir``: answer files, ``summary.json``, ``summary.md`` and plots are written there.
-    A folder that already holds bench answers is refused unless ``resume=True`` (reuse the answers
-    of an identical run and run what is missing; any difference in settings is refused) or
-    ``overwrite=True`` (replace a folder bench made). ``time_budget`` (seconds) stops after the
-    question during which it ran out. On Ctrl-C the summary of the finished questions is written
-    and KeyboardInterrupt re-raised.
-
-    Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
-    "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
-    "questions"}}}, "equality", "config", "acceptance_by_position", "run"}``; the two speedups
-    are defined in :mod:`draftwise.bench.summary`.
-    """
-    started = time.perf_counter()
-    sampling = sampling or SamplingConfig()
-    _check(max_new_tokens, time_budget)
-    k = parse_k(k)
-    peer_names = parse_peers(peers)
-    out = Path(out_dir).expanduser() if out_dir is not None else None
-    if (resume or overwrite) and out is None:
-        raise ConfigError("resume and overwrite need out_dir, the folder of the run")
-    qs = select_questions(_questions(questions), limit_per_category)
-    parsed = parse_methods(drafts, k)  # validate before loading anything
-    plan_obj = load_plan_for_auto(plan, out) if any(spec == AUTO for _, spec, _ in parsed) else None
-    if out is not None:
-        prepare_out(out, resume=resume, overwrite=overwrite)
-    if isinstance(model, (str, Path)):
-        model = load_model(model, dtype=dtype)  # type: ignore[arg-type]
-    methods = build_methods(model, drafts, k, peer_names)
+def _config(model: Any, questions: Any, qs: Sequence[Question], methods: Sequence[Method],
+            sampling: SamplingConfig, k: KValue, max_new_tokens: int, peer_names: Sequence[str],
+            limit_per_category: int | None, plan: Any) -> dict[str, Any]:
+    """The summary's ``config``: what the run was."""
     names = [m.name for m in methods]
-    config = {
+    return {
         "model": model.name,
         "folder": str(model.folder),
         "dtype": model.mode,
@@ -212,6 +160,73 @@ def run_bench(
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
+
+
+def run_bench(
+    model: Any,
+    questions: str | Path | Sequence[Question | Mapping[str, Any]] = DEFAULT_QUESTIONS,
+    *,
+    drafts: str | Sequence[DraftItem] = DEFAULT_DRAFTS,
+    k: KValue = 4,
+    max_new_tokens: int = 128,
+    limit_per_category: int | None = None,
+    sampling: SamplingConfig | None = None,
+    peers: str | Sequence[str] = (),
+    out_dir: str | Path | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    time_budget: float | None = None,
+    progress: bool = True,
+    plan: Any = None,
+    dtype: str = "float32",
+    warmup: bool = True,
+    batch: int = 1,
+) -> dict[str, Any]:
+    """Benchmark plain decoding (``none``), each draft and each peer on a workload.
+
+    ``model`` is a loaded :class:`draftwise.Model` or a spec (``"default"``, a folder, a .gguf;
+    loaded with ``dtype``). ``questions`` is a Spec-Bench JSONL path or a text file (one prompt a
+    line), or a list of :class:`~draftwise.questions.Question` (or dicts shaped like JSONL lines).
+    ``drafts`` are specs (``"lookup"``, ``"self"``, ``"model:PATH"``, ``"lookup@k=8"``, ``"auto"``
+    = the plan's choice per category) or ``(spec, k)`` pairs; ``k`` is an int or ``"auto"``.
+    ``peers=("hf",)`` adds Hugging Face ``generate``. ``plan`` is a plan object or path (default
+    ``out_dir/plan.json``; only ``auto`` needs one).
+
+    With ``out_dir``: answer files, ``summary.json``, ``summary.md`` and plots are written there.
+    A folder that already holds bench answers is refused unless ``resume=True`` (reuse the answers
+    of an identical run and run what is missing; any difference in settings is refused) or
+    ``overwrite=True`` (replace a folder bench made). ``time_budget`` (seconds) stops after the
+    question during which it ran out. On Ctrl-C the summary of the finished questions is written
+    and KeyboardInterrupt re-raised. ``batch`` > 1 (native runtime only) then runs the finished
+    questions again ``batch`` at a time on the batched engine (:mod:`draftwise.bench.batched`):
+    the summary's ``batched`` part.
+
+    Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
+    "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
+    "questions"}}}, "equality", "config", "acceptance_by_position", "run"}`` (and ``"batched"``
+    with ``batch`` > 1); the two speedups are defined in :mod:`draftwise.bench.summary`.
+    """
+    started = time.perf_counter()
+    sampling = sampling or SamplingConfig()
+    _check(max_new_tokens, time_budget)
+    batch = check_batch_option(batch)
+    k = parse_k(k)
+    peer_names = parse_peers(peers)
+    out = Path(out_dir).expanduser() if out_dir is not None else None
+    if (resume or overwrite) and out is None:
+        raise ConfigError("resume and overwrite need out_dir, the folder of the run")
+    qs = select_questions(_questions(questions), limit_per_category)
+    parsed = parse_methods(drafts, k)  # validate before loading anything
+    plan_obj = load_plan_for_auto(plan, out) if any(spec == AUTO for _, spec, _ in parsed) else None
+    if out is not None:
+        prepare_out(out, resume=resume, overwrite=overwrite)
+    if isinstance(model, (str, Path)):
+        model = load_model(model, dtype=dtype)  # type: ignore[arg-type]
+    check_batch_runtime(model, batch, qs, max_new_tokens)
+    methods = build_methods(model, drafts, k, peer_names)
+    names = [m.name for m in methods]
+    config = _config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
+                     plan)
     answers: Answers = {m.name: {} for m in methods}
     files: dict[str, Any] = {}
     if out is not None:
@@ -224,6 +239,10 @@ def run_bench(
         if warmup and any(question_key(q) not in answers[n] for q in qs for n in names):
             _warm_up(runner, methods, answers, qs)
         _loop(runner, methods, qs, answers, files, state, progress, time_budget)
+        if batch > 1:
+            with _progress(progress) as bar:
+                state["batched"] = run_batched(model, methods, qs, answers, batch=batch, bar=bar,
+                                               max_new_tokens=max_new_tokens, sampling=sampling)
     except KeyboardInterrupt:
         for f in files.values():
             f.close()
@@ -266,6 +285,8 @@ def _finish(
             "elapsed_s": time.perf_counter() - state["started"],
         },
     }
+    if state.get("batched") is not None:
+        summary["batched"] = state["batched"]
     if out is not None:
         summary["run"]["plots"] = write_plots(summary, out)
         write_text_atomic(out / "summary.md", render_markdown(summary))

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from ..bench import render_markdown, run_bench
+from ..bench.batched import check_batch_option
 from ..bench.methods import parse_methods, parse_peers
 from ..bench.outdir import prepare_out
 from ..bench.runner import load_plan_for_auto
@@ -21,6 +22,12 @@ from .common import (
     CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
     user_errors, warn,
 )
+
+BatchOpt = Annotated[
+    int,
+    typer.Option("--batch", help="Then run the questions N at a time on the batched engine (native runtime) "
+                 "and report aggregate and per-request tok/s beside the one-at-a-time rows."),
+]
 
 
 def bench(
@@ -75,12 +82,14 @@ def bench(
         float | None,
         typer.Option("--time-budget", min=0, help="Seconds; stop after the question that exceeds it."),
     ] = None,
+    batch: BatchOpt = 1,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
     with user_errors():
         # everything that can be wrong is found here, in a second, before the model loads
         sampling = SamplingConfig(temperature=temperature, seed=seed)
         parsed_k = parse_k(k)
+        check_batch_option(batch)
         methods = parse_methods(drafts, parsed_k)
         peer_list = parse_peers(peers or "")
         read_questions(questions)
@@ -105,7 +114,7 @@ def bench(
                 overwrite=overwrite,
                 time_budget=time_budget,
                 plan=plan,
-                progress=True,
+                progress=True, batch=batch,
             )
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted[/]: the summary of the finished questions is in {plain(out_dir)}",
