@@ -34,8 +34,8 @@ def prompts(batched_model: Any) -> list[list[int]]:
 def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]]) -> None:
     plain = [generate(batched_model, p, max_new_tokens=24, draft="none").token_ids for p in prompts]
     eng = Engine(batched_model, max_batch=5, context=1024, prefill_chunk=32)  # 8 prompts: slots are reused
-    for spec, k in (("none", 1), ("lookup", 4), ("suffix", 6), ("lookup:branches=3", 4)):
-        drafters = [make_drafter(spec, batched_model) for _ in range(eng.max_batch)]
+    for spec, k in (("none", 1), ("lookup", 4), ("suffix", 6), ("lookup:branches=3", 4), ("self", 3)):
+        drafters = [make_drafter(spec, slot) for slot in eng.slot_models]  # a self draft runs on its slot
         got = eng.generate_all(prompts, max_new_tokens=24, drafters=drafters, k=k)
         assert [r.token_ids for r in got] == plain, spec
     assert max(eng.stats.batch_sizes) == 5

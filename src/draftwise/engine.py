@@ -43,7 +43,7 @@ from .loaders import Model
 from .runtime.base import Rows
 from .sampling import SamplingConfig
 
-DEFAULT_PREFILL_CHUNK = 32  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
+DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
 DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: T(16) = 1.76 T(1) here, so 16 streams give ~9x one's tokens/s
 DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
 
@@ -105,6 +105,7 @@ class SlotRuntime:
     num_layers = property(lambda self: self._rt.num_layers)
     dtype = property(lambda self: self._rt.dtype)
     supports_trees = property(lambda self: True)
+    runs_layer_subsets = True  # forward(layers=...) runs a self-speculation draft pass on the slot
     device = property(lambda self: self._rt.device)
     quant = property(lambda self: self._rt.quant)
 

@@ -14,7 +14,6 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
-from ..runtime.native import NativeRuntime
 from .base import Capabilities, Draft, draft_autoregressive
 from .layer_lists import format_layers
 
@@ -26,7 +25,7 @@ class SelfSpecDrafter:
     capabilities = Capabilities(shares_target_cache=True, replay="hits", cost="target_layers")
 
     def __init__(self, runtime: object, layers: Sequence[int]) -> None:
-        if not isinstance(runtime, NativeRuntime):
+        if not getattr(runtime, "runs_layer_subsets", False):  # declared by the native runtime and its slots
             raise ConfigError(
                 "self-speculation runs a subset of the target's layers, which needs the native "
                 "runtime; this model runs on the Hugging Face adapter (use --draft lookup instead)"

@@ -96,9 +96,12 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     for p in passes:
         first_row.append(row)
         row += len(p.ids)
-    buckets: dict[int, list[int]] = {}  # bucket -> indices into passes
+    # sequences attend together when their keys and their query rows round to the same power of
+    # two (a prompt chunk's 16 rows would otherwise pad a plain step's one row to 16)
+    buckets: dict[tuple[int, int], list[int]] = {}  # (keys, rows) bucket -> indices into passes
     for i, (p, start) in enumerate(zip(passes, starts)):
-        buckets.setdefault(_bucket(start + len(p.ids)), []).append(i)
+        rows_bucket = 1 << max(len(p.ids) - 1, 0).bit_length()
+        buckets.setdefault((_bucket(start + len(p.ids)), rows_bucket), []).append(i)
     dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
     groups = [_group(sorted(members, key=lambda i: passes[i].slot), passes, starts, trees, first_row, row, **dims)
               for _, members in sorted(buckets.items())]

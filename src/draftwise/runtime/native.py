@@ -218,6 +218,8 @@ class NativeRuntime(FeatureCapture):
     def supports_trees(self) -> bool:
         return True
 
+    runs_layer_subsets = True  # forward(layers=...): what a self-speculation draft needs
+
     def rollback(self, length: int) -> None:
         self.rollback_slot(0, length)
 
