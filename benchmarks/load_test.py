@@ -233,8 +233,9 @@ def render(summary: dict[str, Any]) -> str:
               f"Server-side TTFT p50 (prefill, no queue): auto {g['prefill_overhead'] * 100:+.1f}% vs none "
               f"(goal <= +5%); client TTFT p50 (queue included): auto {g['ttft_overhead'] * 100:+.1f}%.",
               f"The plan's drafts in the auto phase: {s['auto']['drafts']}.", "",
-              "TTFT as clients see it is mostly queue time: one request is served at a time, so a faster "
-              "phase also waits less. The server-side TTFT isolates what speculation adds to the first token."]
+              "TTFT as clients see it is mostly queue time" + (": one request is served at a time, so a faster "
+              "phase also waits less." if cfg.get("max_batch", [1]) == [1] else " (the batch was full).") +
+              " The server-side TTFT isolates what speculation adds to the first token."]
     lines += ["", "Per category, server side (tokens / (prefill + decode seconds) of the requests, same prompts "
               "in both phases):", "", "| category | requests | none tok/s | auto tok/s | speedup | auto draft | "
               "tokens/pass |", "|---|---:|---:|---:|---:|---|---:|"]
