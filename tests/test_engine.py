@@ -26,30 +26,30 @@ def batched_model(default_folder: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def prompts(batched_model: Any) -> list[list[int]]:
-    questions = spread_questions(read_questions(DEFAULT_QUESTIONS), 6)
+    questions = spread_questions(read_questions(DEFAULT_QUESTIONS), 4)
     ids = [batched_model.encode_prompt(q.turns[0]) for q in questions]
     return ids + [ids[0][:7], ids[1] + ids[2]]  # a short prompt and a long one
 
 
 def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]]) -> None:
-    plain = [generate(batched_model, p, max_new_tokens=24, draft="none").token_ids for p in prompts]
-    eng = Engine(batched_model, max_batch=5, context=1024, prefill_chunk=32)  # 8 prompts: slots are reused
+    plain = [generate(batched_model, p, max_new_tokens=16, draft="none").token_ids for p in prompts]
+    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=32)  # 6 prompts: slots are reused
     for spec, k in (("none", 1), ("lookup", 4), ("suffix", 6), ("lookup:branches=3", 4), ("self", 3)):
         drafters = [make_drafter(spec, slot) for slot in eng.slot_models]  # a self draft runs on its slot
-        got = eng.generate_all(prompts, max_new_tokens=24, drafters=drafters, k=k)
+        got = eng.generate_all(prompts, max_new_tokens=16, drafters=drafters, k=k)
         assert [r.token_ids for r in got] == plain, spec
-    assert max(eng.stats.batch_sizes) == 5
-    assert eng.running == 0 and eng.free == 5
+    assert max(eng.stats.batch_sizes) == 4
+    assert eng.running == 0 and eng.free == 4
 
 
 def test_sampled_with_a_seed_is_the_same_alone_and_batched(batched_model: Any, prompts: list[list[int]]) -> None:
     cfgs = [SamplingConfig(temperature=0.8, top_p=0.95, seed=100 + i) for i in range(len(prompts))]
     for spec in ("none", "lookup"):
-        want = [generate(batched_model, p, max_new_tokens=16, sampling=c, draft=spec, k=3).token_ids
+        want = [generate(batched_model, p, max_new_tokens=10, sampling=c, draft=spec, k=3).token_ids
                 for p, c in zip(prompts, cfgs)]
         eng = Engine(batched_model, max_batch=8, context=1024)
         drafters = [make_drafter(spec, batched_model) for _ in range(8)]
-        got = eng.generate_all(prompts, max_new_tokens=16, sampling=cfgs, drafters=drafters, k=3)
+        got = eng.generate_all(prompts, max_new_tokens=10, sampling=cfgs, drafters=drafters, k=3)
         assert [r.token_ids for r in got] == want, spec
 
 
