@@ -73,7 +73,7 @@ def check_batch(model: Model, max_batch: Any, context: int | None = None) -> int
     if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
         raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
     rt = model.runtime
-    if max_batch > 1 and not hasattr(rt, "forward_batch"):
+    if not hasattr(rt, "forward_batch"):
         raise ConfigError(
             f"the {type(rt).__name__} runtime runs one sequence at a time; use max_batch 1 "
             "(batching needs the native runtime: Llama-family models)"
@@ -98,7 +98,6 @@ class SlotRuntime:
         self._engine = engine
         self._rt = engine.runtime
         self.slot = slot
-        self._pending_prompt = 0  # prompt tokens not yet fed (while a chunked prefill runs)
 
     # what does not change per slot
     vocab_size = property(lambda self: self._rt.vocab_size)
@@ -132,7 +131,6 @@ class SlotRuntime:
         out = None
         for lo in range(0, len(ids), chunk):
             last = lo + chunk >= len(ids)
-            self._pending_prompt = max(len(ids) - lo - chunk, 0)
             out = self._engine._wait(Rows(self.slot, ids[lo : lo + chunk], last_only=last, logits=last))
         assert out is not None
         return out[0]
@@ -151,16 +149,15 @@ class SlotRuntime:
 
 @dataclass
 class Sequence_:
-    """One generation in the engine: what runs it, and what it produced."""
+    """One generation in the engine: its slot, its greenlet, the pass it waits on, and what
+    ended it if it raised (``error``; :meth:`Engine.start` returns this object)."""
 
     slot: int
-    run: Callable[[Model], Any]
     glet: Any = None
     waiting: Rows | None = None  # the rows it waits on (None: runnable, or done)
     layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
     answer: Any = None  # the logits of its last pass, handed back when it resumes
     error: BaseException | None = None
-    value: Any = None
 
 
 @dataclass
@@ -198,11 +195,6 @@ class Engine:
             raise ConfigError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
         self.model = model
         self.runtime: Any = model.runtime
-        if not hasattr(self.runtime, "forward_batch"):
-            raise ConfigError(
-                f"the {type(self.runtime).__name__} runtime runs one sequence at a time; batching needs the "
-                "native runtime (Llama-family models)"
-            )
         self.runtime.allocate_slots(self.max_batch, context)
         self.prefill_chunk = prefill_chunk
         self.stats = PassStats()
@@ -230,7 +222,7 @@ class Engine:
         if not self._free:
             raise ConfigError(f"all {self.max_batch} slots are busy; wait for a step to free one")
         slot = self._free.popleft()
-        seq = Sequence_(slot, fn)
+        seq = Sequence_(slot)
         seq.glet = _greenlet().greenlet(lambda: fn(self._slot_models[slot]))
         self._live.append(seq)
         return seq
@@ -248,7 +240,7 @@ class Engine:
                 break
             for seq in solo:
                 assert seq.waiting is not None
-                seq.answer = self.runtime._run([seq.waiting], seq.layers)[0]
+                seq.answer = self.runtime.forward_batch([seq.waiting], layers=seq.layers)[0]
                 seq.waiting, seq.layers = None, None
                 self._resume(seq)
         batch = [s for s in self._live if s.waiting is not None]
@@ -257,14 +249,14 @@ class Engine:
         t0 = time.perf_counter()
         try:
             answers = self.runtime.forward_batch([s.waiting for s in batch])
-        except DraftwiseError as exc:  # one sequence's rows cannot run (its context is full...)
-            answers = self._one_by_one(batch, exc)
+        except DraftwiseError:  # one sequence's rows cannot run (its context is full...)
+            answers = self._one_by_one(batch)
         self.stats.record(len(batch), sum(len(s.waiting.ids) for s in batch), time.perf_counter() - t0)
         for seq, answer in zip(batch, answers):
             seq.answer, seq.waiting = answer, None
         return len(batch)
 
-    def _one_by_one(self, batch: list[Sequence_], first: DraftwiseError) -> list[Any]:
+    def _one_by_one(self, batch: list[Sequence_]) -> list[Any]:
         """A batch that failed: run each sequence's rows alone, so only the bad one fails."""
         answers: list[Any] = []
         for seq in batch:

@@ -4,7 +4,7 @@ A row's attention output must not depend on how many other rows share its pass (
 step, k + 1 for a verification pass, a whole batch of sequences), or speculative decoding in
 reduced precision, and any batching at all, stops reproducing plain decoding bit for bit.
 ``F.scaled_dot_product_attention`` is not invariant on this CPU: its summation order changes with
-the number of queries and of keys (``tests/test_row_invariance.py`` shows it). Neither are plain
+the number of queries and of keys (measured: docs/runtime.md, "Row invariance"). Neither are plain
 matmuls: MKL picks another kernel below 8 rows and another reduction over fewer than ~320 keys.
 
 So every reduction here has a shape that does not depend on the rest of the batch:
@@ -16,8 +16,8 @@ So every reduction here has a shape that does not depend on the rest of the batc
 - the weighted sum of values runs per block of :data:`CHUNK` keys (a matmul with a fixed inner
   size), then sums the blocks in order; trailing all-zero blocks add exactly 0.
 
-Shapes: a pass covers ``B`` consecutive cache slots; ``q`` is ``[B, KV, M, hd]`` (each KV head's
-group of query heads folded into M), keys and values ``[B, KV, L, hd]`` straight from the cache,
+Shapes: one call covers ``B`` sequences (a group of :mod:`.batch_plan`); ``q`` is ``[B, KV, M, hd]``
+(each KV head's group of query heads folded into M), keys and values ``[B, KV, L, hd]`` from the cache,
 ``bias`` ``[B, 1, M, L]`` with 0 where a row sees a key and ``-inf`` where it does not.
 """
 

@@ -251,14 +251,15 @@ class NativeRuntime(FeatureCapture):
             tree = [int(x) for x in parents]  # a chain (None) takes the plain causal mask
         return self._run([Rows(0, list(ids), tree)], chosen)[0]
 
-    def forward_batch(self, passes: Sequence[Rows]) -> list[torch.Tensor]:
+    def forward_batch(self, passes: Sequence[Rows], *, layers: Sequence[int] | None = None) -> list[torch.Tensor]:
         """One pass over several slots' new rows (each :class:`Rows`): their logits, in order,
         ``[n, vocab]`` each (``[1, vocab]`` for ``last_only``, ``[0, vocab]`` for ``logits=False``).
         A row's logits are bit-identical to what the same slot's rows give in a pass of their
-        own: the batch only shares the matmuls (see :mod:`.attention`)."""
+        own: the batch only shares the matmuls (see :mod:`.attention`). ``layers``: a subset,
+        as ``forward`` takes it (a self-speculation draft pass)."""
         if self._feats is not None and (len(passes) > 1 or any(p.slot for p in passes)):
             raise ConfigError("feature capture (an EAGLE draft) runs one sequence at a time, in slot 0")
-        return self._run(list(passes), self._all_layers)
+        return self._run(list(passes), self._all_layers if layers is None else tuple(layers))
 
     def keep(self, base: int, rows: Sequence[int]) -> None:
         self.keep_slot(0, base, rows)
