@@ -6,13 +6,18 @@ answers (through the chat template, or as raw text for a model without one), as 
 Every method owns its drafters (built here, once, for it alone): a draft that learns across
 generations (suffix decoding's cache) learns only from its own method's answers, so two methods
 with the same spec, or ``auto`` routed to ``suffix`` beside ``suffix``, never read each other's.
+It learns from *every* answer of its method, as the standalone ``suffix`` learns every answer
+it decodes: when ``auto`` routes a prompt elsewhere (to ``lookup``, or plain decoding), each of
+its learning drafters is taught that answer too (:func:`teach`).
+
 The plan's choice for ``auto`` and the k it runs come from :func:`draftwise.cost.route.route`,
-as in ``serve``: with ``--k auto`` the plan picks the draft and the adaptive k runs it.
+as in ``serve``: the plan's draft at the plan's k, which may be ``"auto"`` (the adaptive policy,
+a fresh one per generation); with ``--k auto`` the adaptive k runs whatever draft the plan picks.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +25,8 @@ from .. import api
 from ..chat import encode_conversation
 from ..cost.plan import load_plan
 from ..cost.route import policy_for, route
-from ..drafters.factory import make_drafter
-from ..drafters.spec import KValue, parse_k
+from ..drafters.factory import capabilities_of, make_drafter
+from ..drafters.spec import DraftSpec, KValue, parse_k
 from ..errors import ConfigError
 from ..questions import Question
 from ..sampling import SamplingConfig
@@ -46,6 +51,14 @@ def build_methods(model: Any, drafts: str | Sequence[DraftItem], k: KValue, peer
     if "hf" in peers:
         methods += hf_methods(model, methods, parse_k(k))
     return methods
+
+
+def teach(drafter: Any, prompt_ids: Sequence[int], answer: Sequence[int], sampling: SamplingConfig) -> None:
+    """``drafter`` (one that learns across generations) learns ``answer``, which another
+    drafter decoded from ``prompt_ids``, as if it had decoded it itself: its lifecycle for a
+    generation in which it proposed nothing (``start``, then ``end`` with the answer)."""
+    drafter.start(list(prompt_ids), sampling, sampling.generator())
+    drafter.end(list(answer))
 
 
 def load_plan_for_auto(plan: Any, out_dir: Path | None) -> Any:
@@ -76,15 +89,31 @@ class Runner:
         self.auto_drafters: dict[tuple[str, str], Any] = {}  # (method, spec) -> drafter
         self.peer: HFPeer | None = None
 
+    def _auto_drafter(self, method: Method, spec: DraftSpec) -> Any:
+        """``method``'s own drafter for ``spec`` (built once; None for plain decoding)."""
+        key = (method.name, str(spec))
+        if key not in self.auto_drafters:  # one method's drafters are its own
+            self.auto_drafters[key] = make_drafter(spec, self.model)
+        return self.auto_drafters[key]
+
+    def _learners(self, method: Method) -> list[Any]:
+        """``method``'s drafters that learn across generations, one for each learning draft the
+        plan may route to, built before its first answer so each learns from every answer."""
+        recommended = getattr(self.plan, "recommended", None)  # a Plan; else only what was routed
+        if isinstance(recommended, Mapping):
+            for spec_text, _ in recommended.values():
+                spec = DraftSpec.parse(spec_text)
+                if not spec.is_none and capabilities_of(spec).learns:
+                    self._auto_drafter(method, spec)
+        return [d for (name, _), d in self.auto_drafters.items()
+                if name == method.name and d is not None and d.capabilities.learns]
+
     def _auto(self, method: Method, category: str) -> tuple[str, Any, KValue, str]:
         spec, k, source = route(self.plan, category, method.k)
-        key = str(spec)
-        if (method.name, key) not in self.auto_drafters:  # one method's drafters are its own
-            self.auto_drafters[(method.name, key)] = make_drafter(spec, self.model)
-        drafter = self.auto_drafters[(method.name, key)]
+        drafter = self._auto_drafter(method, spec)
         if drafter is None:  # the plan says no speculation pays here: plain decoding (k unused)
-            return key, None, 1, source
-        return key, drafter, parse_k(k), source
+            return str(spec), None, 1, source
+        return str(spec), drafter, parse_k(k), source
 
     def turn(self, method: Method, prompt_ids: list[int], category: str, *, learn: bool = True) -> TurnResult:
         """One generation of ``method`` from ``prompt_ids``; ``learn=False`` (a warm-up): a draft
@@ -95,15 +124,21 @@ class Runner:
             return self.peer.generate(method, prompt_ids, self.max_new_tokens, self.sampling)
         spec, drafter, k = method.spec, method.drafter, method.k
         extra: dict[str, Any] = {}
+        learners: list[Any] = []
         if method.kind == "auto":
+            learners = self._learners(method)
             spec, drafter, k, extra["plan_choice_for"] = self._auto(method, category)
         policy: Any = 1
-        if drafter is not None:
+        if drafter is not None:  # k "auto": a fresh adaptive policy for this generation
             policy = policy_for(self.model, spec, k, capabilities=drafter.capabilities)
         res = api.generate(
             self.model, prompt_ids, max_new_tokens=self.max_new_tokens, sampling=self.sampling,
             draft=drafter, k=policy, learn=learn,
         )
+        if learn:  # after the clock stopped: auto's other learning drafters learn this answer too
+            for other in learners:
+                if other is not drafter:
+                    teach(other, prompt_ids, res.token_ids, self.sampling)
         st = res.stats
         stats = {
             "draft": spec,

@@ -29,8 +29,16 @@ def interval_text(interval: Sequence[float] | None) -> str:
 
 
 def breakeven_text(c: Candidate) -> str:
-    """a* as text: ``never`` when no acceptance makes this (draft, k) pay."""
+    """a* as text: ``never`` when no acceptance makes this (draft, k) pay; ``-`` for the
+    adaptive k, whose k (and so its a*) changes step by step."""
+    if c.k == "auto":
+        return "-"
     return "never" if c.breakeven is None else f"{c.breakeven:.2f}"
+
+
+def setting_text(draft: str, k: Any) -> str:
+    """A (draft, k) as a reader types it: ``lookup k=5``, ``lookup k=auto``, ``none``."""
+    return "none" if draft == NONE else f"{draft} k={k}"
 
 
 def draft_cells(row: dict[str, Any], drafts: Sequence[str], fmt: Callable[[Candidate], str]) -> list[str]:
@@ -45,7 +53,7 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
         d, k = plan.recommended[cat]
         row: dict[str, Any] = {
             "category": cat,
-            "recommended": "none" if d == NONE else f"{d} k={k}",
+            "recommended": setting_text(d, k),
             "predicted": plan.predicted[cat],
             "interval": plan.intervals.get(cat),
             "drafts": {},
@@ -57,15 +65,17 @@ def plan_rows(plan: Plan) -> list[dict[str, Any]]:
 
 
 def render_plan_markdown(plan: Plan) -> str:
+    samples = int(plan.config.get("samples", 1))
+    traced = "" if plan.greedy or samples <= 1 else f", {samples} sampled continuations per prompt"
     lines = [
         f"Plan for {plan.model} ({plan.dtype}, {'greedy' if plan.greedy else 'sampled'}, "
-        f"{plan.config.get('max_new_tokens')} new tokens), {len(plan.prompts)} prompts, "
+        f"{plan.config.get('max_new_tokens')} new tokens), {len(plan.prompts)} prompts{traced}, "
         f"{plan.config.get('date', '')}.",
         "",
-        "Each draft cell: predicted speedup at its best k / the acceptance it achieved "
-        "(a_eff, the i.i.d. rate with E(a, k) = tokens per speculative step) / the acceptance "
-        "it needs to break even at that k (a*). In brackets: the 95% prediction interval of the "
-        f"speedup from the binomial acceptance counts. Candidates are ranked by "
+        "Each draft cell: predicted speedup at its best k (k=auto: the adaptive k) / the acceptance "
+        "it achieved (a_eff, the i.i.d. rate with E(a, k) = tokens per speculative step) / the "
+        "acceptance it needs to break even at that k (a*). In brackets: the 95% prediction interval "
+        f"of the speedup. Candidates are ranked by "
         f"{'the low end of the interval' if plan.config.get('pick') == 'low' else 'the prediction'}.",
         "",
         "| category | recommended | predicted | " + " | ".join(plan.drafts) + " |",
@@ -81,6 +91,9 @@ def render_plan_markdown(plan: Plan) -> str:
                      + " | ".join(cells) + " |")
     lines += ["", f"Predicted overall speedup with each category's recommendation: {plan.routed_overall:.2f}x"
               f"{interval_text(plan.routed_interval)}.", ""]
+    if plan.notes:  # where the continuations disagree, the prediction is a range in practice
+        lines += ["Where the speedup depends on the continuation:", ""]
+        lines += [f"- {cat}: {note}" for cat, note in plan.notes.items()] + [""]
     if plan.validation:
         lines += render_validation_markdown(plan.validation).splitlines() + [""]
     cmd = plan.config.get("command")
@@ -90,17 +103,30 @@ def render_plan_markdown(plan: Plan) -> str:
 
 
 def render_validation_markdown(validation: dict[str, Any]) -> str:
+    """The checks as a table (with the validation's own noise when it ran 2 or more repeats)
+    and :func:`validation_summary` under it."""
+    noisy = validation.get("median_noise") is not None
     lines = [
-        "| category | draft | k | predicted [95% interval] | measured | error | inside |",
-        "|---|---|---:|---:|---:|---:|:-:|",
+        "| category | draft | k | predicted [95% interval] | measured | error | inside |"
+        + (" noise |" if noisy else ""),
+        "|---|---|---:|---:|---:|---:|:-:|" + ("---:|" if noisy else ""),
     ]
     for c in validation["checks"]:
         k = "-" if c["k"] is None else c["k"]
-        lines.append(
-            f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x{interval_text(c.get('interval'))} | "
-            f"{c['measured']:.2f}x | {100 * c['error']:.1f}% | {inside_text(c)} |"
-        )
+        line = (f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x{interval_text(c.get('interval'))} | "
+                f"{c['measured']:.2f}x | {100 * c['error']:.1f}% | {inside_text(c)} |")
+        if noisy:
+            line += " - |" if c.get("noise") is None else f" {100 * c['noise']:.1f}% |"
+        lines.append(line)
     lines += ["", validation_summary(validation) + "."]
+    seeds = validation.get("seeds")
+    if seeds:
+        lines += ["", f"Each prompt measured with {seeds} seed{'s' if seeds > 1 else ''} none of which the plan "
+                  f"traced (each (prompt, seed) one unit of the mean tokens/s), best of {validation.get('repeats', 1)} "
+                  "repeats." + (" Noise: the same speedup from repeat round 1 alone against round 2 alone, "
+                                "|s1 - s2| / mean; an error well above it is the plan's." if noisy else "")]
+    for note in validation.get("notes") or ():
+        lines += ["", f"Note: {note}."]
     return "\n".join(lines)
 
 
@@ -110,17 +136,31 @@ def inside_text(check: dict[str, Any]) -> str:
 
 
 def validation_summary(validation: dict[str, Any]) -> str:
-    """One line: the errors and the share of categories inside their interval, with the goals."""
+    """One line: the errors, the share of categories inside their interval, the intervals'
+    median width and the categories that lost to plain decoding, with the goals; and the
+    validation's own noise."""
     text = (f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= 10%), "
             f"max {100 * validation['max_abs_error']:.1f}% (goal <= 20%)")
+    noise = validation.get("median_noise")
+    if noise is not None:
+        text += f", against the measurement's own noise of {100 * noise:.1f}% (median, round 1 vs round 2)"
     share = validation.get("inside_share")
     if share is not None:
         text += f"; {100 * share:.0f}% of categories measured inside their 95% interval (goal >= 80%)"
+    width = validation.get("median_width")
+    if width is not None:
+        text += f"; median interval width {width:.2f} (goal <= 0.40)"
+    below = validation.get("below_097")
+    if below is not None:
+        text += ("; no category's recommendation measured below 0.97x plain" if not below else
+                 f"; {len(below)} categor{'y' if len(below) == 1 else 'ies'} measured below 0.97x plain "
+                 f"(goal: none): {', '.join(below)}")
     return text
 
 
 def plot_plan(plan: Plan, path: str | Path) -> Path:
-    """Predicted speedup against k for each draft, one panel per category."""
+    """Predicted speedup against k for each draft, one panel per category; the adaptive k
+    (a candidate with k "auto") is a dotted level in its draft's colour."""
     plt = pyplot()
     cats = list(plan.categories)
     cols = min(4, len(cats))
@@ -128,11 +168,16 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
     fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.8 * rows), squeeze=False, sharey=True)
     for ax, cat in zip(axes.flat, cats):
         for d in plan.drafts:
-            pts = sorted((c.k, c.speedup, c.interval) for c in plan.categories[cat] if c.draft == d)
+            mine = [c for c in plan.categories[cat] if c.draft == d]
+            pts = sorted((c.k, c.speedup, c.interval) for c in mine if c.k != "auto")
             line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", ms=3, label=d)
-            if all(p[2] for p in pts):  # the 95% prediction interval as a band
+            color = line[0].get_color()
+            if pts and all(p[2] for p in pts):  # the 95% prediction interval as a band
                 ax.fill_between([p[0] for p in pts], [p[2][0] for p in pts], [p[2][1] for p in pts],
-                                color=line[0].get_color(), alpha=0.15, lw=0)
+                                color=color, alpha=0.15, lw=0)
+            for c in mine:
+                if c.k == "auto":
+                    ax.axhline(c.speedup, color=color, lw=1.2, ls=":", label=f"{d} k=auto")
         ax.axhline(1.0, color="grey", lw=0.8, ls="--")
         ax.set_title(cat, fontsize=9)
         ax.set_xlabel("k", fontsize=8)
@@ -143,6 +188,70 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
     fig.suptitle(f"{plan.model}: predicted speedup over plain decoding (bands: 95% prediction intervals)",
                  fontsize=10)
     return save_figure(fig, path)
+
+
+def measured_by_unit(validation: dict[str, Any], category: str) -> list[float]:
+    """Each unit's measured speedup (best method tokens/s over best plain tokens/s, one unit: a
+    prompt and a seed) of ``category``'s recommendation, from ``validate_plan``'s ``units``."""
+    return [max(u["method"]) / max(u["plain"]) for u in validation.get("units") or ()
+            if u["category"] == category and u["recommended"]]
+
+
+def plot_samples(plan: Plan, path: str | Path, validation: dict[str, Any] | None = None) -> Path:
+    """Each category's pick: its per-unit predicted speedups (a unit: a prompt and one sampled
+    continuation; one per prompt when greedy) as dots against its 95% interval as a bar, the
+    prediction as a tick and, with a ``validation``, each unit's measured speedup and the
+    category's measured speedup (Spec-Bench's mean tokens/s over plain's). A category routed to
+    plain decoding shows only the 1.00x line."""
+    plt = pyplot()
+    cats = [c for c in plan.categories if c != "overall"]
+    checks = {x["category"]: x for x in (validation or {}).get("checks", ())}
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(cats) + 2), 4.2))
+    ticks = []
+    for i, cat in enumerate(cats):
+        d, k = plan.recommended[cat]
+        ticks.append(f"{cat}\n{setting_text(d, k)}")
+        if d == NONE:
+            continue
+        lo, hi = plan.intervals.get(cat) or [plan.predicted[cat]] * 2
+        ax.plot([i, i], [lo, hi], color="tab:blue", lw=7, alpha=0.25, solid_capstyle="butt",
+                label=None if "95% interval" in _labels(ax) else "95% interval")
+        ax.plot([i - 0.25, i + 0.25], [plan.predicted[cat]] * 2, color="tab:blue", lw=1.5,
+                label=None if "predicted" in _labels(ax) else "predicted")
+        cand = plan.candidate(cat, d, k)
+        samples = (cand.samples if cand is not None else None) or []
+        if samples:
+            ax.scatter(_spread(i - 0.12, len(samples)), samples, s=12, color="tab:blue", zorder=3,
+                       label=None if "predicted, per unit" in _labels(ax) else "predicted, per unit")
+        measured = measured_by_unit(validation, cat) if validation else []
+        if measured:
+            ax.scatter(_spread(i + 0.12, len(measured)), measured, s=16, marker="x", color="tab:red", zorder=3,
+                       label=None if "measured, per unit" in _labels(ax) else "measured, per unit")
+        if cat in checks:
+            ax.scatter([i + 0.12], [checks[cat]["measured"]], s=60, marker="D", facecolor="none",
+                       edgecolor="tab:red", zorder=4, label=None if "measured" in _labels(ax) else "measured")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+    ax.set_xticks(range(len(cats)))
+    ax.set_xticklabels(ticks, fontsize=7, rotation=30, ha="right")
+    ax.set_ylabel("speedup over plain decoding")
+    samples = int(plan.config.get("samples", 1))
+    unit = "prompt" if plan.greedy or samples <= 1 else f"prompt x continuation ({samples} per prompt)"
+    ax.set_title(f"{plan.model}: each category's pick, per {unit}", fontsize=9)
+    if _labels(ax):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return save_figure(fig, path)
+
+
+def _labels(ax: Any) -> list[str]:
+    return ax.get_legend_handles_labels()[1]
+
+
+def _spread(x: float, n: int, width: float = 0.16) -> list[float]:
+    """``n`` x positions around ``x`` (dots side by side rather than on top of each other)."""
+    if n == 1:
+        return [x]
+    return [x - width / 2 + width * j / (n - 1) for j in range(n)]
 
 
 def plot_profile(profile: Profile, path: str | Path) -> Path:
