@@ -116,7 +116,7 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
         line = (f"| {c['category']} | {c['draft']} | {k} | {c['predicted']:.2f}x{interval_text(c.get('interval'))} | "
                 f"{c['measured']:.2f}x | {100 * c['error']:.1f}% | {inside_text(c)} |")
         if noisy:
-            line += " - |" if c.get("noise") is None else f" {100 * c['noise']:.1f}% |"
+            line += f" {noise_text(c)} |"
         lines.append(line)
     lines += ["", validation_summary(validation) + "."]
     seeds = validation.get("seeds")
@@ -133,6 +133,12 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
 def inside_text(check: dict[str, Any]) -> str:
     inside = check.get("inside")
     return "-" if inside is None else ("yes" if inside else "no")
+
+
+def noise_text(check: dict[str, Any]) -> str:
+    """A check's measurement noise (round 1 against round 2) as a percentage, ``-`` without."""
+    noise = check.get("noise")
+    return "-" if noise is None else f"{100 * noise:.1f}%"
 
 
 def validation_summary(validation: dict[str, Any]) -> str:
