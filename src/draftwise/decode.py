@@ -85,11 +85,13 @@ def remove_step_hook(hook: Callable[[], object]) -> None:
         _STEP_HOOKS.remove(hook)
 
 
-def _propose(
+def propose_step(
     drafter: Drafter | None, policy: KPolicy, context: list[int], budget: int, left: int
 ) -> tuple[Draft, list[int] | None]:
     """This step's draft (trimmed by the policy) and, when it proposes nothing, a *shadow*
-    proposal whose first token the policy compares with the plain step's (see cost.adaptive)."""
+    proposal whose first token the policy compares with the plain step's (see cost.adaptive).
+    The planner's replay (:func:`draftwise.cost.replay.replay_lookup`) calls it too, so a
+    replayed step is the step decoding would take."""
     if drafter is None:
         return Draft([]), None
     if budget > 0:
@@ -142,7 +144,7 @@ def decode_steps(
         left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
         budget = min(policy.choose(len(context)), left) if drafter is not None else 0
         t0 = clock()
-        draft, shadow = _propose(drafter, policy, context, budget, left)
+        draft, shadow = propose_step(drafter, policy, context, budget, left)
         t1 = clock()
         verdict, ranks, verified = verify_pass(runtime, context[-1], draft, cfg, generator)
         depth = verified.depth  # what was verified: a tree, or its first chain on some runtimes

@@ -23,14 +23,16 @@ from ..cost.defaults import default_drafts, default_drafts_text
 from ..cost.export import export_config
 from ..cost.measure import measure_profile
 from ..cost.parsing import parse_ks
-from ..cost.plan import NONE, Plan, make_plan
+from ..cost.plan import DEFAULT_SAMPLES, NONE, Plan, check_samples, make_plan
 from ..cost.profile import Profile, default_profile_path
 from ..cost.report import (
     breakeven_text,
     inside_text,
     interval_text,
+    noise_text,
     plan_rows,
     plot_plan,
+    plot_samples,
     render_plan_markdown,
     validation_summary,
 )
@@ -91,12 +93,14 @@ _PICKED = "[bold green]<-[/]"
 
 def validation_table(validation: dict[str, Any]) -> Table:
     table = Table(title="validation: predicted against measured speedup (interleaved with plain)")
-    for col in ("category", "draft", "k", "predicted [95%]", "measured", "error", "inside"):
+    noisy = validation.get("median_noise") is not None  # repeats >= 2: the measurement's own noise
+    for col in ("category", "draft", "k", "predicted [95%]", "measured", "error", *(["noise"] if noisy else []),
+                "inside"):
         table.add_column(col, justify="left" if col in ("category", "draft") else "right")
     for c in validation["checks"]:
         table.add_row(escape(c["category"]), escape(c["draft"]), "-" if c["k"] is None else str(c["k"]),
                       f"{c['predicted']:.2f}x{escape(interval_text(c.get('interval')))}", f"{c['measured']:.2f}x",
-                      f"{100 * c['error']:.1f}%", inside_text(c))
+                      f"{100 * c['error']:.1f}%", *([noise_text(c)] if noisy else []), inside_text(c))
     return table
 
 
@@ -151,12 +155,13 @@ def _profile_for_plan(
     return profile
 
 
-def _validate(target: Any, plan: Plan, questions: list[Question], repeats: int) -> None:
+def _validate(target: Any, plan: Plan, questions: list[Question], repeats: int, seeds: int | None) -> None:
     """Run the recommendations (and the overall pick) for real; the result goes in the plan."""
     best = plan.recommended["overall"]
     extra = [best] if best[0] != "none" else []
     with progress_bar("validate") as report:
-        plan.validation = validate_plan(target, plan, questions, extra=extra, repeats=repeats, progress=report)
+        plan.validation = validate_plan(target, plan, questions, extra=extra, repeats=repeats, seeds=seeds,
+                                        progress=report)
 
 
 def _write_plan(plan: Plan, out_dir: Path) -> list[str]:
@@ -164,12 +169,17 @@ def _write_plan(plan: Plan, out_dir: Path) -> list[str]:
     plan.save(out_dir / "plan.json")
     write_text_atomic(out_dir / "plan.md", render_plan_markdown(plan))
     png = plot_or_warn(plot_plan, plan, out_dir / "plan.png", label="plan.png")
-    return ["plan.json", "plan.md"] + (["plan.png"] if png else [])
+    samples = plot_or_warn(plot_samples, plan, out_dir / "plan_samples.png", plan.validation,
+                           label="plan_samples.png")
+    return ["plan.json", "plan.md"] + (["plan.png"] if png else []) + (["plan_samples.png"] if samples else [])
 
 
 def _export(plan: Plan, target: Any, engine: Engine) -> str:
-    """The overall recommendation as ``engine``'s configuration."""
+    """The overall recommendation as ``engine``'s configuration (engines take a fixed k: for an
+    ``auto`` pick, the draft's best fixed k overall)."""
     d, k = plan.recommended["overall"]
+    if k == "auto":
+        k = next(c.k for c in plan.categories["overall"] if c.draft == d and isinstance(c.k, int))
     spec = DraftSpec.parse(d)
     if spec.kind == "model":  # engines need a real folder, also for model:default
         spec = DraftSpec.parse(f"model:{model_draft_source(spec.source or '', target)}")
@@ -186,9 +196,13 @@ def _print_plan(plan: Plan, out_dir: Path | None, written: list[str], exported: 
         f"{escape(interval_text(plan.routed_interval))}. a_eff: acceptance achieved; a*: needed to break even "
         "(green: above it); <-: the category's pick; in brackets: 95% prediction intervals."
     )
+    for category, note in plan.notes.items():
+        out.print(f"{category}: {note}", highlight=False, markup=False)
     if plan.validation:
         out.print(validation_table(plan.validation))
         out.print(validation_summary(plan.validation), highlight=False, markup=False)
+        for note in plan.validation.get("notes") or []:
+            out.print(f"note: {note}", highlight=False, markup=False)
     if out_dir is not None:
         out.print(f"wrote {out_dir / written[0]}, {', '.join(written[1:])}", highlight=False, markup=False)
     if exported is not None:
@@ -219,10 +233,18 @@ def plan_cmd(
     per_category: Annotated[int, typer.Option("--per-category", min=1, help="Prompts sampled per category.")] = 2,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
+    samples: Annotated[int | None, typer.Option(
+        "--samples", help="With --temperature > 0: continuations decoded per prompt, each its own seed; "
+        f"the intervals come from their spread. [default: {DEFAULT_SAMPLES}]", show_default=False)] = None,
+    auto_k: Annotated[bool, typer.Option(
+        "--auto/--no-auto", help="Weigh the adaptive k (--k auto) against every fixed k.")] = True,
     profile_file: Annotated[Path | None, typer.Option("--profile", help="Profile JSON (default: cached, or measured now).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
     validate_repeats: Annotated[int, typer.Option("--validate-repeats", min=1, help="Runs per generation when validating (best kept).")] = 2,
+    validate_seeds: Annotated[int | None, typer.Option(
+        "--validate-seeds", min=1, help="With sampling: seeds per prompt when validating, none of them the "
+        "plan's (default: as many as --samples).", show_default=False)] = None,
     pick: PickOpt = None,
     sure: SureOpt = False,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
@@ -234,6 +256,11 @@ def plan_cmd(
         specs = parse_drafts(drafts, "--drafts") if drafts is not None else None
         k_list = _parse_ks(ks)
         out_dir = _check_options(temperature, out_dir)
+        given_samples, samples = samples, DEFAULT_SAMPLES if samples is None else samples
+        check_samples(samples, SamplingConfig(temperature=temperature))
+        if given_samples is not None and samples > 1 and temperature == 0:
+            err.print(f"note: --samples {samples} at temperature 0 decodes one continuation per prompt: greedy "
+                      "continuations are all the same", highlight=False, markup=False)
         given = read_profile(profile_file) if profile_file is not None else None  # fails before the model loads
         target = load_with_status(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
@@ -248,13 +275,13 @@ def plan_cmd(
         with progress_bar("plan") as report:
             plan = make_plan(
                 target, questions, profile, drafts=keys, ks=k_list, max_new_tokens=max_new_tokens,
-                sampling=SamplingConfig(temperature=temperature), sure=sure,
+                sampling=SamplingConfig(temperature=temperature), samples=samples, auto=auto_k, sure=sure,
                 pick=pick.value if pick else None, progress=report,
             )
         plan.config["command"] = "draftwise " + " ".join(sys.argv[1:])
         plan.config["prompts_file"] = str(prompts) if prompts else "the Spec-Bench dev questions (draftwise.questions.DEFAULT_QUESTIONS)"
         if validate:
-            _validate(target, plan, questions, validate_repeats)
+            _validate(target, plan, questions, validate_repeats, validate_seeds)
         written = _write_plan(plan, out_dir) if out_dir is not None else []
         exported = _export(plan, target, export) if export is not None else None
     if as_json:

@@ -24,6 +24,11 @@ effective trials) before step 1.
 
 Timing noise is not in the interval: only the acceptance is.
 
+**With several continuations per prompt** (sampling, ``plan --samples S``), the binomial draws
+above say nothing about how differently the next continuation goes: whether it quotes the
+prompt decides most of a copying draft's gain. There :func:`rerun_draws` bootstraps the units
+(prompts and their continuations) instead, see its docstring.
+
 >>> c = counts_from_steps([(4, 4), (4, 0), (4, 2), (0, 0)], k=4)
 >>> c.accepted, c.proposing, c.steps
 ([2, 2, 1, 1], 3, 4)
@@ -36,6 +41,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -193,3 +199,53 @@ def speedup_draws(items: Sequence[dict], ratios: Sequence[np.ndarray]) -> np.nda
     steps = np.array([x["method_s"] for x in items]) - fixed
     scaled = fixed[None, :] + steps[None, :] * np.stack(list(ratios), axis=1)  # [draws, prompts]
     return (new[None, :] / scaled).mean(axis=1) / (new / plain).mean()
+
+
+def rerun_draws(items: Sequence[dict], *, seed: int, draws: int = 400) -> np.ndarray:
+    """Speedup draws for a rerun of ``items`` (the planner's per-unit predictions: ``category``,
+    ``question_id``, ``new_tokens``, ``plain_s``, ``method_s``; a unit is a prompt and one
+    sampled continuation, every prompt of a category with the same number S of them), as
+    ``plan --validate`` measures it: the same prompts, S new continuations each.
+
+    Each draw is ``point + (rerun - estimate)``, where, within each category,
+
+    - *estimate* resamples the prompts, then each drawn prompt's S continuations, with
+      replacement: the uncertainty of the plan's own mean over so few units;
+    - *rerun* keeps the prompts and resamples each one's S continuations: the next S draws;
+
+    and the difference is scaled by sqrt(S / (S - 1)), which undoes the bootstrap's shrinking
+    of a variance measured on S units. Speedups are Spec-Bench's (mean tokens/s over plain's),
+    pooled over the categories. ``seed`` fixes the resampling, so every candidate of a category
+    resamples the same units and their intervals compare like for like.
+
+    >>> items = [{"category": "c", "question_id": q, "new_tokens": 10, "plain_s": 1.0, "method_s": m}
+    ...          for q, ms in ((1, (0.5, 0.5)), (2, (1.0, 1.0))) for m in ms]
+    >>> d = rerun_draws(items, seed=0)
+    >>> float(d.min()) < 1.5 < float(d.max()), round(float(np.median(d)), 2)
+    (True, 1.5)
+    """
+    rng = np.random.default_rng(seed)
+    strata: dict[Any, dict[Any, list[int]]] = {}
+    for i, x in enumerate(items):
+        strata.setdefault(x["category"], {}).setdefault(x["question_id"], []).append(i)
+    new = np.array([x["new_tokens"] for x in items], dtype=float)
+    method = new / np.array([x["method_s"] for x in items], dtype=float)
+    plain = new / np.array([x["plain_s"] for x in items], dtype=float)
+    point = method.mean() / plain.mean()
+    est_m, est_p, fut_m, fut_p = (np.zeros(draws) for _ in range(4))
+    sizes = []
+    for prompts in strata.values():
+        units = np.array(list(prompts.values()))  # [P, S]: every prompt has S continuations
+        n_p, n_s = units.shape
+        sizes.append(n_s)
+        chosen = units[rng.integers(0, n_p, (draws, n_p))]  # [draws, P, S]: prompts resampled
+        pick = rng.integers(0, n_s, (draws, n_p, n_s))
+        est = np.take_along_axis(chosen, pick, axis=2)
+        fut = units[np.arange(n_p)[None, :, None], rng.integers(0, n_s, (draws, n_p, n_s))]
+        est_m += method[est].sum(axis=(1, 2))
+        est_p += plain[est].sum(axis=(1, 2))
+        fut_m += method[fut].sum(axis=(1, 2))
+        fut_p += plain[fut].sum(axis=(1, 2))
+    n_s = min(sizes)
+    scale = math.sqrt(n_s / (n_s - 1)) if n_s > 1 else 1.0
+    return point + scale * (fut_m / fut_p - est_m / est_p)

@@ -1,68 +1,77 @@
 """The planner: run each draft on a sample of the workload, predict every (draft, k), recommend.
 
-How a prediction is made (greedy decoding, which is deterministic):
-
 The workload is a list of :class:`~draftwise.questions.Question` (``read_questions`` +
 ``select_questions``); any category is planned for. Drafts are keyed by their canonical spec.
+A *unit* is one question (all its turns, each answer in the next turn's history, as bench runs
+it) decoded once; with sampling each question gives ``samples`` units, one per seed.
 
-1. The target decodes each sampled prompt once per draft, speculatively at ``k_max``. The
-   committed tokens are the plain greedy output whatever the draft, so one run gives the
-   exact token sequence plain decoding would produce.
+1. The target decodes each unit speculatively, once per draft that cannot be replayed (or once
+   in all), at ``k_max``. With greedy decoding the committed tokens are the plain output
+   whatever the draft; with sampling they are one draw of the target's output whatever the
+   draft (the verification is lossless).
 2. *Which* tokens a draft gets right does not depend on k:
 
-   - prompt lookup is a pure function of the context, so its steps at any k are replayed
-     exactly, offline, on the committed tokens (no model pass at all);
+   - prompt lookup and suffix decoding are pure functions of what they have seen, so their
+     steps at any k, and under the adaptive policy (``k="auto"``), are replayed on the
+     committed tokens (no model pass). This is exact when greedy, and exact in distribution
+     with sampling: they propose point masses, which verification accepts exactly when the
+     sampled token is the candidate (:func:`~draftwise.cost.replay.replay_lookup`);
    - a model or self draft proposes its own greedy chain; in the ``k_max`` run every output
      position was either accepted, rejected, or a bonus token. That per-position record
      ("did the draft, given the true prefix, predict this token?") is replayed for any
-     k <= k_max, bonus positions counting as hits (:mod:`draftwise.cost.replay`).
+     k <= k_max, bonus positions counting as hits (:mod:`draftwise.cost.replay`);
+   - a draft that proposes distributions (an EAGLE head, a hybrid), and any draft other than
+     lookup and suffix with sampling, uses its measured conditional acceptance per draft
+     position instead: E = 1 + sum_i prod_{j<=i} a_j; under ``k="auto"`` it gets a run of its
+     own under the policy.
 
-3. Each replayed step costs ``D(m) + step(m + 1, context)`` from the machine profile (m tokens
+3. Each step costs ``D(m) + step(m + 1, context)`` from the machine profile (m tokens
    proposed), each committed token ``token_overhead``, and the prefill what it took. Plain
    decoding is the same sum with m = 0. Predicted speedup = mean tokens/s of the method /
-   mean tokens/s of plain decoding over the prompts (Spec-Bench's convention,
-   :func:`~draftwise.cost.formulas.mean_rate_speedup`).
-
-With sampling (temperature > 0) the output is random, so step 2 uses the measured
-conditional acceptance per draft position instead: E = 1 + sum_i prod_{j<=i} a_j. So does an
-EAGLE head in greedy mode: its i-th token in a step is drafted from its own guessed features,
-not from the true prefix, so whether it hits depends on its depth in the step, not only on the
-position in the output.
+   mean tokens/s of plain decoding over the units (Spec-Bench's convention,
+   :func:`~draftwise.cost.formulas.mean_rate_speedup`, bench's first speedup column).
 
 A draft with its own cache (a model draft, a head) also pays, once per generation, for catching
 up on the prompt at its first proposal: the profile's ``draft_prefill`` (seconds per prompt
 token) times the prompt's length.
 
 "No speculation" is always a candidate: a category whose best draft does not beat plain
-decoding is told to decode plainly.
+decoding is told to decode plainly. Intervals: :class:`_Spread`; docs/planner.md.
 """
-
 from __future__ import annotations
 
 import statistics
 import time
 import zlib
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..chat import encode_conversation
 from ..decode import generate
 from ..drafters import make_drafter
-from ..drafters.spec import DraftSpec
+from ..drafters.spec import DraftSpec, KValue
 from ..errors import ConfigError
 from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
+from ..text import TextAssembler
 from .intervals import (
-    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, speedup_draws, uniforms,
+    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws, speedup_draws, uniforms,
 )
 from .formulas import breakeven_acceptance, effective_acceptance, mean_rate_speedup
-from .plan_file import NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
+from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .profile import Profile
-from .replay import Trace, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
+from .route import policy_for
+from .replay import Trace, answer, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
 
 # the plan's data and file live in .plan_file; they are imported from here too
-__all__ = ["NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "load_plan", "make_plan", "warm_up"]
+__all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "check_samples", "load_plan",
+           "make_plan", "spread_note", "warm_up"]
+
+#: continuations per prompt with sampling (greedy decoding has one); see docs/planner.md
+DEFAULT_SAMPLES = 4
 
 
 def _aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
@@ -121,6 +130,8 @@ def make_plan(
     k_run: int = 8,
     max_new_tokens: int = 128,
     sampling: SamplingConfig | None = None,
+    samples: int = DEFAULT_SAMPLES,
+    auto: bool = True,
     sure: bool = False,
     pick: str | None = None,
     progress: Callable[[str, float], None] | None = None,
@@ -128,179 +139,346 @@ def make_plan(
     """Trace ``questions`` (already sampled: :func:`~draftwise.questions.select_questions`) with
     each draft, predict every (draft, k), recommend. Spec-Bench rows (dicts) are accepted too.
 
-    Each prediction carries a 95% prediction interval from its binomial counts
-    (:mod:`~draftwise.cost.intervals`). ``pick`` ranks the candidates of a category: ``"low"``
-    by the low end of the interval (the default with sampling, where a prediction averages one
-    random continuation), ``"point"`` by the prediction (the default in greedy mode, where the
-    replay is exact on the traced prompts). The pick is used when its prediction beats plain
-    decoding (``sure``: when even its interval's low end does)."""
+    ``samples``: with sampling, continuations decoded per prompt, each from its own seed (the
+    sampling config's seed, or 0, plus 0..samples-1); each (prompt, continuation) is one unit of
+    the predicted mean-rate speedup, and the spread between continuations gives the intervals
+    (:func:`~draftwise.cost.intervals.rerun_draws`). Greedy decoding has one continuation.
+    ``auto``: the adaptive policy (``--k auto``) is a candidate of every draft, as k ``"auto"``.
+
+    Each prediction carries a 95% prediction interval. ``pick`` ranks the candidates of a
+    category: ``"low"`` by the low end of the interval (the default with sampling, where which
+    continuation comes decides much), ``"point"`` by the prediction (the default in greedy mode,
+    where the replay is exact on the traced prompts). The pick is used when its prediction beats
+    plain decoding (``sure``: when even its interval's low end does)."""
     profile.check_model(model)
     cfg = sampling or SamplingConfig()
     pick = pick or ("point" if cfg.greedy else "low")
     if pick not in ("low", "point"):
         raise ConfigError(f"pick={pick!r} must be 'low' (the interval's low end) or 'point'")
+    samples = check_samples(samples, cfg)
     rows, specs, ks = _check_inputs(profile, questions, drafts, ks, k_run)
-    # each drafter is private: a suffix draft's cache learns only from this plan's own prompts
-    drafters = {d: make_drafter(spec, model) for d, spec in specs.items()}
+    # each drafter is private: a suffix draft's cache learns only from this plan's own prompts,
+    # and one run's from that run alone (see _drafter)
+    drafters: dict[tuple[str, KValue, int], Any] = {}
     for d in specs:
         profile.draft_time(d, 1)  # raises if the profile lacks this draft
+    # replayable drafts replay on any trace's tokens (exactly; with sampling, exactly in
+    # distribution), so one trace serves them all; a draft that cannot be replayed runs itself
     traced = [d for d in specs if not replayable(specs[d])] or list(specs)[:1]
-    if not cfg.greedy:
-        traced = list(specs)  # sampled output is random: every draft needs its own run
+    runs: list[tuple[str, KValue]] = [(d, k_run) for d in traced]
+    if auto:
+        runs += [(d, AUTO) for d in traced if not replayable(specs[d])]
     k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
+    runs = [(d, k_run if k != AUTO else AUTO) for d, k in runs]
+    candidates: list[KValue] = [*ks, AUTO] if auto else list(ks)
+    base_seed = cfg.seed or 0
+    seeds = [base_seed + s for s in range(samples)]
 
     warm_up(model)
-    per: dict[tuple[str, int], list[dict[str, Any]]] = {}  # (draft, k) -> one item per prompt
-    replays: dict[tuple[str, int], Any] = {}
+    per: dict[tuple[str, KValue], list[dict[str, Any]]] = {}  # (draft, k) -> one item per unit
+    replays: dict[tuple[str, KValue, int], Any] = {}
     prompt_info = []
-    total = len(rows) * len(traced)
-    for qi, row in enumerate(rows):
-        prompt_ids = model.encode_prompt(row.prompt)
-        traces: dict[str, Trace] = {}
-        for j, d in enumerate(traced):
-            if progress:
-                progress(f"{d} on q{row.question_id} ({row.category})", (qi * len(traced) + j) / total)
-            traces[d] = trace_generation(
-                model, prompt_ids, drafters[d], k_run, max_new_tokens, sampling=cfg,
-                question_id=row.question_id, category=row.category,
-            )
-        ref = traces[traced[0]]
-        prompt_info.append({"question_id": row.question_id, "category": row.category,
-                            "prompt_tokens": len(prompt_ids), "new_tokens": ref.new_tokens,
-                            "equal": not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())})
-        for d in specs:
-            for k in ks:
-                steps = _replay(model, specs[d], k, prompt_ids, traces.get(d), ref, replays, max_new_tokens, cfg)
-                item = _prompt_item(profile, specs[d], k, steps, traces.get(d, ref), len(prompt_ids), cfg, row.category)
-                per.setdefault((d, k), []).append(item)
+    total = sum(len(r.turns) for r in rows) * samples * len(runs)
+    done = 0
+    for row in rows:
+        for sample, seed in enumerate(seeds):
+            unit_cfg = cfg if cfg.greedy else replace(cfg, seed=seed)
+            answers: list[str] = []
+            turn_items: list[dict[tuple[str, KValue], dict[str, Any]]] = []
+            equal, new_tokens, prompt_tokens = True, 0, 0
+            for turn in range(len(row.turns)):  # each answer goes into the next turn's history, as in bench
+                prompt_ids = encode_conversation(model.tokenizer, row.turns[: turn + 1], answers)
+                traces: dict[tuple[str, KValue], Trace] = {}
+                for d, k in runs:
+                    if progress:
+                        progress(f"{d} k={k} on q{row.question_id} ({row.category}) turn {turn + 1} "
+                                 f"#{sample + 1}", done / total)
+                    done += 1
+                    drafter = _drafter(drafters, model, specs[d], k, sample)
+                    policy = k if k != AUTO else policy_for(model, specs[d], AUTO, capabilities=drafter.capabilities)
+                    traces[(d, k)] = trace_generation(
+                        model, prompt_ids, drafter, policy, max_new_tokens, sampling=unit_cfg,
+                        question_id=row.question_id, category=row.category,
+                    )
+                ref = traces[runs[0]]
+                equal = equal and (not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values()))
+                new_tokens += ref.new_tokens
+                prompt_tokens = prompt_tokens or len(prompt_ids)
+                items = {}
+                for d in specs:
+                    for k in candidates:
+                        steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg,
+                                        sample)
+                        own = traces.get((d, AUTO if k == AUTO else k_run), ref)
+                        items[(d, k)] = _prompt_item(profile, specs[d], k, steps, own, len(prompt_ids), cfg,
+                                                     row.category)
+                turn_items.append(items)
+                answers.append(answer_text(model.tokenizer, answer(ref.tokens, model.eos_token_ids)))
+            prompt_info.append({"question_id": row.question_id, "category": row.category, "sample": sample,
+                                "seed": None if cfg.greedy else seed, "turns": len(row.turns),
+                                "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "equal": equal})
+            for key in turn_items[0]:
+                item = _merge_turns([t[key] for t in turn_items])
+                item.update(question_id=row.question_id, sample=sample)
+                per.setdefault(key, []).append(item)
     if progress:
         progress("predicting", 1.0)
     config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
+              "samples": samples, "seeds": None if cfg.greedy else seeds, "auto": auto,
               "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")}
-    return _recommend(model, profile, rows, list(specs), ks, per, cfg, pick=pick, sure=sure, prompts=prompt_info,
-                      config=config)
+    return _recommend(model, profile, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
+                      prompts=prompt_info, config=config)
+
+
+def _drafter(cache: dict[tuple[str, KValue, int], Any], model: Any, spec: DraftSpec, k: KValue, sample: int) -> Any:
+    """The drafter of one run: a (draft, k) on the ``sample``-th continuation of every prompt.
+    Runs never share one: a suffix draft's cache must not hold the answer another run just gave
+    to the same prompt (a second run would copy it whole). Each sample index is one pass over
+    the workload, as ``--validate`` and a real workload, whose prompts do not repeat, see it."""
+    key = (str(spec), k, sample)
+    if key not in cache:
+        cache[key] = make_drafter(spec, model)
+    return cache[key]
+
+
+def check_samples(samples: int, cfg: SamplingConfig) -> int:
+    """``samples`` checked: >= 1; greedy decoding has one continuation, so more is one."""
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ConfigError(f"--samples {samples} must be an integer >= 1 (continuations per prompt)")
+    return 1 if cfg.greedy else samples
 
 
 def _replay(
-    model: Any, spec: DraftSpec, k: int, prompt_ids: Sequence[int], trace: Trace | None, ref: Trace,
-    replays: dict[tuple[str, int], Any], max_new_tokens: int, cfg: SamplingConfig,
+    model: Any, spec: DraftSpec, k: KValue, prompt_ids: Sequence[int], traces: dict[tuple[str, KValue], Trace],
+    ref: Trace, replays: dict[tuple[str, KValue, int], Any], max_new_tokens: int, cfg: SamplingConfig,
+    sample: int,
 ) -> list[tuple[int, int]]:
-    """The (proposed, accepted) steps of ``spec`` at ``k`` on one prompt: replayed exactly
-    (greedy), or expected from the trace's rates (sampling, or a draft whose hits depend on its
-    depth in the step). ``replays`` keeps one drafter per (draft, k) across prompts, so a suffix
-    draft's cache of earlier outputs grows as it would in a real run."""
-    if cfg.greedy and replayable(spec):
-        if (str(spec), k) not in replays:
-            replays[(str(spec), k)] = make_drafter(spec, model)
-        return replay_lookup(replays[(str(spec), k)], prompt_ids, ref.tokens, k, max_new_tokens,
+    """The (proposed, accepted) steps of ``spec`` at ``k`` (``"auto"``: the adaptive policy) on
+    one unit: replayed on ``ref``'s tokens (a replayable draft: exact when greedy, exact in
+    distribution with sampling), its own traced run (``"auto"`` of another draft), or expected
+    from a traced run's rates (sampling, or a draft whose hits depend on its depth in the
+    step). ``replays`` keeps one drafter per (draft, k, sample index) across prompts, so a
+    suffix draft's cache of earlier outputs grows as it would in a real run."""
+    d = str(spec)
+    if replayable(spec):
+        drafter = _drafter(replays, model, spec, k, sample)
+        policy = k if k != AUTO else policy_for(model, spec, AUTO, capabilities=drafter.capabilities)
+        return replay_lookup(drafter, prompt_ids, ref.tokens, policy, max_new_tokens,
                              eos_token_ids=model.eos_token_ids)
-    assert trace is not None  # every draft that cannot be replayed was traced
+    if k == AUTO:
+        return list(traces[(d, AUTO)].steps)
+    trace = next(t for (name, kk), t in traces.items() if name == d and kk != AUTO)
+    assert isinstance(k, int)
     if cfg.greedy and not rates_only(spec):
         return replay_hits(trace.hits(), k, max_new_tokens)
     return expected_steps(trace, k)
 
 
 def _prompt_item(
-    profile: Profile, spec: DraftSpec, k: int, steps: list[tuple[int, int]], tr: Trace, prompt_len: int,
+    profile: Profile, spec: DraftSpec, k: KValue, steps: list[tuple[int, int]], tr: Trace, prompt_len: int,
     cfg: SamplingConfig, category: str,
 ) -> dict[str, Any]:
-    """One prompt's prediction for (``spec``, ``k``): predicted seconds, plain's, and the counts."""
+    """One unit's prediction for (``spec``, ``k``): predicted seconds, plain's, and the counts."""
     d, sampled, committed = str(spec), not cfg.greedy, len(tr.tokens)
-    exact = cfg.greedy and not rates_only(spec)  # else: steps from the trace's rates
+    # the steps are real (replayed, or the auto run's own) unless expected from a trace's rates
+    exact = replayable(spec) or k == AUTO or (cfg.greedy and not rates_only(spec))
+    cut = k if isinstance(k, int) else max((m for m, _ in steps), default=1)
     return {
         "category": category, "new_tokens": max(tr.new_tokens, 1),
         "plain_s": _plain_seconds(profile, tr, sampled),
         "method_s": predict_seconds(profile, d, steps, prompt_len, tr.prefill_seconds, committed, sampled=sampled),
         "fixed_s": predict_seconds(profile, d, [], prompt_len, tr.prefill_seconds, committed),
-        # the steps behind the interval: the replay's, or the sampled trace's cut to k
-        "trace": [(min(m, k), min(a, k)) for m, a in (steps if exact else tr.steps)],
+        # the steps behind the binomial interval: the replay's, or the sampled trace's cut to k
+        "trace": [(min(m, cut), min(a, cut)) for m, a in (steps if exact else tr.steps)],
         "steps": len(steps) + 1, "committed": committed,
         "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
         "proposing": sum(1 for m, _ in steps if m), "context": prompt_len + len(tr.tokens) / 2,
     }
 
 
+def _merge_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One question's prediction from its turns' (``_prompt_item``): tokens, seconds and counts
+    add up, as bench counts a question's turns (its tokens/s is all its tokens over all its
+    time); the context is the turns' mean."""
+    out = dict(turns[0])
+    for t in turns[1:]:
+        for key in ("new_tokens", "plain_s", "method_s", "fixed_s", "steps", "committed", "proposed", "accepted",
+                    "proposing"):
+            out[key] += t[key]
+        out["trace"] = out["trace"] + t["trace"]
+    out["context"] = statistics.mean(t["context"] for t in turns)
+    return out
+
+
+def answer_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text :func:`draftwise.decode.generate` gives for ``ids`` (what bench puts in the
+    next turn's history)."""
+    text = TextAssembler(tokenizer)
+    text.push(list(ids))
+    text.finish()
+    return text.text
+
+
+Per = dict[tuple[str, KValue], list[dict[str, Any]]]
+
+
 def _recommend(
-    model: Any, profile: Profile, rows: list[Question], drafts: list[str], ks: list[int],
-    per: dict[tuple[str, int], list[dict[str, Any]]], cfg: SamplingConfig, *, pick: str, sure: bool,
+    model: Any, profile: Profile, rows: list[Question], drafts: list[str], ks: list[KValue],
+    per: Per, cfg: SamplingConfig, *, pick: str, sure: bool,
     prompts: list[dict[str, Any]], config: dict[str, Any],
 ) -> Plan:
     """Rank every (draft, k) in each category, recommend per category, and predict the routed
     workload (each prompt decoded with its category's recommendation)."""
     sampled = not cfg.greedy
     cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
-    draws = _interval_draws(profile, per, cats[:-1], ks, sampled)
-    categories = {c: _ranked(profile, per, draws, c, pick, sampled) for c in cats}
-    recommended: dict[str, tuple[str, int]] = {}
+    spread = _Spread(profile, per, cats[:-1], [k for k in ks if isinstance(k, int)], sampled,
+                     bootstrap=int(config.get("samples", 1)) > 1)
+    categories = {c: _ranked(profile, per, spread, c, pick, sampled) for c in cats}
+    recommended: dict[str, tuple[str, KValue]] = {}
     predicted: dict[str, float] = {}
     intervals: dict[str, list[float]] = {}
+    notes: dict[str, str] = {}
+    score = _score(pick)
+    autos = [c for c in categories["overall"] if c.k == AUTO]
+    overall = _prefer(categories["overall"], max(autos, key=score) if autos else None, score)
     for c in cats:
-        best = categories[c][0]
+        best = overall if c == "overall" else _prefer(categories[c], _same(categories[c], overall), score)
         lo = (best.interval or [best.speedup])[0]
         if best.speedup > 1.0 and (lo > 1.0 or not sure):
             recommended[c], predicted[c] = (best.draft, best.k), best.speedup
             intervals[c] = list(best.interval or [best.speedup, best.speedup])
+            note = spread_note(best, sampled=sampled)
+            if note:
+                notes[c] = note
         else:
             recommended[c], predicted[c], intervals[c] = (NONE, 0), 1.0, [1.0, 1.0]
-    routed_overall, routed_interval = _route(rows, recommended, per, draws, (drafts[0], ks[0]))
+    routed_overall, routed_interval = _route(rows, recommended, per, spread, next(iter(per)))
     return Plan(
         model=model.name, fingerprint=profile.fingerprint, dtype=profile.dtype, greedy=cfg.greedy,
         drafts=drafts, ks=list(ks), categories=categories, recommended=recommended, predicted=predicted,
         routed_overall=routed_overall, intervals=intervals, routed_interval=routed_interval,
-        prompts=prompts, config=config,
+        prompts=prompts, config=config, notes=notes,
     )
 
 
+#: how much better (relatively, in the pick's own terms) a candidate must predict than the
+#: default it would replace. Held-out greedy predictions missed by 4.6% (median) on the 2-core
+#: AMD EPYC (issue 28's check): two settings predicted closer than that cannot be told apart,
+#: and the best of many close ones is the luckiest. See docs/planner.md, step 5.
+MARGIN = 0.05
+
+
+def _score(pick: str) -> Callable[[Candidate], float]:
+    """What ``pick`` ranks by: the interval's low end, or the prediction."""
+    if pick == "low":
+        return lambda c: (c.interval or [c.speedup])[0]
+    return lambda c: c.speedup
+
+
+def _same(cands: Sequence[Candidate], like: Candidate) -> Candidate | None:
+    return next((c for c in cands if (c.draft, c.k) == (like.draft, like.k)), None)
+
+
+def _prefer(cands: Sequence[Candidate], default: Candidate | None, score: Callable[[Candidate], float]) -> Candidate:
+    """The top-ranked of ``cands``, unless it beats ``default`` by :data:`MARGIN` or less: then
+    ``default``. Overall the default is the best adaptive-k candidate; in a category, the
+    overall pick. A plan chooses among many candidates on a few prompts, so the one that
+    predicts best is partly the luckiest; only an advantage beyond the plan's own error moves
+    a choice away from the adaptive policy, or a category away from the workload's choice."""
+    top = cands[0]
+    if default is None or score(top) > (1 + MARGIN) * score(default):
+        return top
+    return default
+
+
+def spread_note(c: Candidate, *, sampled: bool, wide: float = 1.5) -> str | None:
+    """A sentence when ``c``'s units (prompts, and with sampling their continuations) differ
+    widely: the slowest and the fastest unit's predicted speedup, when the fastest is ``wide``
+    times the slowest or more.
+
+    >>> spread_note(Candidate("lookup", 5, 1.6, 2.0, None, None, None, samples=[1.1, 1.3, 4.7]), sampled=True)
+    'lookup k=5 pays 1.1-4.7x here, depending on the prompt and on how the sampled answer goes'
+    """
+    if not c.samples or min(c.samples) <= 0 or max(c.samples) < wide * min(c.samples):
+        return None
+    why = "the prompt and on how the sampled answer goes" if sampled else "the prompt"
+    return f"{c.draft} k={c.k} pays {min(c.samples):.1f}-{max(c.samples):.1f}x here, depending on {why}"
+
+
 def _route(
-    rows: list[Question], recommended: dict[str, tuple[str, int]], per: dict[tuple[str, int], list[dict[str, Any]]],
-    draws: dict[tuple[str, str, int], Any], any_setting: tuple[str, int],
+    rows: list[Question], recommended: dict[str, tuple[str, KValue]], per: Per, spread: _Spread,
+    any_setting: tuple[str, KValue],
 ) -> tuple[float, list[float]]:
     """The predicted speedup, and its interval, of decoding each prompt with its category's
     recommendation; a prompt routed to plain decoding takes its plain time from ``any_setting``'s
-    item (every item holds it) and has no uncertainty."""
-    routed, routed_draws = [], []
-    for qi, row in enumerate(rows):
-        d, k = recommended[row.category]
+    items (every item holds it) and has no uncertainty of its own."""
+    routed, settings = [], []
+    for item in per[any_setting]:
+        d, k = recommended[item["category"]]
         if d == NONE:
-            item = dict(per[any_setting][qi])
-            item["method_s"] = item["plain_s"]
-            routed_draws.append(np.ones(len(next(iter(draws.values())))))  # plain: no uncertainty
+            plain = dict(item)
+            plain["method_s"] = plain["fixed_s"] = plain["plain_s"]
+            routed.append(plain)
+            settings.append(None)
         else:
-            item = per[(d, k)][qi]
-            routed_draws.append(draws[(row.category, d, k)])
-        routed.append(item)
+            routed.append(next(x for x in per[(d, k)] if (x["question_id"], x["sample"]) == (item["question_id"], item["sample"])))
+            settings.append((d, k))
     routed_overall = _aggregate(routed)
-    return routed_overall, list(percentile_interval(speedup_draws(routed, routed_draws), routed_overall))
+    return routed_overall, list(percentile_interval(spread.draws(routed, settings, "routed"), routed_overall))
 
 
-def _interval_draws(
-    profile: Profile, per: dict[tuple[str, int], list[dict[str, Any]]], cats: list[str], ks: list[int], sampled: bool,
-) -> dict[tuple[str, str, int], Any]:
-    """(category, draft, k) -> cost-ratio draws; every k of a draft uses the same uniform numbers
-    (one seed per category and draft), so its draws at different k move together."""
-    draws: dict[tuple[str, str, int], Any] = {}
-    for (d, k), items in per.items():
-        phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
-        for c in cats:
-            mine = [x for x in items if x["category"] == c]
-            pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
-            context = statistics.mean(x["context"] for x in mine)
-            u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
-            draws[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
-    return draws
+class _Spread:
+    """The draws behind every interval. With several continuations per prompt, a bootstrap over
+    prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`); otherwise the
+    binomial draws of each (category, draft, k)'s counts
+    (:func:`~draftwise.cost.intervals.cost_ratio_draws`): every k of a draft uses the same
+    uniform numbers (one seed per category and draft), so its draws at different k move
+    together; ``auto`` takes the draws of the fixed k nearest its mean proposal."""
+
+    def __init__(self, profile: Profile, per: Per, cats: list[str], ks: list[int], sampled: bool, *,
+                 bootstrap: bool) -> None:
+        self.bootstrap = bootstrap
+        self.ratio: dict[tuple[str, str, KValue], Any] = {}
+        if bootstrap:
+            return
+        for (d, k), items in per.items():
+            if k == AUTO:
+                continue
+            phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
+            for c in cats:
+                mine = [x for x in items if x["category"] == c]
+                pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
+                context = statistics.mean(x["context"] for x in mine)
+                u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
+                self.ratio[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
+        for (d, k), items in per.items():
+            if k != AUTO:
+                continue
+            for c in cats:
+                mine = [x for x in items if x["category"] == c]
+                proposing = sum(x["proposing"] for x in mine)
+                mean_m = sum(x["proposed"] for x in mine) / proposing if proposing else 1.0
+                near = min(ks, key=lambda kk: abs(kk - mean_m))
+                self.ratio[(c, d, AUTO)] = self.ratio[(c, d, near)]
+
+    def draws(self, items: Sequence[dict[str, Any]], settings: Sequence[tuple[str, KValue] | None], key: str) -> Any:
+        """Speedup draws of ``items`` (one per unit), each run with its ``settings`` entry (None:
+        plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap, so
+        every candidate of one category resamples the same units (paired comparisons)."""
+        if self.bootstrap:
+            return rerun_draws(items, seed=zlib.crc32(key.encode()))
+        n = len(next(iter(self.ratio.values()))) if self.ratio else 400
+        ratios = [np.ones(n) if s is None else self.ratio[(x["category"], *s)] for x, s in zip(items, settings)]
+        return speedup_draws(items, ratios)
 
 
-def _ranked(
-    profile: Profile, per: dict[tuple[str, int], list[dict[str, Any]]], draws: dict[tuple[str, str, int], Any],
-    category: str, pick: str, sampled: bool,
-) -> list[Candidate]:
+def _ranked(profile: Profile, per: Per, spread: _Spread, category: str, pick: str, sampled: bool) -> list[Candidate]:
     """Every (draft, k) of ``category`` ("overall": all prompts), best first by ``pick``."""
     cands = []
     for (d, k), items in per.items():
         mine = [x for x in items if category == "overall" or x["category"] == category]
         cand = _candidate(profile, d, k, mine, sampled)
-        values = speedup_draws(mine, [draws[(x["category"], d, k)] for x in mine])
-        cand.interval = list(percentile_interval(values, cand.speedup))
+        cand.interval = list(percentile_interval(spread.draws(mine, [(d, k)] * len(mine), category), cand.speedup))
         cands.append(cand)
     if pick == "low":
         return sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
@@ -313,19 +491,22 @@ def _plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:
     return predict_seconds(profile, NONE, steps, tr.prompt_len, tr.prefill_seconds, len(tr.tokens), sampled=sampled)
 
 
-def _candidate(profile: Profile, draft: str, k: int, items: Sequence[dict[str, Any]], sampled: bool) -> Candidate:
+def _candidate(profile: Profile, draft: str, k: KValue, items: Sequence[dict[str, Any]], sampled: bool) -> Candidate:
     proposed = sum(x["proposed"] for x in items)
     accepted = sum(x["accepted"] for x in items)
     proposing = sum(x["proposing"] for x in items)
     context = statistics.mean(x["context"] for x in items)
     per_step = 1 + accepted / proposing if proposing else 1.0
-    ratio = profile.step_cost_ratio(draft, k, context, sampled=sampled)
+    # auto: its break-even and a_eff at the k it proposed on average
+    k_eff = k if isinstance(k, int) else max(1, min(round(proposed / proposing) if proposing else 1, profile.max_n - 1))
+    ratio = profile.step_cost_ratio(draft, k_eff, context, sampled=sampled)
     return Candidate(
         draft=draft,
         k=k,
         speedup=_aggregate(items),
         mat=sum(x["committed"] for x in items) / sum(x["steps"] for x in items),
         acceptance=accepted / proposed if proposed else None,
-        effective_acceptance=effective_acceptance(min(per_step, k + 1), k) if proposing else None,
-        breakeven=breakeven_acceptance(k, ratio),
+        effective_acceptance=effective_acceptance(min(per_step, k_eff + 1), k_eff) if proposing else None,
+        breakeven=breakeven_acceptance(k_eff, ratio),
+        samples=[round(x["plain_s"] / x["method_s"], 4) for x in items],
     )

@@ -13,20 +13,27 @@ from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import read_json, write_json_atomic
 
-PLAN_SCHEMA = "draftwise.plan/1"
+PLAN_SCHEMA = "draftwise.plan/2"
+#: plans this version reads: /1 had no continuations per prompt, no per-unit speedups and no
+#: ``auto`` candidate; they load with those empty
+READABLE_SCHEMAS = ("draftwise.plan/1", PLAN_SCHEMA)
 NONE = "none"
+AUTO = "auto"  # the k of the adaptive policy (``--k auto``), a candidate like any fixed k
 
 
 @dataclass
 class Candidate:
     draft: str
-    k: int
+    k: int | str  # a fixed k, or "auto" (the adaptive policy)
     speedup: float
     mat: float
     acceptance: float | None  # accepted / proposed in the replay
     effective_acceptance: float | None  # the i.i.d. a with E(a, k) = 1 + accepted per proposing step
     breakeven: float | None  # a*(k) from the profile's costs (None: never pays)
     interval: list[float] | None = None  # 95% prediction interval of the speedup (intervals.py)
+    #: each unit's predicted speedup (a prompt and one continuation of it: plain's predicted
+    #: seconds over the method's for the same tokens), in the plan's order of prompts
+    samples: list[float] | None = None
 
 
 @dataclass
@@ -36,9 +43,9 @@ class Plan:
     dtype: str
     greedy: bool
     drafts: list[str]
-    ks: list[int]
+    ks: list[int | str]  # the candidates' k: numbers, and "auto" when the plan considered it
     categories: dict[str, list[Candidate]]  # category or "overall" -> every candidate
-    recommended: dict[str, tuple[str, int]]  # category -> (draft or "none", k)
+    recommended: dict[str, tuple[str, int | str]]  # category -> (draft or "none", k or "auto")
     predicted: dict[str, float]  # category -> predicted speedup of its recommendation
     routed_overall: float  # predicted overall speedup with each category's recommendation
     prompts: list[dict[str, Any]] = field(default_factory=list)
@@ -46,12 +53,14 @@ class Plan:
     validation: dict[str, Any] | None = None
     intervals: dict[str, list[float]] = field(default_factory=dict)  # category -> its pick's
     routed_interval: list[float] | None = None
+    #: category -> a sentence where its pick's units differ widely (plan.spread_note)
+    notes: dict[str, str] = field(default_factory=dict)
 
-    def choose(self, category: str) -> tuple[str, int]:
+    def choose(self, category: str) -> tuple[str, int | str]:
         """The recommended (draft spec, k) for a category; unknown ones get the overall pick."""
         return self.recommended.get(category, self.recommended["overall"])
 
-    def candidate(self, category: str, draft: str, k: int) -> Candidate | None:
+    def candidate(self, category: str, draft: str, k: int | str) -> Candidate | None:
         for c in self.categories.get(category, []):
             if c.draft == draft and c.k == k:
                 return c
@@ -75,6 +84,7 @@ class Plan:
             "prompts": self.prompts,
             "config": self.config,
             "validation": self.validation,
+            "notes": self.notes,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -86,15 +96,17 @@ class Plan:
         """Read :meth:`to_dict`'s output; draft names are made canonical (older plans load)."""
         if not isinstance(data, dict):
             raise ConfigError(f"{source} is not a draftwise plan (a JSON {type(data).__name__}, not an object)")
-        if data.get("schema") != PLAN_SCHEMA:
-            raise ConfigError(f"{source} is not a draftwise plan (schema {data.get('schema')!r}, want {PLAN_SCHEMA!r})")
+        if data.get("schema") not in READABLE_SCHEMAS:
+            raise ConfigError(f"{source} is not a draftwise plan this version reads (schema {data.get('schema')!r}, "
+                              f"want {PLAN_SCHEMA!r}); make it again with `draftwise plan`")
 
         def key(d: Any) -> str:
             return str(DraftSpec.parse(d))
 
         try:
             categories = {
-                c: [Candidate(**{**x, "draft": key(x["draft"])}) for x in v] for c, v in data["categories"].items()
+                c: [Candidate(**{**x, "draft": key(x["draft"]), "k": _k(x["k"])}) for x in v]
+                for c, v in data["categories"].items()
             }
             return cls(
                 model=str(data["model"]),
@@ -102,9 +114,9 @@ class Plan:
                 dtype=str(data["dtype"]),
                 greedy=bool(data["greedy"]),
                 drafts=[key(d) for d in data["drafts"]],
-                ks=[int(k) for k in data["ks"]],
+                ks=[_k(k) for k in data["ks"]],
                 categories=categories,
-                recommended={c: (key(v["draft"]), int(v["k"])) for c, v in data["recommended"].items()},
+                recommended={c: (key(v["draft"]), _k(v["k"])) for c, v in data["recommended"].items()},
                 predicted={c: float(v["predicted_speedup"]) for c, v in data["recommended"].items()},
                 routed_overall=float(data["routed_overall_speedup"]),
                 prompts=list(data.get("prompts", [])),
@@ -113,11 +125,17 @@ class Plan:
                 intervals={c: [float(x) for x in v["interval"]] for c, v in data["recommended"].items()
                            if v.get("interval") is not None},
                 routed_interval=data.get("routed_interval"),
+                notes={str(c): str(v) for c, v in (data.get("notes") or {}).items()},
             )
         except KeyError as exc:
             raise ConfigError(f"{source} is incomplete: it has no {exc} field; make it again with `draftwise plan`") from None
         except (TypeError, ValueError, AttributeError) as exc:
             raise ConfigError(f"{source} is malformed ({exc}); make it again with `draftwise plan`") from None
+
+
+def _k(value: Any) -> int | str:
+    """A k as a plan file holds it: a number, or "auto"."""
+    return AUTO if value == AUTO else int(value)
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from ..decode import decode_steps
+from ..decode import decode_steps, propose_step
 from ..drafters.factory import capabilities_of
 from ..drafters.spec import DraftSpec
+from ..kpolicy import FixedK, KPolicy
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from ..verify import follow
@@ -65,14 +66,15 @@ def trace_generation(
     model: Any,
     prompt_ids: Sequence[int],
     drafter: Any,
-    k: int,
+    k: int | KPolicy,
     max_new_tokens: int,
     *,
     sampling: SamplingConfig | None = None,
     question_id: Any = None,
     category: str = "",
 ) -> Trace:
-    """Decode like :func:`draftwise.decode.generate` and record each step's (proposed, accepted)."""
+    """Decode like :func:`draftwise.decode.generate` and record each step's (proposed, accepted);
+    ``k``: a number, or a policy (``--k auto``'s, fresh for this generation)."""
     cfg = sampling or SamplingConfig()
     tokens: list[int] = []
     steps: list[tuple[int, int]] = []
@@ -112,7 +114,7 @@ def trace_generation(
         steps=steps,
         prefill_seconds=prefill,
         seconds=time.perf_counter() - start,
-        k=k,
+        k=k if isinstance(k, int) else k.k_max,
     )
 
 
@@ -153,25 +155,40 @@ def answer(tokens: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
 
 
 def replay_lookup(
-    make: Callable[[], Any] | Any, prompt_ids: Sequence[int], tokens: Sequence[int], k: int, max_new_tokens: int,
-    *, eos_token_ids: Collection[int] = (),
+    make: Callable[[], Any] | Any, prompt_ids: Sequence[int], tokens: Sequence[int], k: int | KPolicy,
+    max_new_tokens: int, *, eos_token_ids: Collection[int] = (),
 ) -> list[tuple[int, int]]:
-    """The (proposed, accepted) steps a replayable draft (:func:`replayable`) would take at this
-    k, greedy and exact; a tree step's ``proposed`` is its node count. ``make`` builds the
-    drafter, or is a drafter object kept across prompts (suffix decoding's cache of earlier
-    outputs then grows as it would in a real run over the same prompts in the same order)."""
+    """The (proposed, accepted) steps a replayable draft (:func:`replayable`) takes on the
+    committed ``tokens``, at a fixed ``k`` or under a policy (``--k auto``'s
+    :class:`~draftwise.cost.adaptive.AdaptiveK`, fresh for this generation); a tree step's
+    ``proposed`` is its node count. Each step is proposed by the decode loop's own
+    :func:`~draftwise.decode.propose_step` (the policy's k, its trim, its shadow proposals).
+    ``make`` builds the drafter, or is a drafter object kept across prompts (suffix decoding's
+    cache of earlier outputs then grows as it would in a real run over the same prompts in the
+    same order).
+
+    Exact for greedy decoding, and *exact in distribution* with sampling: these drafts propose
+    point masses, whose verification accepts a candidate exactly when the token the target
+    samples is that candidate (:mod:`draftwise.verify`), so on a sampled continuation the
+    steps are what any draft, k or policy would have taken on it."""
     drafter = make() if callable(make) and not hasattr(make, "propose") else make
+    policy: KPolicy = FixedK(k) if isinstance(k, int) else k
     drafter.start(list(prompt_ids), SamplingConfig(), torch.Generator())
     context = list(prompt_ids) + list(tokens[:1])
     pos, steps = 1, []
     while pos < len(tokens):
-        budget = min(k, max_new_tokens - pos - 1)
-        draft = drafter.propose(context, budget) if budget > 0 else None
-        acc = accepted_along(draft, tokens[pos:]) if draft is not None else 0
-        steps.append((len(draft.tokens) if draft is not None else 0, acc))
-        if draft is not None:
+        left = max_new_tokens - pos - 1
+        budget = min(policy.choose(len(context)), left)
+        draft, shadow = propose_step(drafter, policy, context, budget, left)
+        acc = accepted_along(draft, tokens[pos:]) if draft.tokens else 0
+        committed = list(tokens[pos : pos + acc + 1])
+        steps.append((len(draft.tokens), acc))
+        if draft.tokens:
             drafter.observe(acc)
-        context.extend(tokens[pos : pos + acc + 1])
+            policy.observe(draft.tree.depth if draft.tree is not None else len(draft.tokens), acc)
+        elif shadow is not None:
+            policy.observe_shadow(shadow, committed)
+        context.extend(committed)
         pos += acc + 1
     drafter.end(answer(tokens, eos_token_ids))  # as a finished generation would: a learning draft keeps it
     return steps

@@ -1,8 +1,10 @@
 """Routing: which draft and which k one generation runs, for ``bench``, ``serve`` and the
 public ``generate`` alike (one function each, so they can never disagree).
 
-- :func:`route`: a plan's choice for a workload category, with the user's k: the plan picks the
-  draft, and ``k="auto"`` (the user's) replaces the plan's fixed k with the adaptive policy.
+- :func:`route`: a plan's choice for a workload category, with the user's k. A plan that
+  considered the adaptive policy (its ``ks`` hold ``"auto"``) is followed exactly: its draft
+  and its k, fixed or ``"auto"``, whatever k the user gave. With an older plan, the plan picks
+  the draft and the user's ``k="auto"`` replaces the plan's fixed k with the adaptive policy.
 - :func:`policy_for`: a k as the user gave it (a number or ``"auto"``) -> what the decode loop
   takes (a number, or an :class:`~draftwise.cost.adaptive.AdaptiveK` built from the measured
   profile and the drafter's declared capabilities).
@@ -14,6 +16,11 @@ public ``generate`` alike (one function each, so they can never disagree).
 ('lookup', 5, 'overall')
 >>> route(Plan(), "rag", "auto")[1], route(Plan(), "math", "auto")[1]
 ('auto', 0)
+>>> class Newer:  # a plan that weighed the adaptive policy against every fixed k
+...     ks = [1, 2, 3, "auto"]
+...     recommended = {"overall": ("suffix", "auto"), "rag": ("lookup", 3)}
+>>> route(Newer(), "rag", "auto")[1], route(Newer(), "qa")[1], route(Newer(), "qa", 2)[1]
+(3, 'auto', 'auto')
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ OVERALL = "overall"
 def route(plan: Any, category: str | None, k: KValue | None = None) -> tuple[DraftSpec, KValue, str]:
     """``(draft, k, the category the choice came from)``: the plan's pick for ``category`` when
     the plan has seen it, else its overall pick (a workload may hold categories the plan never
-    saw). ``k``: the user's; ``"auto"`` runs the plan's draft with the adaptive k, anything else
-    (a number, None) takes the plan's k. A plan that says ``none`` gives k 0."""
+    saw). ``k``: the user's. A plan whose candidates included ``"auto"`` is run as it says; with
+    an older plan, ``"auto"`` runs the plan's draft with the adaptive k, anything else (a
+    number, None) takes the plan's k. A plan that says ``none`` gives k 0."""
     category = category or OVERALL
     recommended = getattr(plan, "recommended", None)
     if isinstance(recommended, Mapping):
@@ -51,7 +59,10 @@ def route(plan: Any, category: str | None, k: KValue | None = None) -> tuple[Dra
     spec = DraftSpec.parse(spec_text)
     if spec.is_none:
         return spec, 0, key
-    if k is not None and parse_k(k) == "auto":
+    if plan_k == "auto":
+        return spec, "auto", key
+    weighed_auto = "auto" in (getattr(plan, "ks", None) or ())
+    if k is not None and parse_k(k) == "auto" and not weighed_auto:
         return spec, "auto", key
     return spec, max(int(plan_k), 1), key
 

@@ -1,6 +1,7 @@
 """``draftwise plan --validate``: run the plan's recommendations for real and score the model.
 
-The unit is the plan's: one prompt decoded with one seed. With sampling, each prompt is
+The unit is the plan's: one question (every turn, each answer in the next turn's history, its
+tokens over its time, as bench counts it) decoded with one seed. With sampling, each prompt is
 measured with ``seeds`` seeds of its own (by default as many as the plan traced continuations
 per prompt, ``plan.config["samples"]``), none of them a seed the plan traced with, so the check
 is on continuations the plan has not seen; greedy decoding has one continuation, so one seed.
@@ -34,6 +35,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..decode import generate
+from ..chat import encode_conversation
 from ..drafters import make_drafter
 from ..drafters.spec import DraftSpec, KValue, parse_k
 from ..errors import ConfigError
@@ -83,14 +85,15 @@ def validate_plan(
     settings = {_setting(plan.choose(r.category)) for r in rows} | set(extra_settings)
     settings.discard(PLAIN)
     # drafters of their own: a suffix draft's cache of earlier outputs grows over these prompts as it
-    # would in real use, and learns nothing from the planner's own runs
-    drafters = {s: make_drafter(s[0], model) for s in settings}
+    # would in real use, and learns nothing from the planner's own runs. One per seed index, as
+    # the plan keeps one per continuation index: each is one pass over the workload, whose prompts
+    # do not repeat, so no run finds the answer another seed just gave to the same prompt
+    drafters = {(s, j): make_drafter(s[0], model) for s in settings for j in range(per_prompt)}
     warm_up(model)
 
     units: list[dict[str, Any]] = []
     total = len(rows) * per_prompt
     for qi, row in enumerate(rows):
-        prompt_ids = model.encode_prompt(row.prompt)
         rec = _setting(plan.choose(row.category))
         mine = sorted({s for s in settings if s == rec or s in extra_settings}, key=_order_key)
         for j, unit_seed in enumerate(unit_seeds[qi]):
@@ -110,7 +113,7 @@ def validate_plan(
                     if progress:
                         done = (r * len(order) + i) / (repeats * len(order))
                         progress(f"{_label(s)} on q{row.question_id} seed {unit_seed}", (n + done) / total)
-                    runs[s].append(_timed(model, prompt_ids, max_new, cfg, drafters.get(s), s,
+                    runs[s].append(_timed(model, row.turns, max_new, cfg, drafters.get((s, j)), s,
                                           last=r == repeats - 1))
             base = {"question_id": row.question_id, "category": row.category,
                     "seed": unit_seed if temperature else None}
@@ -272,13 +275,22 @@ def _label(s: Setting) -> str:
     return NONE if s == PLAIN else f"{s[0]} k={s[1]}"
 
 
-def _timed(model: Any, prompt_ids: list[int], max_new: int, cfg: SamplingConfig, drafter: Any, setting: Setting,
+def _timed(model: Any, turns: Sequence[str], max_new: int, cfg: SamplingConfig, drafter: Any, setting: Setting,
            *, last: bool) -> float:
-    """Tokens/s of one generation; a repeat before the last is not remembered by a draft that
-    learns across generations (it would otherwise see its own answer again). ``k="auto"``: a
-    fresh adaptive policy for this generation (a policy keeps per-generation state)."""
-    policy: Any = 1
-    if drafter is not None:
-        policy = policy_for(model, setting[0], setting[1], capabilities=drafter.capabilities)
-    return generate(model, prompt_ids, max_new_tokens=max_new, sampling=cfg, draft=drafter, k=policy,
-                    learn=last).tokens_per_second
+    """Tokens/s of one question: every turn, each answer going into the next turn's history, all
+    its tokens over all its time (as bench counts a question, and as the plan predicts it). A
+    repeat before the last is not remembered by a draft that learns across generations (it
+    would otherwise see its own answer again). ``k="auto"``: a fresh adaptive policy for each
+    generation (a policy keeps per-generation state)."""
+    answers: list[str] = []
+    tokens, seconds = 0, 0.0
+    for i in range(len(turns)):
+        policy: Any = 1
+        if drafter is not None:
+            policy = policy_for(model, setting[0], setting[1], capabilities=drafter.capabilities)
+        res = generate(model, encode_conversation(model.tokenizer, turns[: i + 1], answers), max_new_tokens=max_new,
+                       sampling=cfg, draft=drafter, k=policy, learn=last)
+        answers.append(res.text)
+        tokens += res.new_tokens
+        seconds += res.seconds
+    return tokens / seconds if seconds > 0 else 0.0

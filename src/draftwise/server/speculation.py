@@ -75,7 +75,7 @@ def allowed_drafts(default: DraftSpec | str, plan: Plan | None, allow: Iterable[
     named: list[DraftSpec | str] = [] if default == AUTO else [default]
     if plan is not None:
         named += plan.drafts
-        named += [draft for draft, _ in plan.recommended.values()]
+        named += [draft for draft, _ in plan.recommended.values()]  # k may be "auto"
     specs = [NONE, *(DraftSpec.parse(d) for d in [*named, *allow])]
     return {str(s): s for s in specs}
 
@@ -112,7 +112,8 @@ class Speculation:
             self._slot_drafters.append({
                 key: make_drafter(spec, slot_model, share_with=self._drafters[key]) for key, spec in self.allowed.items()
             })
-        if self.default_k == AUTO:
+        plan_auto = self.plan is not None and any(k == AUTO for _, k in self.plan.recommended.values())
+        if self.default_k == AUTO or plan_auto:  # a plan may recommend the adaptive k itself
             drafts = [key for key in self.allowed if key != "none"]
             if drafts:
                 log.info("reading (or measuring, once) this machine's profile for %s, k=auto", ", ".join(drafts))

@@ -1,0 +1,160 @@
+"""The planner with several continuations per prompt, the adaptive k as a candidate, and the
+bootstrap intervals (issue: the planner's recommendation must beat the simple choice)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from draftwise.cost.adaptive import AdaptiveK
+from draftwise.cost.intervals import rerun_draws
+from draftwise.cost.plan import load_plan, make_plan
+from draftwise.cost.plan_file import Plan
+from draftwise.cost.replay import replay_lookup, trace_generation
+from draftwise.cost.route import route
+from draftwise.drafters import make_drafter
+from draftwise.errors import ConfigError
+from draftwise.questions import Question
+from draftwise.sampling import SamplingConfig
+from .test_plan import PROMPTS, fake_profile
+
+
+def _auto(profile):
+    return AdaptiveK(profile, "lookup", k_max=6)
+
+
+def test_replaying_the_adaptive_policy_takes_the_steps_a_real_run_took(tiny):
+    """The replay proposes through the decode loop's own step (the policy's k, its shadow
+    proposals), so replaying ``--k auto`` on a run's tokens gives that run's steps exactly."""
+    profile = fake_profile(tiny, step=lambda n: 0.01 * (1 + 0.02 * (n - 1)))
+    for text in PROMPTS:
+        ids = tiny.encode_prompt(text)
+        real = trace_generation(tiny, ids, make_drafter("lookup", tiny), _auto(profile), 40)
+        replayed = replay_lookup(make_drafter("lookup", tiny), ids, real.tokens, _auto(profile), 40,
+                                 eos_token_ids=tiny.eos_token_ids)
+        assert replayed == real.steps
+        assert len({m for m, _ in real.steps}) > 1 or len(real.steps) < 3  # the policy varied k
+
+
+@pytest.mark.parametrize("k", [2, 5])
+def test_on_a_sampled_continuation_a_point_mass_draft_is_accepted_exactly_where_it_matches(tiny, k):
+    """With sampling, lookup's candidate is accepted exactly when the sampled token is it, so a
+    sampled run's steps are the replay of its own tokens: why the plan replays every k and the
+    adaptive policy on one sampled continuation."""
+    for seed, text in enumerate(PROMPTS):
+        ids = tiny.encode_prompt(text)
+        cfg = SamplingConfig(temperature=0.9, seed=seed)
+        real = trace_generation(tiny, ids, make_drafter("lookup", tiny), k, 40, sampling=cfg)
+        assert replay_lookup(make_drafter("lookup", tiny), ids, real.tokens, k, 40,
+                             eos_token_ids=tiny.eos_token_ids) == real.steps
+
+
+def _rows():
+    return [Question(i, c, (t,)) for i, (c, t) in enumerate([("copy", PROMPTS[0]), ("copy", PROMPTS[1]),
+                                                              ("free", PROMPTS[2])])]
+
+
+def test_a_sampled_plan_traces_several_continuations_and_bootstraps_them(tiny, tmp_path):
+    profile = fake_profile(tiny)
+    plan = make_plan(tiny, _rows(), profile, drafts=["lookup"], ks=[1, 3], max_new_tokens=20,
+                     sampling=SamplingConfig(temperature=0.8), samples=3, auto=False)
+    assert plan.config["samples"] == 3 and plan.config["seeds"] == [0, 1, 2]
+    assert [(p["question_id"], p["sample"]) for p in plan.prompts] == [(q, s) for q in range(3) for s in range(3)]
+    for cands in plan.categories.values():
+        for c in cands:
+            assert len(c.samples) == (9 if cands is plan.categories["overall"] else
+                                      6 if c is plan.categories["copy"][0] or c in plan.categories["copy"] else 3)
+            assert c.interval[0] <= c.speedup <= c.interval[1]
+    # the continuations differ, so the draws spread (not one point)
+    best = plan.categories["copy"][0]
+    assert best.interval[1] - best.interval[0] > 0
+    back = load_plan(plan.save(tmp_path / "plan.json"))
+    assert back.categories["copy"][0].samples == best.samples and back.config["samples"] == 3
+
+
+def test_samples_are_checked_and_greedy_has_one(tiny):
+    with pytest.raises(ConfigError, match="--samples 0"):
+        make_plan(tiny, _rows(), fake_profile(tiny), drafts=["lookup"], ks=[1], samples=0,
+                  sampling=SamplingConfig(temperature=0.7))
+    plan = make_plan(tiny, _rows()[:1], fake_profile(tiny), drafts=["lookup"], ks=[1], samples=4,
+                     max_new_tokens=8, auto=False)
+    assert plan.config["samples"] == 1 and len(plan.prompts) == 1
+
+
+def _items(speedups_by_prompt):
+    return [{"category": "c", "question_id": q, "new_tokens": 10, "plain_s": 1.0, "method_s": 1.0 / s}
+            for q, ss in enumerate(speedups_by_prompt) for s in ss]
+
+
+def test_rerun_draws_widen_with_the_spread_between_continuations():
+    same = rerun_draws(_items([[1.5, 1.5, 1.5], [1.5, 1.5, 1.5]]), seed=1)
+    assert np.allclose(same, 1.5)  # identical units: every rerun is the same
+    prompts = rerun_draws(_items([[1.5, 1.5, 1.5], [1.2, 1.2, 1.2]]), seed=1)
+    assert np.ptp(prompts) > 0  # prompts that differ: the plan's mean over them is uncertain
+    lo_spread = np.ptp(np.quantile(rerun_draws(_items([[1.4, 1.5, 1.6], [1.2, 1.3, 1.1]]), seed=1), [0.025, 0.975]))
+    hi_spread = np.ptp(np.quantile(rerun_draws(_items([[1.0, 1.5, 4.0], [1.2, 1.0, 2.5]]), seed=1), [0.025, 0.975]))
+    assert 0 < lo_spread < hi_spread
+
+
+def test_the_adaptive_k_is_a_candidate_and_a_plan_recommending_it_is_followed(tiny, tmp_path):
+    plan = make_plan(tiny, _rows(), fake_profile(tiny), drafts=["lookup"], ks=[1, 2], max_new_tokens=20)
+    assert "auto" in plan.ks and any(c.k == "auto" for c in plan.categories["overall"])
+    auto = next(c for c in plan.categories["copy"] if c.k == "auto")
+    assert auto.interval[0] <= auto.speedup <= auto.interval[1] and auto.breakeven is not None
+    plan.recommended["copy"] = ("lookup", "auto")
+    back = load_plan(plan.save(tmp_path / "plan.json"))
+    assert back.recommended["copy"] == ("lookup", "auto")
+    assert route(back, "copy", 3)[1] == "auto"  # the plan weighed auto: it is followed exactly
+    fixed = next(c for c in back.recommended.items() if c[0] != "copy" and c[1][0] != "none")
+    assert route(back, fixed[0], "auto")[1] == fixed[1][1]
+
+
+def test_a_version_1_plan_still_loads(tiny, tmp_path):
+    plan = make_plan(tiny, _rows()[:1], fake_profile(tiny), drafts=["lookup"], ks=[1], max_new_tokens=8, auto=False)
+    data = plan.to_dict()
+    data["schema"] = "draftwise.plan/1"
+    del data["notes"]
+    for cands in data["categories"].values():
+        for c in cands:
+            del c["samples"]
+    (tmp_path / "old.json").write_text(json.dumps(data))
+    old = load_plan(tmp_path / "old.json")
+    assert isinstance(old, Plan) and old.notes == {} and old.categories["overall"][0].samples is None
+    data["schema"] = "draftwise.plan/9"
+    (tmp_path / "new.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="schema 'draftwise.plan/9'"):
+        load_plan(tmp_path / "new.json")
+
+
+def test_a_multi_turn_question_is_planned_turn_by_turn_as_bench_runs_it(tiny):
+    """Bench answers every turn, each answer in the next turn's history, and counts a question's
+    tokens over its time: the plan traces every turn the same way and adds them up."""
+    from draftwise import api
+    from draftwise.bench.runner import build_prompt
+
+    q = Question(7, "chat", (PROMPTS[0], "Now say it again, twice."))
+    plan = make_plan(tiny, [q], fake_profile(tiny), drafts=["lookup"], ks=[2], max_new_tokens=12, auto=False)
+    first = api.generate(tiny, build_prompt(tiny, q.turns[:1], []), max_new_tokens=12)
+    second = api.generate(tiny, build_prompt(tiny, q.turns, [first.text]), max_new_tokens=12)
+    assert plan.prompts[0]["turns"] == 2
+    assert plan.prompts[0]["new_tokens"] == first.new_tokens + second.new_tokens
+    assert plan.prompts[0]["equal"]
+
+
+def test_a_choice_moves_from_the_default_only_by_more_than_the_planners_own_error():
+    from draftwise.cost.plan import MARGIN, _prefer, _score
+    from draftwise.cost.plan_file import Candidate
+
+    def cand(k, speedup, lo=None):
+        return Candidate("suffix", k, speedup, 2.0, None, None, None, interval=[lo or speedup, speedup + 0.1])
+
+    auto = cand("auto", 1.80)
+    close, far = cand(7, 1.80 * (1 + MARGIN) - 0.01), cand(7, 1.80 * (1 + MARGIN) + 0.01)
+    assert _prefer([close, auto], auto, _score("point")) is auto  # the luckiest of close ones loses
+    assert _prefer([far, auto], auto, _score("point")) is far
+    assert _prefer([far, auto], None, _score("point")) is far  # no default: the top
+    # ranked by the low end, the margin is on the low end
+    assert _prefer([cand(5, 2.5, lo=1.0), cand("auto", 1.6, lo=1.2)], cand("auto", 1.6, lo=1.2),
+                   _score("low")).k == "auto"
