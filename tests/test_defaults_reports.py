@@ -18,7 +18,7 @@ from draftwise.bench.report import render_markdown
 from draftwise.bench.summary import summarise
 from draftwise.cli.demo import breakeven_table, measured_table, picks_table
 from draftwise.cli.plan import plan_table
-from draftwise.cost.defaults import DEFAULT_DRAFTS, HEAD_DRAFT, default_drafts
+from draftwise.cost.defaults import DEFAULT_DRAFTS, HEAD_DRAFT, default_drafts, head_draft
 from draftwise.cost.plan_file import Candidate, Plan
 from draftwise.drafters.eagle import SHIPPED_HEADS
 from draftwise.drafters.spec import DraftSpec
@@ -64,12 +64,15 @@ def _assert_fits(text: str, names: list[str]) -> None:
 DRAFTS = ["lookup", "suffix", "suffix+eagle:default"]
 
 
-def test_default_drafts_are_the_measured_winners_and_the_hybrid_only_with_a_head(tmp_path):
+def test_default_drafts_are_the_measured_winners_and_the_hybrid_only_by_name(tmp_path):
     assert DEFAULT_DRAFTS == ("lookup", "suffix") and "self" not in DEFAULT_DRAFTS
     assert str(DraftSpec.parse(HEAD_DRAFT)) == HEAD_DRAFT  # canonical, as a plan keys drafts
     shipped = next(p for p in SHIPPED_HEADS.iterdir() if (p / "eagle_head.safetensors").is_file())
-    assert default_drafts(SimpleNamespace(folder=tmp_path / shipped.name)) == [*DEFAULT_DRAFTS, HEAD_DRAFT]
+    with_head = SimpleNamespace(folder=tmp_path / shipped.name)
+    # the hybrid measured below suffix where the plan rated it above: offered, not planned by default
+    assert default_drafts(with_head) == list(DEFAULT_DRAFTS) and head_draft(with_head) == HEAD_DRAFT
     assert default_drafts(SimpleNamespace(folder=tmp_path / "some-other-model")) == list(DEFAULT_DRAFTS)
+    assert head_draft(SimpleNamespace(folder=tmp_path / "some-other-model")) is None
 
 
 def test_plan_table_fits_80_columns_with_one_row_per_category_and_draft():
