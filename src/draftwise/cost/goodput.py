@@ -1,0 +1,701 @@
+"""Goodput at batch: which k each sequence should propose when N requests share every pass, and
+what that predicts for aggregate and per-request tokens/s at each concurrency N.
+
+A batched step (:mod:`draftwise.engine`) runs one target pass over every running sequence's
+rows. Sequence i, proposing k_i tokens with draft d_i, commits E_i(k_i) tokens on average and
+feeds r_i(k_i) rows (k_i + 1 for a chain that always proposes). The step costs::
+
+    T_step = T(B, R, c) + sum_i [D_i(k_i) + o(k_i)] + tau * sum_i E_i(k_i),   R = sum_i r_i + prefill rows
+
+where T(B, R, c) is the measured batched pass (:class:`~draftwise.cost.batch_profile.BatchProfile`),
+D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence verification
+overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
+verification run one sequence after another on the model's thread), and tau its per-token
+overhead. The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
+draft). At N = 1 this is the single-stream speedup model; as the batch fills, a proposed row
+costs about what another request's row would, so the best k falls, often to 0.
+
+**Acceptance** (:class:`Outcome`, per category, draft and k): from a plan (:func:`workload_from_plan`),
+each category's candidates give, per (draft, k), the committed tokens per step
+(``Candidate.mat``) and the rows per step, 1 + proposed / steps = 1 + (mat - 1) / acceptance (a
+lookup that finds no match proposes nothing and costs one row). These are the replayed
+per-category figures of the plan, not an i.i.d. model. Or from explicit conditional
+per-position rates (:func:`workload_from_rates`): E = 1 + sum_i prod_{j<=i} a_j, k + 1 rows.
+
+**Choosing the k's** (:func:`choose_ks`): the objective is the goodput of the step's decoding
+part (a prompt chunk in the same pass costs the same whatever the k's, so it is priced out:
+counted against the step's tokens it would make every proposal look cheap). Greedy ascent:
+start every sequence at k = 0; each round, try every sequence at every larger k its draft
+offers (jumps, so a draft whose first token does not pay but whose fourth does is still
+found), apply the single change that raises the objective most, stop when none does or the
+rows budget is spent. Each round costs
+O(B K) evaluations of the step's cost; the exhaustive :func:`best_ks_exhaustive` is the slow,
+obviously correct reference that the tests compare it with.
+
+**Predicting a concurrency N** (:func:`predict`): a deterministic simulation of the load test
+(``benchmarks/load_test.py``): N clients, each sending its requests one after the other, prompts
+and answer lengths taken in turn from the plan's prompts (client i's j-th request is prompt
+(i R + j) mod P, as the load test does). A joining request prefills ``prefill_chunk`` rows a
+step inside the batch (as the engine does), then decodes with the policy's k, committing its
+expected tokens per step (fractional), until its answer's length. Aggregate tokens/s = all
+tokens / the simulated wall time; per-request tokens/s = the mean over requests of tokens /
+(end - start). Policies: ``plain``; ``fixed`` (every sequence one draft at one k, for each draft
+and k of the plan); ``plan`` (each category's recommendation at N = 1, kept at every N: what
+``serve --draft auto`` does today); ``goodput`` (each category's draft, k chosen every step by
+:func:`choose_ks`); and ``goodput:<draft>`` (that one draft for every category).
+
+**Intervals**: the plan gives each (category, draft, k) a 95% interval on its speedup, from its
+binomial acceptance counts. With the step costs fixed a speedup is proportional to the tokens
+per step, so the tokens per step at the interval's ends are E x lo / S and E x hi / S (never
+below 1). Each policy is simulated with every category at its low end and at its high end:
+errors treated as fully correlated, so the band is conservative. Timing noise is not in it.
+
+**The crossover** N: the smallest N in the grid at which the best policy that always speculates
+(the best ``fixed`` one) is predicted below 1.0x plain batching; ``None`` ("none") when there is
+no such N. (The goodput policy can fall back to k = 0, so it is not the one that crosses; it
+is reported beside, with the mean k it chooses. It maximises each step's goodput, which is
+myopic, e.g. about a batch that is about to shrink, so it can land a little below the best
+fixed k or plain; the tests hold it within 3% of the better of the two.)
+
+>>> o = rates_outcomes([0.8], k_max=2)   # a = 0.8 at every position
+>>> [round(o[k].tokens, 2) for k in (1, 2)], [o[k].rows for k in (1, 2)]
+([1.8, 2.44], [2.0, 3.0])
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import DEFAULT_PREFILL_CHUNK
+from ..errors import ConfigError
+from .batch_profile import BatchProfile
+from .formulas import expected_committed_by_position
+from .profile import Profile
+
+NONE = "none"
+SOLO = -1  # a plan's k "auto": the k that is best for the sequence alone (solo_k), at every N
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One (category, draft, k): expected committed ``tokens`` and fed ``rows`` per step, and the
+    tokens per step at the low and high end of their interval."""
+
+    tokens: float
+    rows: float
+    low: float
+    high: float
+
+    def at(self, scenario: str) -> float:
+        return {"point": self.tokens, "low": self.low, "high": self.high}[scenario]
+
+
+PLAIN = Outcome(1.0, 1.0, 1.0, 1.0)
+
+
+@dataclass
+class Kind:
+    """A category of the workload: per draft, its :class:`Outcome` at each k (k = 0 is plain and
+    implicit); the draft the ``goodput`` policy gives it (``none``: always plain) and the plan's
+    fixed (draft, k) for it."""
+
+    name: str
+    options: dict[str, dict[int, Outcome]]
+    draft: str = NONE
+    plan: tuple[str, int] = (NONE, 0)
+
+    def outcome(self, draft: str, k: int) -> Outcome:
+        if k == 0 or draft == NONE:
+            return PLAIN
+        return self.options[draft][k]
+
+
+@dataclass
+class Workload:
+    """Categories and the requests a load sends: ``requests`` is one ``(category, prompt tokens,
+    answer tokens)`` per prompt, taken in turn by the simulated clients."""
+
+    kinds: dict[str, Kind]
+    drafts: list[str]
+    ks: list[int]
+    requests: list[tuple[str, int, int]]
+    source: str = ""
+
+    def check(self) -> None:
+        if not self.kinds or not self.requests:
+            raise ConfigError("the workload has no categories or no requests to simulate")
+        missing = {c for c, _, _ in self.requests} - set(self.kinds)
+        if missing:
+            raise ConfigError(f"the workload's requests name categories it has no acceptance for: {sorted(missing)}")
+
+
+def rates_outcomes(rates: Sequence[float], k_max: int) -> dict[int, Outcome]:
+    """Outcomes for k = 1..k_max from conditional per-position rates (a chain that always proposes)."""
+    if not rates or any(not 0 <= a <= 1 for a in rates):
+        raise ConfigError(f"acceptance rates must be a non-empty list of numbers in [0, 1], not {list(rates)!r}")
+    out = {}
+    for k in range(1, k_max + 1):
+        e = expected_committed_by_position(rates, k)
+        out[k] = Outcome(e, k + 1.0, e, e)
+    return out
+
+
+def workload_from_rates(
+    rates: Mapping[str, Mapping[str, Sequence[float]]], *, k_max: int = 8,
+    requests: Sequence[tuple[str, int, int]] | None = None, prompt_tokens: int = 64, new_tokens: int = 128,
+) -> Workload:
+    """A workload from explicit rates, ``{category: {draft: [a_0, a_1, ...]}}`` (each category's
+    ``goodput`` draft: its first). ``requests`` default to one per category of ``prompt_tokens``
+    and ``new_tokens``."""
+    if not rates:
+        raise ConfigError("give acceptance rates for at least one category")
+    kinds = {}
+    drafts: list[str] = []
+    for cat, per in rates.items():
+        options = {d: rates_outcomes(r, k_max) for d, r in per.items()}
+        drafts += [d for d in options if d not in drafts]
+        first = next(iter(options), NONE)
+        kinds[cat] = Kind(cat, options, draft=first, plan=(NONE, 0))
+    reqs = list(requests) if requests is not None else [(c, prompt_tokens, new_tokens) for c in kinds]
+    return Workload(kinds, drafts, list(range(1, k_max + 1)), reqs, source="rates")
+
+
+def workload_from_plan(plan: Any) -> Workload:
+    """The plan's per-category acceptance as :class:`Outcome` s (module docstring), its prompts as
+    the requests, each category's recommendation as its ``plan`` choice and the draft of its best
+    candidate (recommended or not: the goodput policy may still pick k = 0) as its draft."""
+    kinds: dict[str, Kind] = {}
+    for cat, cands in plan.categories.items():
+        if cat == "overall":
+            continue
+        options: dict[str, dict[int, Outcome]] = {}
+        for c in cands:
+            if isinstance(c.k, bool) or not isinstance(c.k, int):
+                continue  # the adaptive candidate (k "auto") has no fixed k to batch
+            tokens = max(float(c.mat), 1.0)
+            if c.acceptance is None:  # nothing proposed in this category
+                rows = 1.0
+            elif c.acceptance > 0:
+                rows = 1.0 + (tokens - 1.0) / c.acceptance
+            else:  # proposed and never accepted: assume every step proposed k
+                rows = 1.0 + c.k
+            lo, hi = c.interval or [c.speedup, c.speedup]
+            scale = 1.0 / c.speedup if c.speedup > 0 else 0.0
+            options.setdefault(c.draft, {})[c.k] = Outcome(
+                tokens, min(rows, c.k + 1.0), max(1.0, tokens * lo * scale), max(1.0, tokens * hi * scale))
+        best = next((c.draft for c in cands if c.draft in options), NONE)
+        d, k = plan.recommended.get(cat, (NONE, 0))
+        if d == NONE or d not in options:
+            pick = (NONE, 0)
+        else:  # "auto": each sequence's own adaptive k, which sees its own costs, not the batch's
+            pick = (d, k if isinstance(k, int) and not isinstance(k, bool) else SOLO)
+        kinds[cat] = Kind(cat, options, draft=best, plan=pick)
+    requests = [(str(p["category"]), int(p["prompt_tokens"]), int(p["new_tokens"])) for p in plan.prompts
+                if p.get("category") in kinds]
+    if not requests:  # a plan without its prompts: one 128-token request per category
+        requests = [(c, 64, 128) for c in kinds]
+    ks = [k for k in plan.ks if isinstance(k, int) and not isinstance(k, bool)]
+    return Workload(kinds, list(plan.drafts), ks, requests, source=f"plan for {plan.model}")
+
+
+# -- the step's cost --------------------------------------------------------------------------
+@dataclass
+class StepCost:
+    """T_step of the module docstring, from a batch profile and (optional) an ordinary profile:
+    without it, drafts and overheads cost nothing (a test's synthetic costs)."""
+
+    batch: BatchProfile
+    profile: Profile | None = None
+    _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
+
+    def draft(self, draft: str, k: int) -> float:
+        """D(k) of ``draft`` (0 for k = 0, plain, or no profile)."""
+        if k == 0 or draft == NONE or self.profile is None:
+            return 0.0
+        key = (draft, k)
+        if key not in self._draft:
+            self._draft[key] = self.profile.draft_time(draft, k)
+        return self._draft[key]
+
+    def overhead(self, k: int, context: float) -> float:
+        """A sequence's verification overhead beyond the pass, for k proposals."""
+        if self.profile is None:
+            return 0.0
+        return self.profile.overhead(min(k + 1, self.profile.max_n), context)
+
+    @property
+    def token_overhead(self) -> float:
+        return self.profile.token_overhead if self.profile is not None else 0.0
+
+    def seconds(self, batch: int, rows: float, context: float, extra: float, tokens: float) -> float:
+        """One step: the pass, each sequence's draft and overhead (``extra``), the tokens' overhead."""
+        return self.batch.pass_time(batch, rows, context) + extra + self.token_overhead * tokens
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One sequence's options at this step: ``outcomes[k]`` for each k it may take (0 included)
+    and ``extra[k]``, its draft and overhead seconds at that k."""
+
+    outcomes: Mapping[int, Outcome]
+    extra: Mapping[int, float]
+
+
+def choose_ks(
+    choices: Sequence[Choice], cost: StepCost, *, context: float, fixed_rows: float = 0.0, fixed_batch: int = 0,
+    rows_budget: float | None = None, scenario: str = "point",
+) -> list[int]:
+    """Each sequence's k for this step, by greedy ascent (module docstring).
+
+    The objective is the goodput of the step's decoding part: its tokens over the seconds of a
+    plain decode-only step of these n sequences plus what the proposals add to the whole pass
+    (T(B, R) - T(B, R at k = 0), so a pass past its knee in rows prices each proposed row at the
+    knee), their drafts and overheads. ``fixed_rows`` and ``fixed_batch``: rows and sequences in
+    the pass that are not choosing (a prompt's chunk). Counting a chunk's seconds against the
+    step's tokens would make the step look slow and every proposal cheap against it; the chunk
+    costs the same whatever the k's. (Maximising each step's own goodput is myopic: a batch that
+    is about to shrink is not planned for; the load simulation shows what that costs against the
+    best fixed k, and ``tests/test_goodput.py`` checks it stays within a few percent.)
+    ``rows_budget``: the most rows the pass may hold
+    (default: the batch profile's largest measured rows per sequence, times the batch)."""
+    n = len(choices)
+    if not n:
+        return []
+    batch = n + fixed_batch
+    budget = rows_budget if rows_budget is not None else batch * cost.batch.rows[-1]
+    curve = cost.batch.rows_curve(batch, context)
+    tau = cost.token_overhead
+    floor = fixed_rows + sum(c.outcomes[0].rows for c in choices)
+    base = cost.batch.rows_curve(n, context)(n) - curve(floor)  # the decode-only plain pass, less the chunk
+
+    def value(rows: float, tokens: float, extra: float) -> float:
+        seconds = base + curve(rows) + extra + tau * tokens
+        return tokens / seconds
+
+    ks = [0] * n
+    tokens = sum(c.outcomes[0].at(scenario) for c in choices)
+    rows = fixed_rows + sum(c.outcomes[0].rows for c in choices)
+    extra = sum(c.extra[0] for c in choices)
+    best = value(rows, tokens, extra)
+    for _ in range(n * max(len(c.outcomes) for c in choices)):  # bounded: every round raises some k
+        move = None
+        for i, c in enumerate(choices):
+            now = c.outcomes[ks[i]]
+            for k, o in c.outcomes.items():
+                if k <= ks[i]:
+                    continue
+                r = rows - now.rows + o.rows
+                if r > budget + 1e-9:
+                    continue
+                v = value(r, tokens - now.at(scenario) + o.at(scenario), extra - c.extra[ks[i]] + c.extra[k])
+                if v > best + 1e-12 * abs(best):
+                    best, move = v, (i, k)
+        if move is None:
+            break
+        i, k = move
+        c, now, new = choices[i], choices[i].outcomes[ks[i]], choices[i].outcomes[k]
+        tokens += new.at(scenario) - now.at(scenario)
+        rows += new.rows - now.rows
+        extra += c.extra[k] - c.extra[ks[i]]
+        ks[i] = k
+    return ks
+
+
+def step_goodput(choices: Sequence[Choice], ks: Sequence[int], cost: StepCost, *, context: float,
+                 fixed_rows: float = 0.0, fixed_batch: int = 0, scenario: str = "point") -> float:
+    """The objective :func:`choose_ks` maximises, written out plainly: the step's decoding tokens
+    per second of a plain decode-only pass of its n sequences plus what the k's add to the pass,
+    their drafts, overheads and tokens' overhead."""
+    n = len(choices)
+    batch = n + fixed_batch
+    tokens = sum(c.outcomes[k].at(scenario) for c, k in zip(choices, ks))
+    rows = fixed_rows + sum(c.outcomes[k].rows for c, k in zip(choices, ks))
+    plain_rows = fixed_rows + sum(c.outcomes[0].rows for c in choices)
+    added = cost.batch.pass_time(batch, rows, context) - cost.batch.pass_time(batch, plain_rows, context)
+    seconds = (cost.batch.pass_time(n, n, context) + added + sum(c.extra[k] for c, k in zip(choices, ks))
+               + cost.token_overhead * tokens)
+    return tokens / seconds
+
+
+def best_ks_exhaustive(choices: Sequence[Choice], cost: StepCost, *, context: float, fixed_rows: float = 0.0,
+                       fixed_batch: int = 0, rows_budget: float | None = None) -> tuple[list[int], float]:
+    """Every combination of k's tried (slow; the reference :func:`choose_ks` is tested against)."""
+    budget = rows_budget if rows_budget is not None else (len(choices) + fixed_batch) * cost.batch.rows[-1]
+    best: tuple[list[int], float] = ([0] * len(choices), -1.0)
+    for combo in itertools.product(*(sorted(c.outcomes) for c in choices)):
+        if fixed_rows + sum(c.outcomes[k].rows for c, k in zip(choices, combo)) > budget + 1e-9:
+            continue
+        g = step_goodput(choices, combo, cost, context=context, fixed_rows=fixed_rows, fixed_batch=fixed_batch)
+        if g > best[1]:
+            best = (list(combo), g)
+    return best
+
+
+def choice_for(kind: Kind, draft: str, cost: StepCost, context: float, ks: Sequence[int] | None = None) -> Choice:
+    """A sequence of ``kind`` drafting with ``draft``: its outcomes at k = 0 and at each k in
+    ``ks`` (default: every k its draft has), with their seconds beyond the pass."""
+    outcomes: dict[int, Outcome] = {0: PLAIN}
+    if draft != NONE:
+        have = kind.options.get(draft, {})
+        for k in (ks if ks is not None else sorted(have)):
+            if k in have:
+                outcomes[k] = have[k]
+    extra = {k: cost.draft(draft, k) + cost.overhead(k, context) for k in outcomes}
+    return Choice(outcomes, extra)
+
+
+# -- item 4: the policy a batched server consults each step --------------------------------
+@dataclass(frozen=True)
+class SeqState:
+    """What the server knows of one decoding sequence as a step starts: its draft, its current
+    per-position acceptance estimate (:meth:`~draftwise.cost.adaptive.AdaptiveK.rates`) and
+    its context length."""
+
+    draft: str
+    rates: Sequence[float]
+    context: int
+
+
+class BatchGoodput:
+    """``--k auto`` at batch: given the batch as it is, each decoding sequence's k (0: plain).
+
+    One object per server; each step, ``choose(states, prefill_rows=...)`` returns one k per
+    state, by :func:`choose_ks` on E_i(k) = 1 + sum_{i<k} prod_{j<=i} a_j (the sequence's own
+    online rates) and the measured costs. ``last`` keeps the k's it chose (for ``/metrics``).
+
+    >>> # see tests/test_goodput.py: with a pass that grows steeply in rows, k falls to 0 at batch
+    """
+
+    def __init__(self, batch: BatchProfile, profile: Profile | None = None, *, k_max: int = 8,
+                 rows_budget: float | None = None) -> None:
+        if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
+            raise ConfigError(f"k_max={k_max!r} must be an integer >= 1")
+        top = batch.rows[-1] - 1
+        if profile is not None:
+            top = min(top, profile.max_n - 1)
+        self.k_max = min(k_max, top)
+        self.cost = StepCost(batch, profile)
+        self.rows_budget = rows_budget
+        self.last: list[int] = []
+
+    def choose(self, states: Sequence[SeqState], *, prefill_rows: int = 0, prefilling: int = 0) -> list[int]:
+        """One k per state; ``prefill_rows`` rows of ``prefilling`` other sequences (prompt chunks)
+        share the pass."""
+        if not states:
+            self.last = []
+            return []
+        if len(states) + prefilling > self.cost.batch.max_batch:
+            raise ConfigError(f"{len(states) + prefilling} sequences: the batch profile covers up to "
+                              f"{self.cost.batch.max_batch}; measure it with larger batches")
+        context = sum(s.context for s in states) / len(states)
+        choices = []
+        for s in states:
+            outcomes = {0: PLAIN}
+            if s.draft != NONE and s.rates:
+                outcomes.update(rates_outcomes(s.rates, self.k_max))
+            extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
+            choices.append(Choice(outcomes, extra))
+        self.last = choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
+                              fixed_batch=prefilling, rows_budget=self.rows_budget)
+        return list(self.last)
+
+
+class BatchKCoordinator:
+    """The server side of ``--k auto`` at batch: one per engine, handing each request a
+    :class:`BatchSlotPolicy` (the decode loop's :class:`~draftwise.kpolicy.KPolicy`).
+
+    The engine resumes its generations one after another before each pass, and each asks its
+    policy for k. The first to ask in a new step (``epoch()`` changed: the engine's pass count)
+    has the k's of every sequence that asked in the step before chosen together by
+    :class:`BatchGoodput`, from their own acceptance estimates and last context lengths; a
+    sequence that was not among them (it just finished its prompt) has them chosen again with it.
+    A sequence that did not ask in the last step (it ended, or is prefilling) drops out.
+    ``prefill()`` -> (rows, sequences) of prompt chunks in the coming pass, when the server knows.
+    """
+
+    def __init__(self, goodput: BatchGoodput, *, epoch: Callable[[], int],
+                 prefill: Callable[[], tuple[int, int]] | None = None) -> None:
+        self.goodput = goodput
+        self.epoch = epoch
+        self.prefill = prefill or (lambda: (0, 0))
+        self._members: dict[int, tuple[BatchSlotPolicy, int]] = {}  # id -> (policy, last epoch it asked)
+        self._ks: dict[int, int] = {}
+        self._epoch: int | None = None
+
+    def policy(self, adaptive: Any, draft: str) -> BatchSlotPolicy:
+        """A request's policy: ``adaptive`` (its :class:`~draftwise.cost.adaptive.AdaptiveK`)
+        keeps its acceptance estimate, shadow proposals and tree trimming."""
+        return BatchSlotPolicy(self, adaptive, draft)
+
+    def k_for(self, member: BatchSlotPolicy) -> int:
+        now = self.epoch()
+        if now != self._epoch:
+            self._members = {i: (m, e) for i, (m, e) in self._members.items() if e >= (self._epoch or 0)}
+            self._epoch, self._ks = now, {}
+        self._members[id(member)] = (member, now)
+        if id(member) not in self._ks:
+            live = [m for m, _ in self._members.values()]
+            rows, seqs = self.prefill()
+            ks = self.goodput.choose([m.state() for m in live], prefill_rows=rows, prefilling=seqs)
+            self._ks = {id(m): k for m, k in zip(live, ks)}
+        return self._ks[id(member)]
+
+
+class BatchSlotPolicy:
+    """One request's k policy under a :class:`BatchKCoordinator` (the KPolicy protocol): k from
+    the batch's goodput, everything else from its own adaptive policy."""
+
+    def __init__(self, coordinator: BatchKCoordinator, adaptive: Any, draft: str) -> None:
+        self.coordinator, self.adaptive, self.draft = coordinator, adaptive, draft
+        self.k_max = adaptive.k_max
+        self.shadow = adaptive.shadow
+        self.context = 0
+
+    def state(self) -> SeqState:
+        return SeqState(self.draft, self.adaptive.rates(), self.context)
+
+    def choose(self, context_len: int) -> int:
+        self.context = context_len
+        if self.adaptive.trees:  # a scored tree is trimmed by its own policy once proposed
+            return self.adaptive.choose(context_len)
+        return min(self.coordinator.k_for(self), self.k_max)
+
+    def trim(self, draft: Any, context_len: int) -> Any:
+        return self.adaptive.trim(draft, context_len)
+
+    def observe(self, positions: int, accepted: int) -> None:
+        self.adaptive.observe(positions, accepted)
+
+    def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
+        self.adaptive.observe_shadow(proposal, committed)
+
+
+# -- predicting a concurrency ---------------------------------------------------------------
+Policy = tuple[str, str, int]  # (kind: plain | fixed | plan | goodput, draft, k)
+
+
+def policies(workload: Workload) -> dict[str, Policy]:
+    """Every policy :func:`predict` compares, by name (module docstring)."""
+    out: dict[str, Policy] = {"plain": ("plain", NONE, 0), "plan": ("plan", NONE, 0), "goodput": ("goodput", NONE, 0)}
+    for d in workload.drafts:
+        out[f"goodput:{d}"] = ("goodput", d, 0)
+        for k in workload.ks:
+            if any(k in kind.options.get(d, {}) for kind in workload.kinds.values()):
+                out[f"{d} k={k}"] = ("fixed", d, k)
+    return out
+
+
+@dataclass
+class _Req:
+    kind: Kind
+    prompt: int
+    answer: int
+    start: float
+    prefill_left: int
+    made: float = 0.0
+
+
+@dataclass
+class Prediction:
+    """One policy at one N: aggregate and per-request tokens/s, the mean k its decoding
+    sequences proposed and the share of their steps that speculated."""
+
+    aggregate: float
+    per_request: float
+    mean_k: float
+    speculating: float
+    steps: int
+    seconds: float
+
+
+def simulate(
+    workload: Workload, cost: StepCost, n: int, policy: Policy, *, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, scenario: str = "point",
+) -> Prediction:
+    """N closed-loop clients served by the batched engine, under ``policy`` (module docstring)."""
+    workload.check()
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"concurrency {n!r} must be an integer >= 1")
+    reqs = workload.requests
+    queues = [[reqs[(i * requests_per_client + j) % len(reqs)] for j in range(requests_per_client)]
+              for i in range(n)]
+    kind_of, draft_fixed, k_fixed = policy
+    t, steps, tokens_total = 0.0, 0, 0.0
+    k_sum = k_steps = spec_steps = 0
+    rates: list[float] = []
+    active: list[_Req | None] = [None] * n
+    cache: dict[Any, list[int]] = {}
+
+    def start(i: int) -> None:
+        if queues[i]:
+            cat, p, a = queues[i].pop(0)
+            a = min(a, max_new_tokens) if max_new_tokens else a
+            active[i] = _Req(workload.kinds[cat], max(p, 1), max(a, 1), t, max(p, 1))
+
+    for i in range(n):
+        start(i)
+    limit = 10_000_000
+    while any(r is not None for r in active):
+        live = [(i, r) for i, r in enumerate(active) if r is not None]
+        pre = [(i, r) for i, r in live if r.prefill_left > 0]
+        dec = [(i, r) for i, r in live if r.prefill_left == 0]
+        pre_rows = sum(min(prefill_chunk, r.prefill_left) for _, r in pre)
+        context = sum(r.prompt + r.made for _, r in live) / len(live)
+        drafts = [_draft_for(policy, r.kind) for _, r in dec]
+        if kind_of == "goodput":
+            key = (tuple(sorted((r.kind.name, d) for (_, r), d in zip(dec, drafts))), pre_rows, len(pre),
+                   round(context / 64))
+            order = sorted(range(len(dec)), key=lambda x: (dec[x][1].kind.name, drafts[x]))
+            if key not in cache:
+                choices = [choice_for(dec[x][1].kind, drafts[x], cost, context) for x in order]
+                cache[key] = choose_ks(choices, cost, context=context, fixed_rows=pre_rows, fixed_batch=len(pre),
+                                       scenario=scenario)
+            ks = [0] * len(dec)
+            for pos, x in enumerate(order):
+                ks[x] = cache[key][pos]
+        elif kind_of == "fixed":
+            ks = [k_fixed if k_fixed in r.kind.options.get(draft_fixed, {}) else 0 for _, r in dec]
+        elif kind_of == "plan":
+            ks = []
+            for _, r in dec:
+                k = r.kind.plan[1]
+                if k == SOLO:
+                    key = (r.kind.name, round(context / 64))
+                    if key not in cache:
+                        cache[key] = [solo_k(r.kind, r.kind.plan[0], cost, context)]
+                    k = cache[key][0]
+                ks.append(k)
+        else:
+            ks = [0] * len(dec)
+        outs = [r.kind.outcome(d, k) for (_, r), d, k in zip(dec, drafts, ks)]
+        rows = pre_rows + sum(o.rows for o in outs)
+        extra = sum(cost.draft(d, k) + cost.overhead(k, r.prompt + r.made) for (_, r), d, k in zip(dec, drafts, ks))
+        made = [min(o.at(scenario), r.answer - r.made) for (_, r), o in zip(dec, outs)]
+        dt = cost.seconds(len(live), rows, context, extra, sum(made))
+        t += dt
+        steps += 1
+        k_sum += sum(ks)
+        k_steps += len(ks)
+        spec_steps += sum(1 for k in ks if k)
+        for (i, r), m in zip(dec, made):
+            r.made += m
+        for _, r in pre:
+            r.prefill_left -= min(prefill_chunk, r.prefill_left)
+            if r.prefill_left == 0:
+                r.made += 1  # the prompt's last chunk gives the first token
+        for i, r in live:
+            if r.made >= r.answer - 1e-9:
+                tokens_total += r.answer
+                rates.append(r.answer / (t - r.start))
+                active[i] = None
+                start(i)
+        if steps > limit:  # pragma: no cover - a bug, not a workload
+            raise ConfigError("the load simulation did not finish")
+    return Prediction(
+        aggregate=tokens_total / t, per_request=sum(rates) / len(rates), mean_k=k_sum / max(k_steps, 1),
+        speculating=spec_steps / max(k_steps, 1), steps=steps, seconds=t,
+    )
+
+
+def solo_k(kind: Kind, draft: str, cost: StepCost, context: float) -> int:
+    """The k (0 included) with the most tokens/s for a sequence of ``kind`` alone in the pass:
+    what a per-sequence adaptive k (:class:`~draftwise.cost.adaptive.AdaptiveK`) aims at, since
+    it prices its steps with the single-stream profile whatever the batch."""
+    choice = choice_for(kind, draft, cost, context)
+    return max(choice.outcomes, key=lambda k: step_goodput([choice], [k], cost, context=context))
+
+
+def _draft_for(policy: Policy, kind: Kind) -> str:
+    kind_of, draft, _ = policy
+    if kind_of == "fixed" or (kind_of == "goodput" and draft != NONE):
+        return draft
+    if kind_of == "goodput":
+        return kind.draft
+    if kind_of == "plan":
+        return kind.plan[0]
+    return NONE
+
+
+def predict(
+    workload: Workload, cost: StepCost, concurrency: Sequence[int], *, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    names: Sequence[str] | None = None, progress: Callable[[str, float], None] | None = None,
+) -> dict[str, Any]:
+    """Every policy (or those ``names``) at every N: aggregate and per-request tokens/s with
+    intervals, the ratio to plain batching, the best policy and the crossover (module docstring).
+    JSON-able."""
+    table = policies(workload)
+    if names is not None:
+        unknown = set(names) - set(table)
+        if unknown:
+            raise ConfigError(f"unknown policies {sorted(unknown)}; known: {', '.join(table)}")
+        table = {"plain": table["plain"], **{k: table[k] for k in names}}
+    for n in concurrency:
+        if n > cost.batch.max_batch:
+            raise ConfigError(f"concurrency {n}: the batch profile covers batches up to {cost.batch.max_batch}; "
+                              f"measure it with batches up to {n}")
+    rows: list[dict[str, Any]] = []
+    total = len(concurrency) * len(table)
+    for ni, n in enumerate(concurrency):
+        per: dict[str, Any] = {}
+        for pi, (name, pol) in enumerate(table.items()):
+            if progress:
+                progress(f"N={n}: {name}", (ni * len(table) + pi) / total)
+            kw = dict(requests_per_client=requests_per_client, max_new_tokens=max_new_tokens,
+                      prefill_chunk=prefill_chunk)
+            point = simulate(workload, cost, n, pol, **kw)
+            if pol[0] == "plain":
+                lo = hi = point
+            else:
+                lo = simulate(workload, cost, n, pol, scenario="low", **kw)
+                hi = simulate(workload, cost, n, pol, scenario="high", **kw)
+            per[name] = {
+                "aggregate_tps": point.aggregate,
+                "aggregate_interval": [min(lo.aggregate, point.aggregate), max(hi.aggregate, point.aggregate)],
+                "per_request_tps": point.per_request,
+                "per_request_interval": [min(lo.per_request, point.per_request),
+                                         max(hi.per_request, point.per_request)],
+                "mean_k": point.mean_k, "speculating": point.speculating,
+            }
+        plain = per["plain"]["aggregate_tps"]
+        for p in per.values():
+            p["vs_plain"] = p["aggregate_tps"] / plain
+            p["vs_plain_interval"] = [x / plain for x in p["aggregate_interval"]]
+        fixed = [name for name in per if table[name][0] == "fixed"]
+        best_fixed = max(fixed, key=lambda x: per[x]["aggregate_tps"]) if fixed else None
+        rows.append({
+            "n": n, "policies": per, "best": max(per, key=lambda x: per[x]["aggregate_tps"]),
+            "best_fixed": best_fixed,
+            "best_fixed_per_draft": {d: _best_k(per, table, d) for d in workload.drafts},
+        })
+    return {"concurrency": list(concurrency), "rows": rows, "crossover": crossover(rows),
+            "policies": {name: list(p) for name, p in table.items()}, "source": workload.source,
+            "requests_per_client": requests_per_client, "max_new_tokens": max_new_tokens,
+            "prefill_chunk": prefill_chunk}
+
+
+def _best_k(per: dict[str, Any], table: dict[str, Policy], draft: str) -> int:
+    """The fixed k of ``draft`` with the most aggregate tokens/s at this N, or 0 where plain beats all."""
+    best, best_tps = 0, per["plain"]["aggregate_tps"]
+    for name, (kind_of, d, k) in table.items():
+        if kind_of == "fixed" and d == draft and per[name]["aggregate_tps"] > best_tps:
+            best, best_tps = k, per[name]["aggregate_tps"]
+    return best
+
+
+def crossover(rows: Sequence[Mapping[str, Any]]) -> int | None:
+    """The smallest N whose best always-speculating (``fixed``) policy is below 1.0x plain; None if none.
+
+    >>> crossover([{"n": 1, "best_fixed": "a", "policies": {"a": {"vs_plain": 1.4}}},
+    ...            {"n": 4, "best_fixed": "a", "policies": {"a": {"vs_plain": 0.9}}}])
+    4
+    """
+    for row in rows:
+        name = row.get("best_fixed")
+        if name is not None and row["policies"][name]["vs_plain"] < 1.0:
+            return int(row["n"])
+    return None
+
