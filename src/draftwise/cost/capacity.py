@@ -1,0 +1,445 @@
+"""``draftwise plan --concurrency 1,2,4,8,16``: does speculation still pay at N concurrent requests?
+
+For each N in the grid, from a plan (per-category acceptance), the machine's batch profile
+(:mod:`.batch_profile`) and its ordinary profile (draft costs, overheads), the goodput model
+(:mod:`.goodput`) predicts aggregate and per-request tokens/s of plain batching, of every
+fixed (draft, k), of the plan's per-category picks and of the goodput policy, with intervals;
+the crossover N above which speculation stops paying; a plot of throughput against N; and the
+per-batch-size k tables serving engines take (:func:`export_batch_schedule`).
+
+``--validate`` measures each N for real with ``benchmarks/goodput_validate.py`` (one server at
+a time, greedy, prompts the plan did not see; a source checkout's script, since ``benchmarks/``
+is not shipped in the package) and :func:`compare_measured` scores each prediction.
+
+Example::
+
+    from draftwise import load_model
+    from draftwise.cost.capacity import concurrency_plan, render_concurrency_markdown
+    result = concurrency_plan(model, plan, batch_profile, profile, concurrency=[1, 2, 4, 8, 16])
+    print(render_concurrency_markdown(result))
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..drafters.spec import DraftSpec
+from ..engine import DEFAULT_SERVE_CONTEXT, check_batch
+from ..errors import ConfigError
+from ..fsutil import write_json_atomic, write_text_atomic
+from ..plots import pyplot, save_figure
+from .batch_profile import BatchProfile, default_batch_profile_path, measure_batch_profile, save_batch_profile
+from .export import ENGINES, export_dict
+from .goodput import NONE, StepCost, predict, workload_from_plan
+from .profile import Profile
+
+SCHEMA = "draftwise.concurrency/1"
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+SCHEDULE_ENGINES = ("vllm", "tensorrt-llm", "sglang")
+
+
+def parse_concurrency(text: str | Sequence[int]) -> list[int]:
+    """``"1,2,4,8,16"`` -> ``[1, 2, 4, 8, 16]`` (sorted); one clear line for 0, a negative, a
+    duplicate or something that is not a whole number.
+
+    >>> parse_concurrency("4, 1,16")
+    [1, 4, 16]
+    """
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    if not parts or parts == [""]:
+        raise ConfigError("--concurrency needs at least one number of concurrent requests, e.g. 1,2,4,8,16")
+    values = []
+    for p in parts:
+        try:
+            if isinstance(p, bool):
+                raise TypeError
+            n = int(p)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--concurrency {p!r} is not a whole number; give e.g. 1,2,4,8,16") from None
+        if isinstance(p, float) and p != n:
+            raise ConfigError(f"--concurrency {p!r} is not a whole number; give e.g. 1,2,4,8,16")
+        if n < 1:
+            raise ConfigError(f"--concurrency {n}: the number of concurrent requests must be >= 1")
+        values.append(n)
+    dupes = sorted({n for n in values if values.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"--concurrency lists {', '.join(map(str, dupes))} more than once; give each N once")
+    return sorted(values)
+
+
+def check_fits(model: Any, concurrency: Sequence[int], context: int | None = None) -> None:
+    """One line for the first N whose batch's KV cache will not fit in memory (at ``context``
+    positions a sequence, the server's default when None)."""
+    ctx = min(context or DEFAULT_SERVE_CONTEXT, model.runtime.max_context)
+    for n in concurrency:
+        try:
+            check_batch(model, n, ctx)
+        except ConfigError as exc:
+            raise ConfigError(f"--concurrency {n}: {exc}") from None
+
+
+def concurrency_plan(
+    model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile,
+    concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, context: int | None = None,
+    progress: Callable[[str, float], None] | None = None,
+) -> dict[str, Any]:
+    """Predictions at each N (JSON-able; :func:`draftwise.cost.goodput.predict`), after checking
+    that the plan, both profiles and ``model`` belong together and that each N fits in memory."""
+    concurrency = parse_concurrency(concurrency)
+    batch_profile.check_model(model)
+    profile.check_model(model)
+    if plan.fingerprint != batch_profile.fingerprint:
+        raise ConfigError(f"the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}), the batch "
+                          f"profile on {batch_profile.model!r} ({batch_profile.fingerprint}); use one model for both")
+    check_fits(model, concurrency, context)
+    workload = workload_from_plan(plan)
+    result = predict(workload, StepCost(batch_profile, profile), concurrency,
+                     requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress)
+    result.update(
+        schema=SCHEMA, model=plan.model, dtype=batch_profile.dtype, date=time.strftime("%Y-%m-%d %H:%M"),
+        plan_date=plan.config.get("date", ""), batch_profile_created=batch_profile.created,
+        profile_created=profile.created,
+        linear_fit={str(c): v for c, v in batch_profile.linear_fit().items()},
+        validation=None,
+    )
+    return result
+
+
+# -- text and plot ------------------------------------------------------------------------------
+def _iv(x: Sequence[float]) -> str:
+    return f"[{x[0]:.2f}-{x[1]:.2f}]"
+
+
+def render_concurrency_markdown(result: Mapping[str, Any]) -> str:
+    """The predictions as Markdown: one row per N, the crossover, where T stays linear in rows."""
+    lines = [
+        f"# Speculation at N concurrent requests: {result.get('model', '')}", "",
+        f"Predicted for {result['requests_per_client']} requests per client, one after the other (as "
+        "`benchmarks/load_test.py` sends them), on the plan's prompts; tokens/s of the whole server "
+        "(aggregate) and of one request; [95% interval from the plan's acceptance intervals, errors "
+        "treated as correlated; timing noise not included].", "",
+        "| N | plain tok/s | best policy | its tok/s | x plain | per-request tok/s (plain -> best) | "
+        "goodput x plain | goodput mean k | best fixed k | x plain |",
+        "|---:|---:|---|---:|---:|---|---:|---:|---|---:|",
+    ]
+    for row in result["rows"]:
+        p = row["policies"]
+        plain, best = p["plain"], p[row["best"]]
+        gp = p.get("goodput")
+        fixed = p.get(row["best_fixed"]) if row.get("best_fixed") else None
+        lines.append(
+            f"| {row['n']} | {plain['aggregate_tps']:.1f} | {row['best']} | {best['aggregate_tps']:.1f} "
+            f"{_iv(best['aggregate_interval'])} | {best['vs_plain']:.2f}x | {plain['per_request_tps']:.1f} -> "
+            f"{best['per_request_tps']:.1f} | "
+            + (f"{gp['vs_plain']:.2f}x {_iv(gp['vs_plain_interval'])} | {gp['mean_k']:.2f} | " if gp else "- | - | ")
+            + (f"{row['best_fixed']} | {fixed['vs_plain']:.2f}x {_iv(fixed['vs_plain_interval'])} |" if fixed
+               else "- | - |")
+        )
+    cross = result.get("crossover")
+    lines += ["", "Crossover: " + (
+        f"**N = {cross}** is the smallest N in the grid where the best fixed speculation is predicted "
+        "below plain batching." if cross is not None else
+        "**none**: at every N in the grid some fixed speculation is predicted at or above plain batching.")]
+    fits = result.get("linear_fit") or {}
+    if fits:
+        lines += ["", "The batched pass against a straight line in total rows (within 10%):", ""]
+        for c, f in fits.items():
+            end = ("holds over the whole grid" if f["breaks_at_rows"] is None
+                   else f"holds to {f['holds_to_rows']} rows, breaks at {f['breaks_at_rows']}")
+            lines.append(f"- context {c}: T = {f['intercept_s'] * 1000:.2f} ms + {f['per_row_s'] * 1000:.3f} ms "
+                         f"x rows; {end} (worst miss over the grid {f['max_error'] * 100:.0f}%).")
+    if result.get("validation"):
+        lines += ["", render_validation_markdown(result["validation"])]
+    return "\n".join(lines) + "\n"
+
+
+def plot_concurrency(result: Mapping[str, Any], path: str | Path) -> Path:
+    """Aggregate tokens/s against N: plain, each draft's best fixed k and its goodput policy,
+    and the goodput policy over all categories (its interval shaded)."""
+    plt = pyplot()
+    ns = [row["n"] for row in result["rows"]]
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+
+    def series(name: str) -> list[float]:
+        return [row["policies"][name]["aggregate_tps"] for row in result["rows"]]
+
+    ax.plot(ns, series("plain"), "o-", color="#777777", label="plain batching")
+    colours = ["#2a7ab9", "#d95f02", "#1b9e77", "#7570b3", "#e7298a"]
+    drafts = list(result["rows"][0]["best_fixed_per_draft"])
+    for d, colour in zip(drafts, colours * 4):
+        best = []
+        for row in result["rows"]:
+            fixed = [v["aggregate_tps"] for name, v in row["policies"].items()
+                     if result["policies"][name][0] == "fixed" and result["policies"][name][1] == d]
+            best.append(max(fixed) if fixed else float("nan"))
+        ax.plot(ns, best, "s-", color=colour, label=f"{d}, best fixed k")
+        if f"goodput:{d}" in result["policies"]:
+            ax.plot(ns, series(f"goodput:{d}"), "^--", color=colour, label=f"{d}, goodput k")
+    if "goodput" in result["policies"]:
+        ax.plot(ns, series("goodput"), "D-", color="black", label="goodput policy")
+        lo = [row["policies"]["goodput"]["aggregate_interval"][0] for row in result["rows"]]
+        hi = [row["policies"]["goodput"]["aggregate_interval"][1] for row in result["rows"]]
+        ax.fill_between(ns, lo, hi, color="black", alpha=0.1)
+    measured = (result.get("validation") or {}).get("rows") or []
+    if measured:
+        ax.plot([m["n"] for m in measured], [m["measured_tps"] for m in measured], "x", color="red",
+                markersize=9, label="measured")
+    if result.get("crossover") is not None:
+        ax.axvline(result["crossover"], color="#bbbbbb", linestyle=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ns, [str(n) for n in ns])
+    ax.set_xlabel("concurrent requests N")
+    ax.set_ylabel("aggregate tokens/s (predicted)")
+    ax.set_title(f"{result.get('model', '')}: throughput against concurrency")
+    ax.legend(fontsize=7)
+    return save_figure(fig, path)
+
+
+# -- engines' per-batch-size tables ---------------------------------------------------------
+def _ranges(ns: Sequence[int], ks: Sequence[int]) -> list[list[int]]:
+    """``[[first batch, last batch, k], ...]``: grid point N_i covers batches N_{i-1} + 1 .. N_i
+    (the k measured at the range's largest batch: k falls with N, so this never over-speculates
+    between grid points); equal neighbours merge.
+
+    >>> _ranges([1, 2, 4, 8], [4, 4, 2, 0])
+    [[1, 2, 4], [3, 4, 2], [5, 8, 0]]
+    """
+    out: list[list[int]] = []
+    lo = 1
+    for n, k in zip(ns, ks):
+        if out and out[-1][2] == k:
+            out[-1][1] = n
+        else:
+            out.append([lo, n, k])
+        lo = n + 1
+    return out
+
+
+def export_batch_schedule(result: Mapping[str, Any], engine: str, *, draft: str | None = None,
+                          model: str | None = None) -> dict[str, Any]:
+    """The per-batch-size k table of ``draft`` (default: the draft of the best fixed policy at the
+    smallest N) for a serving engine, from each N's best fixed k of that draft (0 where plain
+    batching wins: vLLM and TensorRT-LLM apply one k to the whole batch).
+
+    - ``vllm``: ``--speculative-config`` with ``num_speculative_tokens`` (the largest k) and
+      ``num_speculative_tokens_per_batch_size``, inclusive ``[first, last, k]`` batch-size ranges
+      (vLLM's ``SpeculativeConfig`` field of that name).
+    - ``tensorrt-llm``: ``draft_len_schedule`` on the LLM API's speculative config, ``{largest
+      batch: draft length}``; batches above the last key run without speculation (TensorRT-LLM
+      PR #10860), with ``max_draft_len`` the largest k.
+    - ``sglang``: none; SGLang documents no per-batch-size draft length (a batch-size threshold
+      for n-gram speculation, sgl-project/sglang PR #13376, was closed unmerged). The note says so.
+
+    Returns ``{"engine", "draft", "schedule": [[lo, hi, k], ...], "options", "text", "note"}``."""
+    eng = engine.strip().lower()
+    if eng not in SCHEDULE_ENGINES:
+        raise ConfigError(f"unknown engine {engine!r} for a per-batch-size table; use one of {', '.join(SCHEDULE_ENGINES)}")
+    rows = result["rows"]
+    if draft is None:
+        first = rows[0]
+        draft = result["policies"][first["best_fixed"]][1] if first.get("best_fixed") else NONE
+    draft = str(DraftSpec.parse(draft))
+    if draft == NONE or draft not in rows[0]["best_fixed_per_draft"]:
+        raise ConfigError(f"no fixed-k predictions for draft {draft!r}; the plan has {list(rows[0]['best_fixed_per_draft'])}")
+    ns = [row["n"] for row in rows]
+    ks = [row["best_fixed_per_draft"][draft] for row in rows]
+    schedule = _ranges(ns, ks)
+    top = max(ks)
+    out: dict[str, Any] = {"engine": eng, "draft": draft, "schedule": schedule, "options": {}, "text": "", "note": ""}
+    beyond = (f"batches above {ns[-1]} were not predicted" if ks[-1]
+              else f"above {ns[-1]}, speculation was already off at {ns[-1]}")
+    if top == 0:
+        out["note"] = "draftwise predicts that speculation does not pay at any N in the grid: serve without it"
+        out["text"] = f"# {out['note']}"
+        return out
+    if eng == "vllm":
+        base = export_dict(draft, top, "vllm", model=model)
+        if not base["supported"]:
+            out["note"] = base["note"]
+            out["text"] = f"# {base['note']}"
+            return out
+        cfg = dict(base["options"])
+        cfg["num_speculative_tokens"] = top
+        cfg["num_speculative_tokens_per_batch_size"] = schedule
+        out["options"] = cfg
+        out["note"] = f"inclusive batch-size ranges [first, last, k]; {beyond}"
+        cmd = f"vllm serve {model} " if model else ""
+        out["text"] = f"# {out['note']}\n{cmd}--speculative-config '{json.dumps(cfg)}'"
+    elif eng == "tensorrt-llm":
+        table = {hi: k for _, hi, k in schedule if k}
+        spec = DraftSpec.parse(draft)
+        if spec.kind == "lookup":
+            cls = "NGramDecodingConfig"
+            args = f"max_draft_len={top}, max_matching_ngram_size={spec.max_ngram}"
+        elif spec.kind == "model":
+            cls = "DraftTargetDecodingConfig"
+            args = f"max_draft_len={top}, speculative_model={spec.source!r}"
+        else:
+            out["note"] = f"TensorRT-LLM has no {spec.kind} draft; closest: an EAGLE-3 head or n-gram lookup"
+            out["text"] = f"# {out['note']}"
+            out["options"] = {"draft_len_schedule": table, "max_draft_len": top}
+            return out
+        out["options"] = {"config": cls, "max_draft_len": top, "draft_len_schedule": table}
+        out["note"] = ("draft_len_schedule maps the largest batch size of each range to its draft length; larger "
+                       "batches run without speculation; check that your TensorRT-LLM version supports it for "
+                       f"this method; {beyond}")
+        out["text"] = (f"# {out['note']}\nfrom tensorrt_llm.llmapi import {cls}\n"
+                       f"speculative_config = {cls}({args}, draft_len_schedule={table})")
+    else:
+        out["note"] = ("SGLang has no per-batch-size draft length (none documented; the n-gram batch-size "
+                       "threshold of PR #13376 was closed unmerged); serve with the k of your usual batch size: "
+                       + ", ".join(f"batches {lo}-{hi}: k={k}" for lo, hi, k in schedule))
+        out["text"] = f"# {out['note']}"
+    return out
+
+
+# -- validation -----------------------------------------------------------------------------------
+def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[str, float]],
+                     policy: str = "plan") -> dict[str, Any]:
+    """Score predictions against a load test: ``measured[N]`` holds ``plain`` and ``auto``
+    aggregate tokens/s (``auto``: the server's speculation, predicted by ``policy``). Per N and
+    phase the relative error; their median and max; the measured crossover (the smallest N where
+    ``auto`` measures below plain) against the predicted one."""
+    by_n = {row["n"]: row for row in result["rows"]}
+    if policy not in result["policies"]:
+        raise ConfigError(f"unknown policy {policy!r}; the prediction has {', '.join(result['policies'])}")
+    rows, errors = [], []
+    for n in sorted(measured):
+        if n not in by_n:
+            raise ConfigError(f"N={n} was measured but not predicted (predicted: {sorted(by_n)})")
+        for phase, name in (("plain", "plain"), ("auto", policy)):
+            if phase not in measured[n]:
+                continue
+            pred = by_n[n]["policies"][name]
+            got = float(measured[n][phase])
+            err = pred["aggregate_tps"] / got - 1 if got > 0 else float("inf")
+            lo, hi = pred["aggregate_interval"]
+            rows.append({"n": n, "phase": phase, "policy": name, "predicted_tps": pred["aggregate_tps"],
+                         "interval": [lo, hi], "measured_tps": got, "error": err, "inside": lo <= got <= hi})
+            errors.append(abs(err))
+    speculative = [n for n in sorted(measured) if "auto" in measured[n] and "plain" in measured[n]]
+    measured_cross = next((n for n in speculative if measured[n]["auto"] < measured[n]["plain"]), None)
+    grid = list(result["concurrency"])
+    pred_cross = result.get("crossover")
+
+    def step(n: int | None) -> int:
+        return len(grid) if n is None else grid.index(n)
+
+    return {
+        "policy": policy, "rows": rows,
+        "median_error": statistics.median(errors) if errors else None,
+        "max_error": max(errors) if errors else None,
+        "measured_crossover": measured_cross, "predicted_crossover": pred_cross,
+        "crossover_within_one_step": abs(step(measured_cross) - step(pred_cross)) <= 1,
+        "goals": {"median_within_10pct": bool(errors) and statistics.median(errors) <= 0.10,
+                  "max_within_20pct": bool(errors) and max(errors) <= 0.20},
+    }
+
+
+def render_validation_markdown(validation: Mapping[str, Any]) -> str:
+    lines = [f"## Measured (load test, one server per N; the speculative phase predicted by `{validation['policy']}`)",
+             "", "| N | phase | predicted tok/s | measured tok/s | error | inside interval |",
+             "|---:|---|---:|---:|---:|---|"]
+    for r in validation["rows"]:
+        lines.append(f"| {r['n']} | {r['phase']} | {r['predicted_tps']:.1f} {_iv(r['interval'])} | "
+                     f"{r['measured_tps']:.1f} | {r['error'] * 100:+.1f}% | {'yes' if r['inside'] else 'no'} |")
+    if validation.get("median_error") is not None:
+        lines += ["", f"Median |error| {validation['median_error'] * 100:.1f}% (goal <= 10%), max "
+                  f"{validation['max_error'] * 100:.1f}% (goal <= 20%). Crossover: measured "
+                  f"{validation['measured_crossover'] or 'none'}, predicted {validation['predicted_crossover'] or 'none'}"
+                  f" ({'within' if validation['crossover_within_one_step'] else 'not within'} one grid step)."]
+    return "\n".join(lines)
+
+
+def validation_script() -> Path:
+    """``benchmarks/goodput_validate.py`` of the source checkout this package runs from (or of the
+    current folder); ConfigError where there is none (an installed wheel has no benchmarks)."""
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
+        script = root / "benchmarks" / "goodput_validate.py"
+        if script.is_file():
+            return script
+    raise ConfigError("--validate runs benchmarks/goodput_validate.py, which ships with the draftwise source "
+                      "checkout, not the package; run the command from a checkout")
+
+
+def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure: bool = True,
+                          status: Callable[[str], None] | None = None, **settings: Any) -> BatchProfile:
+    """The batch profile at ``path`` (default: :func:`default_batch_profile_path`), checked
+    against ``model`` and this machine; measured (with ``settings``) and saved when missing and
+    ``measure``."""
+    path = Path(path).expanduser() if path is not None else default_batch_profile_path(model)
+    if path.is_file():
+        bp = BatchProfile.load(path)
+        bp.check_model(model)
+        return bp
+    if not measure:
+        raise ConfigError(f"no batch profile at {path}; measure one first")
+    if status is not None:
+        status(f"measuring batched passes on this machine (once; cached at {path})")
+    bp = measure_batch_profile(model, progress=False, **settings)
+    save_batch_profile(bp, path)
+    return bp
+
+
+def run_concurrency(
+    model: Any, plan: Any, concurrency: str | Sequence[int], *, out_dir: str | Path, profile: Profile,
+    batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, plan_path: str | Path | None = None, export: Sequence[str] = (),
+    status: Callable[[str], None] | None = None, validate_policy: str = "plan",
+) -> dict[str, Any]:
+    """What ``draftwise plan --concurrency`` runs: the predictions (batch profile resolved or
+    measured), ``concurrency.json``, ``concurrency.md`` and ``concurrency.png`` in ``out_dir``,
+    one ``schedule-<engine>.txt`` per ``export`` engine that has a per-batch-size table (``hf``
+    has none and is skipped), and with ``validate`` the load test at
+    each N (``plan_path``: the plan file the servers load) scored against the prediction."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    concurrency = parse_concurrency(concurrency)
+    engines = []
+    for engine in export:  # Hugging Face generate runs one request: it has no per-batch table
+        name = engine.strip().lower()
+        if name not in SCHEDULE_ENGINES and name not in ENGINES:
+            raise ConfigError(f"--export {engine!r}: use one of {', '.join(SCHEDULE_ENGINES)}")
+        if name in SCHEDULE_ENGINES:
+            engines.append(name)
+    script = validation_script() if validate else None  # fail before any work
+    if validate and plan_path is None:
+        raise ConfigError("--validate needs the plan's file (the servers load it): pass plan_path")
+    bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
+    result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
+                              max_new_tokens=max_new_tokens)
+    if script is not None:
+        measured_path = out / "measured.json"
+        cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),
+               "--concurrency", ",".join(map(str, concurrency)), "--requests", str(requests_per_client),
+               "--max-tokens", str(max_new_tokens or plan.config.get("max_new_tokens", 128)),
+               "--dtype", model.mode.split("+")[0], "--quant", model.mode.split("+")[1] if "+" in model.mode else "none",
+               "--out", str(out / "load"), "--measured", str(measured_path)]
+        if status is not None:
+            status("validating: " + " ".join(cmd))
+        done = subprocess.run(cmd, check=False)
+        if done.returncode not in (0, 1) or not measured_path.is_file():  # 1: some output differed; reported
+            raise ConfigError(f"the validation load test failed (exit {done.returncode}); see {out / 'load'}")
+        raw = json.loads(measured_path.read_text())
+        measured = {int(n): v for n, v in raw["measured"].items()}
+        result["validation"] = compare_measured(result, measured, validate_policy)
+        result["validation"]["equal"] = raw.get("equal")
+    write_json_atomic(out / "concurrency.json", result)
+    write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
+    for engine in engines:
+        sched = export_batch_schedule(result, engine, model=model.name)
+        write_text_atomic(out / f"schedule-{sched['engine']}.txt", sched["text"] + "\n")
+    try:
+        plot_concurrency(result, out / "concurrency.png")
+    except ImportError as exc:  # matplotlib missing: the tables and JSON still stand
+        if status is not None:
+            status(str(exc))
+    return result
