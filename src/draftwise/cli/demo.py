@@ -4,9 +4,8 @@ On the embedded default model and a few dev questions, one from each Spec-Bench 
 from the questions held out of the shipped draft's training), it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
-2. plans: traces the default drafts (:func:`draftwise.cost.defaults.default_drafts`: lookup,
-   suffix, and the hybrid ``suffix+eagle:default`` when an EAGLE head ships for the model),
-   predicts every k, recommends per category;
+2. plans: traces the default drafts (:func:`draftwise.cost.defaults.default_drafts`: lookup
+   and suffix), predicts every k and the adaptive k, recommends per category;
 3. benchmarks plain decoding, each draft at its best k and ``auto`` (the plan's pick per
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
 4. prints, in 80 columns: each category's pick, the break-even acceptance of each draft against
@@ -170,7 +169,7 @@ def demo(
         target = load_with_status(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
-        drafts = default_drafts(target)  # what measured best; the hybrid when a head ships
+        drafts = default_drafts(target)  # what measured best (lookup and suffix)
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)
         with progress_bar("plan") as report:

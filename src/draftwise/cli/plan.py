@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..cost.defaults import default_drafts, default_drafts_text
+from ..cost.capacity import check_fits, parse_concurrency, render_concurrency_markdown, run_concurrency
 from ..cost.export import export_config
 from ..cost.measure import measure_profile
 from ..cost.parsing import parse_ks
@@ -96,7 +97,7 @@ def validation_table(validation: dict[str, Any]) -> Table:
     noisy = validation.get("median_noise") is not None  # repeats >= 2: the measurement's own noise
     for col in ("category", "draft", "k", "predicted [95%]", "measured", "error", *(["noise"] if noisy else []),
                 "inside"):
-        table.add_column(col, justify="left" if col in ("category", "draft") else "right")
+        table.add_column(col, justify="left" if col in ("category", "draft") else "right", overflow="fold")
     for c in validation["checks"]:
         table.add_row(escape(c["category"]), escape(c["draft"]), "-" if c["k"] is None else str(c["k"]),
                       f"{c['predicted']:.2f}x{escape(interval_text(c.get('interval')))}", f"{c['measured']:.2f}x",
@@ -248,6 +249,10 @@ def plan_cmd(
     pick: PickOpt = None,
     sure: SureOpt = False,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
+    concurrency: Annotated[str | None, typer.Option(
+        "--concurrency", help="Also predict throughput at these numbers of concurrent requests, e.g. 1,2,4,8,16 "
+        "(batched passes; writes concurrency.json/.md/.png in --out; with --validate, load-tests a server at each)."
+    )] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
@@ -256,6 +261,9 @@ def plan_cmd(
         specs = parse_drafts(drafts, "--drafts") if drafts is not None else None
         k_list = _parse_ks(ks)
         out_dir = _check_options(temperature, out_dir)
+        ns = parse_concurrency(concurrency) if concurrency is not None else None
+        if ns is not None and out_dir is None:
+            raise ConfigError("--concurrency writes concurrency.json, .md and .png: give --out DIR")
         given_samples, samples = samples, DEFAULT_SAMPLES if samples is None else samples
         check_samples(samples, SamplingConfig(temperature=temperature))
         if given_samples is not None and samples > 1 and temperature == 0:
@@ -283,8 +291,20 @@ def plan_cmd(
         if validate:
             _validate(target, plan, questions, validate_repeats, validate_seeds)
         written = _write_plan(plan, out_dir) if out_dir is not None else []
+        capacity = None
+        if ns is not None and out_dir is not None:
+            check_fits(target, ns)
+            capacity = run_concurrency(
+                target, plan, ns, out_dir=out_dir, profile=profile, validate=validate,
+                plan_path=out_dir / "plan.json", max_new_tokens=max_new_tokens,
+                export=[export.value] if export is not None else [],
+                status=lambda line: err.print(line, highlight=False, markup=False),
+            )
+            written += ["concurrency.json", "concurrency.md"]
         exported = _export(plan, target, export) if export is not None else None
     if as_json:
         print(json.dumps(plan.to_dict(), indent=2))
         return
     _print_plan(plan, out_dir, written, exported)
+    if capacity is not None:
+        out.print(render_concurrency_markdown(capacity), highlight=False, markup=False)
