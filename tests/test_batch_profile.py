@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 
 from draftwise.cost import batch_profile as bpmod
-from draftwise.cost.batch_profile import (
-    BatchProfile, default_batch_profile_path, measure_batch_profile, save_batch_profile, smooth,
-)
+from draftwise.cost.batch_measure import measure_batch_profile, smooth
+from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
 from draftwise.errors import ConfigError
 from draftwise.loaders import Model
 from draftwise.runtime.native import NativeRuntime

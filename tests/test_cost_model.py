@@ -19,7 +19,7 @@ from draftwise.cost.formulas import (
     step_cost_ratio,
     tokens_per_second,
 )
-from draftwise.cost.plan import _aggregate
+from draftwise.cost.plan_pick import aggregate as _aggregate
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
 from draftwise.kpolicy import FixedK, KPolicy

@@ -14,9 +14,11 @@ from draftwise.cost import capacity, goodput
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed
 from draftwise.cost.goodput import (
-    BatchGoodput, Choice, Outcome, SeqState, StepCost, best_ks_exhaustive, choose_ks, crossover, predict,
-    rates_outcomes, simulate, step_goodput, workload_from_plan, workload_from_rates,
+    Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput, workload_from_plan,
+    workload_from_rates,
 )
+from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.cost.goodput_sim import crossover, predict, simulate, solo_k
 from draftwise.cost.plan_file import Candidate, Plan
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
@@ -202,7 +204,7 @@ def test_a_plan_s_auto_pick_runs_at_the_k_best_alone() -> None:
     # alone: tokens per second of one sequence's pass at k = 0, 1, 2 (rows 1, 1.5, 2)
     rates = [t / STEEP.pass_time(1, r, 100) for t, r in ((1.0, 1.0), (1.4, 1.5), (1.8, 2.0))]
     best = rates.index(max(rates))
-    assert goodput.solo_k(w.kinds["qa"], "lookup", cost, 100) == best
+    assert solo_k(w.kinds["qa"], "lookup", cost, 100) == best
     # the plan policy keeps that k at N = 4, where the batch would want less
     run = simulate(w, cost, 4, ("plan", "none", 0), requests_per_client=1)
     assert run.mean_k == pytest.approx(best)
@@ -351,7 +353,7 @@ class FakeAdaptive:
 
 def test_the_coordinator_chooses_for_the_batch_as_it_is() -> None:
     epoch = [0]
-    coord = goodput.BatchKCoordinator(BatchGoodput(STEEP, k_max=8), epoch=lambda: epoch[0])
+    coord = BatchKCoordinator(BatchGoodput(STEEP, k_max=8), epoch=lambda: epoch[0])
     alone = coord.policy(FakeAdaptive(0.7), "lookup")
     assert alone.choose(200) >= 2  # alone, speculation pays
     crowd = [coord.policy(FakeAdaptive(0.7), "lookup") for _ in range(15)]

@@ -144,7 +144,7 @@ def test_a_multi_turn_question_is_planned_turn_by_turn_as_bench_runs_it(tiny):
 
 
 def test_a_choice_moves_from_the_default_only_by_more_than_the_planners_own_error():
-    from draftwise.cost.plan import MARGIN, _prefer, _score
+    from draftwise.cost.plan_pick import MARGIN, prefer, score_by
     from draftwise.cost.plan_file import Candidate
 
     def cand(k, speedup, lo=None):
@@ -152,9 +152,9 @@ def test_a_choice_moves_from_the_default_only_by_more_than_the_planners_own_erro
 
     auto = cand("auto", 1.80)
     close, far = cand(7, 1.80 * (1 + MARGIN) - 0.01), cand(7, 1.80 * (1 + MARGIN) + 0.01)
-    assert _prefer([close, auto], auto, _score("point")) is auto  # the luckiest of close ones loses
-    assert _prefer([far, auto], auto, _score("point")) is far
-    assert _prefer([far, auto], None, _score("point")) is far  # no default: the top
+    assert prefer([close, auto], auto, score_by("point")) is auto  # the luckiest of close ones loses
+    assert prefer([far, auto], auto, score_by("point")) is far
+    assert prefer([far, auto], None, score_by("point")) is far  # no default: the top
     # ranked by the low end, the margin is on the low end
-    assert _prefer([cand(5, 2.5, lo=1.0), cand("auto", 1.6, lo=1.2)], cand("auto", 1.6, lo=1.2),
-                   _score("low")).k == "auto"
+    assert prefer([cand(5, 2.5, lo=1.0), cand("auto", 1.6, lo=1.2)], cand("auto", 1.6, lo=1.2),
+                   score_by("low")).k == "auto"

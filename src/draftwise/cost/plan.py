@@ -36,18 +36,17 @@ up on the prompt at its first proposal: the profile's ``draft_prefill`` (seconds
 token) times the prompt's length.
 
 "No speculation" is always a candidate: a category whose best draft does not beat plain
-decoding is told to decode plainly. Intervals: :class:`_Spread`; docs/planner.md.
+decoding is told to decode plainly. Intervals: :class:`Spread`; docs/planner.md.
 """
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
-import zlib
 from dataclasses import replace
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 
 from ..chat import encode_conversation
 from ..decode import generate
@@ -56,15 +55,13 @@ from ..drafters.spec import DraftSpec, KValue
 from ..errors import ConfigError
 from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
-from ..text import TextAssembler
-from .intervals import (
-    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws, speedup_draws, uniforms,
-)
-from .formulas import breakeven_acceptance, effective_acceptance, mean_rate_speedup
+from .intervals import percentile_interval
+from .formulas import breakeven_acceptance, effective_acceptance
 from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
+from .plan_pick import Per, Spread, aggregate, prefer, route_units, same_as, score_by, spread_note
 from .profile import Profile
 from .route import policy_for
-from .replay import Trace, answer, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
+from .replay import Trace, answer, answer_text, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
 
 # the plan's data and file live in .plan_file; they are imported from here too
 __all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "check_samples", "load_plan",
@@ -72,14 +69,6 @@ __all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_qu
 
 #: continuations per prompt with sampling (greedy decoding has one); see docs/planner.md
 DEFAULT_SAMPLES = 4
-
-
-def _aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
-    """Spec-Bench speedup of predicted times: mean tokens/s of the method over plain's."""
-    return mean_rate_speedup(
-        [p["new_tokens"] / p["method_s"] for p in per_prompt],
-        [p["new_tokens"] / p["plain_s"] for p in per_prompt],
-    )
 
 
 def as_questions(rows: Sequence[Question | dict[str, Any]]) -> list[Question]:
@@ -179,7 +168,7 @@ def make_plan(
     replays: dict[tuple[str, KValue, int], Any] = {}
     prompt_info = []
     total = sum(len(r.turns) for r in rows) * samples * len(runs)
-    done = 0
+    count = itertools.count()
     for row in rows:
         for sample, seed in enumerate(seeds):
             unit_cfg = cfg if cfg.greedy else replace(cfg, seed=seed)
@@ -188,30 +177,16 @@ def make_plan(
             equal, new_tokens, prompt_tokens = True, 0, 0
             for turn in range(len(row.turns)):  # each answer goes into the next turn's history, as in bench
                 prompt_ids = encode_conversation(model.tokenizer, row.turns[: turn + 1], answers)
-                traces: dict[tuple[str, KValue], Trace] = {}
-                for d, k in runs:
-                    if progress:
-                        progress(f"{d} k={k} on q{row.question_id} ({row.category}) turn {turn + 1} "
-                                 f"#{sample + 1}", done / total)
-                    done += 1
-                    drafter = _drafter(drafters, model, specs[d], k, sample)
-                    policy = k if k != AUTO else policy_for(model, specs[d], AUTO, capabilities=drafter.capabilities)
-                    traces[(d, k)] = trace_generation(
-                        model, prompt_ids, drafter, policy, max_new_tokens, sampling=unit_cfg,
-                        question_id=row.question_id, category=row.category,
-                    )
-                ref = traces[runs[0]]
-                equal = equal and (not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values()))
+                ref, same, items = _trace_turn(
+                    model, profile, prompt_ids, row, sample, unit_cfg, specs, runs, candidates, k_run, drafters,
+                    replays, max_new_tokens, tick=lambda what: progress(f"{what} on q{row.question_id} "
+                                                                        f"({row.category}) turn {turn + 1} "
+                                                                        f"#{sample + 1}", next(count) / total)
+                    if progress else None,
+                )
+                equal = equal and same
                 new_tokens += ref.new_tokens
                 prompt_tokens = prompt_tokens or len(prompt_ids)
-                items = {}
-                for d in specs:
-                    for k in candidates:
-                        steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg,
-                                        sample)
-                        own = traces.get((d, AUTO if k == AUTO else k_run), ref)
-                        items[(d, k)] = _prompt_item(profile, specs[d], k, steps, own, len(prompt_ids), cfg,
-                                                     row.category)
                 turn_items.append(items)
                 answers.append(answer_text(model.tokenizer, answer(ref.tokens, model.eos_token_ids)))
             prompt_info.append({"question_id": row.question_id, "category": row.category, "sample": sample,
@@ -228,6 +203,33 @@ def make_plan(
               "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")}
     return _recommend(model, profile, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
                       prompts=prompt_info, config=config)
+
+
+def _trace_turn(
+    model: Any, profile: Profile, prompt_ids: list[int], row: Question, sample: int, cfg: SamplingConfig,
+    specs: dict[str, DraftSpec], runs: list[tuple[str, KValue]], candidates: list[KValue], k_run: int,
+    drafters: dict[tuple[str, KValue, int], Any], replays: dict[tuple[str, KValue, int], Any], max_new_tokens: int,
+    *, tick: Callable[[str], Any],
+) -> tuple[Trace, bool, dict[tuple[str, KValue], dict[str, Any]]]:
+    """One turn of one unit: each traced run (``runs``), then every candidate's prediction from
+    them. Returns the reference trace (its tokens are the turn's answer), whether every greedy
+    run committed the same tokens, and the items by (draft, k)."""
+    traces: dict[tuple[str, KValue], Trace] = {}
+    for d, k in runs:
+        tick(f"{d} k={k}")
+        drafter = _drafter(drafters, model, specs[d], k, sample)
+        policy = k if k != AUTO else policy_for(model, specs[d], AUTO, capabilities=drafter.capabilities)
+        traces[(d, k)] = trace_generation(model, prompt_ids, drafter, policy, max_new_tokens, sampling=cfg,
+                                          question_id=row.question_id, category=row.category)
+    ref = traces[runs[0]]
+    same = not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())
+    items = {}
+    for d in specs:
+        for k in candidates:
+            steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg, sample)
+            own = traces.get((d, AUTO if k == AUTO else k_run), ref)
+            items[(d, k)] = _prompt_item(profile, specs[d], k, steps, own, len(prompt_ids), cfg, row.category)
+    return ref, same, items
 
 
 def _drafter(cache: dict[tuple[str, KValue, int], Any], model: Any, spec: DraftSpec, k: KValue, sample: int) -> Any:
@@ -310,16 +312,6 @@ def _merge_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def answer_text(tokenizer: Any, ids: Sequence[int]) -> str:
-    """The text :func:`draftwise.decode.generate` gives for ``ids`` (what bench puts in the
-    next turn's history)."""
-    text = TextAssembler(tokenizer)
-    text.push(list(ids))
-    text.finish()
-    return text.text
-
-
-Per = dict[tuple[str, KValue], list[dict[str, Any]]]
 
 
 def _recommend(
@@ -331,18 +323,18 @@ def _recommend(
     workload (each prompt decoded with its category's recommendation)."""
     sampled = not cfg.greedy
     cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
-    spread = _Spread(profile, per, cats[:-1], [k for k in ks if isinstance(k, int)], sampled,
+    spread = Spread(profile, per, cats[:-1], [k for k in ks if isinstance(k, int)], sampled,
                      bootstrap=int(config.get("samples", 1)) > 1)
     categories = {c: _ranked(profile, per, spread, c, pick, sampled) for c in cats}
     recommended: dict[str, tuple[str, KValue]] = {}
     predicted: dict[str, float] = {}
     intervals: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
-    score = _score(pick)
+    score = score_by(pick)
     autos = [c for c in categories["overall"] if c.k == AUTO]
-    overall = _prefer(categories["overall"], max(autos, key=score) if autos else None, score)
+    overall = prefer(categories["overall"], max(autos, key=score) if autos else None, score)
     for c in cats:
-        best = overall if c == "overall" else _prefer(categories[c], _same(categories[c], overall), score)
+        best = overall if c == "overall" else prefer(categories[c], same_as(categories[c], overall), score)
         lo = (best.interval or [best.speedup])[0]
         if best.speedup > 1.0 and (lo > 1.0 or not sure):
             recommended[c], predicted[c] = (best.draft, best.k), best.speedup
@@ -352,7 +344,7 @@ def _recommend(
                 notes[c] = note
         else:
             recommended[c], predicted[c], intervals[c] = (NONE, 0), 1.0, [1.0, 1.0]
-    routed_overall, routed_interval = _route(rows, recommended, per, spread, next(iter(per)))
+    routed_overall, routed_interval = route_units(rows, recommended, per, spread, next(iter(per)))
     return Plan(
         model=model.name, fingerprint=profile.fingerprint, dtype=profile.dtype, greedy=cfg.greedy,
         drafts=drafts, ks=list(ks), categories=categories, recommended=recommended, predicted=predicted,
@@ -361,118 +353,7 @@ def _recommend(
     )
 
 
-#: how much better (relatively, in the pick's own terms) a candidate must predict than the
-#: default it would replace. Held-out greedy predictions missed by 4.6% (median) on the 2-core
-#: AMD EPYC (issue 28's check): two settings predicted closer than that cannot be told apart,
-#: and the best of many close ones is the luckiest. See docs/planner.md, step 5.
-MARGIN = 0.05
-
-
-def _score(pick: str) -> Callable[[Candidate], float]:
-    """What ``pick`` ranks by: the interval's low end, or the prediction."""
-    if pick == "low":
-        return lambda c: (c.interval or [c.speedup])[0]
-    return lambda c: c.speedup
-
-
-def _same(cands: Sequence[Candidate], like: Candidate) -> Candidate | None:
-    return next((c for c in cands if (c.draft, c.k) == (like.draft, like.k)), None)
-
-
-def _prefer(cands: Sequence[Candidate], default: Candidate | None, score: Callable[[Candidate], float]) -> Candidate:
-    """The top-ranked of ``cands``, unless it beats ``default`` by :data:`MARGIN` or less: then
-    ``default``. Overall the default is the best adaptive-k candidate; in a category, the
-    overall pick. A plan chooses among many candidates on a few prompts, so the one that
-    predicts best is partly the luckiest; only an advantage beyond the plan's own error moves
-    a choice away from the adaptive policy, or a category away from the workload's choice."""
-    top = cands[0]
-    if default is None or score(top) > (1 + MARGIN) * score(default):
-        return top
-    return default
-
-
-def spread_note(c: Candidate, *, sampled: bool, wide: float = 1.5) -> str | None:
-    """A sentence when ``c``'s units (prompts, and with sampling their continuations) differ
-    widely: the slowest and the fastest unit's predicted speedup, when the fastest is ``wide``
-    times the slowest or more.
-
-    >>> spread_note(Candidate("lookup", 5, 1.6, 2.0, None, None, None, samples=[1.1, 1.3, 4.7]), sampled=True)
-    'lookup k=5 pays 1.1-4.7x here, depending on the prompt and on how the sampled answer goes'
-    """
-    if not c.samples or min(c.samples) <= 0 or max(c.samples) < wide * min(c.samples):
-        return None
-    why = "the prompt and on how the sampled answer goes" if sampled else "the prompt"
-    return f"{c.draft} k={c.k} pays {min(c.samples):.1f}-{max(c.samples):.1f}x here, depending on {why}"
-
-
-def _route(
-    rows: list[Question], recommended: dict[str, tuple[str, KValue]], per: Per, spread: _Spread,
-    any_setting: tuple[str, KValue],
-) -> tuple[float, list[float]]:
-    """The predicted speedup, and its interval, of decoding each prompt with its category's
-    recommendation; a prompt routed to plain decoding takes its plain time from ``any_setting``'s
-    items (every item holds it) and has no uncertainty of its own."""
-    routed, settings = [], []
-    for item in per[any_setting]:
-        d, k = recommended[item["category"]]
-        if d == NONE:
-            plain = dict(item)
-            plain["method_s"] = plain["fixed_s"] = plain["plain_s"]
-            routed.append(plain)
-            settings.append(None)
-        else:
-            routed.append(next(x for x in per[(d, k)] if (x["question_id"], x["sample"]) == (item["question_id"], item["sample"])))
-            settings.append((d, k))
-    routed_overall = _aggregate(routed)
-    return routed_overall, list(percentile_interval(spread.draws(routed, settings, "routed"), routed_overall))
-
-
-class _Spread:
-    """The draws behind every interval. With several continuations per prompt, a bootstrap over
-    prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`); otherwise the
-    binomial draws of each (category, draft, k)'s counts
-    (:func:`~draftwise.cost.intervals.cost_ratio_draws`): every k of a draft uses the same
-    uniform numbers (one seed per category and draft), so its draws at different k move
-    together; ``auto`` takes the draws of the fixed k nearest its mean proposal."""
-
-    def __init__(self, profile: Profile, per: Per, cats: list[str], ks: list[int], sampled: bool, *,
-                 bootstrap: bool) -> None:
-        self.bootstrap = bootstrap
-        self.ratio: dict[tuple[str, str, KValue], Any] = {}
-        if bootstrap:
-            return
-        for (d, k), items in per.items():
-            if k == AUTO:
-                continue
-            phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
-            for c in cats:
-                mine = [x for x in items if x["category"] == c]
-                pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
-                context = statistics.mean(x["context"] for x in mine)
-                u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
-                self.ratio[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
-        for (d, k), items in per.items():
-            if k != AUTO:
-                continue
-            for c in cats:
-                mine = [x for x in items if x["category"] == c]
-                proposing = sum(x["proposing"] for x in mine)
-                mean_m = sum(x["proposed"] for x in mine) / proposing if proposing else 1.0
-                near = min(ks, key=lambda kk: abs(kk - mean_m))
-                self.ratio[(c, d, AUTO)] = self.ratio[(c, d, near)]
-
-    def draws(self, items: Sequence[dict[str, Any]], settings: Sequence[tuple[str, KValue] | None], key: str) -> Any:
-        """Speedup draws of ``items`` (one per unit), each run with its ``settings`` entry (None:
-        plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap, so
-        every candidate of one category resamples the same units (paired comparisons)."""
-        if self.bootstrap:
-            return rerun_draws(items, seed=zlib.crc32(key.encode()))
-        n = len(next(iter(self.ratio.values()))) if self.ratio else 400
-        ratios = [np.ones(n) if s is None else self.ratio[(x["category"], *s)] for x, s in zip(items, settings)]
-        return speedup_draws(items, ratios)
-
-
-def _ranked(profile: Profile, per: Per, spread: _Spread, category: str, pick: str, sampled: bool) -> list[Candidate]:
+def _ranked(profile: Profile, per: Per, spread: Spread, category: str, pick: str, sampled: bool) -> list[Candidate]:
     """Every (draft, k) of ``category`` ("overall": all prompts), best first by ``pick``."""
     cands = []
     for (d, k), items in per.items():
@@ -503,7 +384,7 @@ def _candidate(profile: Profile, draft: str, k: KValue, items: Sequence[dict[str
     return Candidate(
         draft=draft,
         k=k,
-        speedup=_aggregate(items),
+        speedup=aggregate(items),
         mat=sum(x["committed"] for x in items) / sum(x["steps"] for x in items),
         acceptance=accepted / proposed if proposed else None,
         effective_acceptance=effective_acceptance(min(per_step, k_eff + 1), k_eff) if proposing else None,

@@ -28,6 +28,7 @@ from ..drafters.factory import capabilities_of
 from ..drafters.spec import DraftSpec
 from ..kpolicy import FixedK, KPolicy
 from ..sampling import SamplingConfig
+from ..text import TextAssembler
 from ..tree import TokenTree
 from ..verify import follow
 from .formulas import expected_committed_by_position
@@ -152,6 +153,15 @@ def answer(tokens: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
     ([5, 6], [5, 6])
     """
     return list(tokens[:-1]) if tokens and tokens[-1] in eos_token_ids else list(tokens)
+
+
+def answer_text(tokenizer: Any, ids: Sequence[int]) -> str:
+    """The text :func:`draftwise.decode.generate` gives for ``ids`` (what bench puts in the
+    next turn's history)."""
+    text = TextAssembler(tokenizer)
+    text.push(list(ids))
+    text.finish()
+    return text.text
 
 
 def replay_lookup(

@@ -1,0 +1,129 @@
+"""Measuring a :class:`~draftwise.cost.batch_profile.BatchProfile`: one ``forward_batch`` pass
+over B sequences with r new rows each, at each context, timed on this machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..engine import check_batch
+from ..errors import ConfigError
+from ..runtime.base import Rows
+from .batch_profile import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, BatchProfile, machine_fingerprint
+from .measure import _reporter, monotone
+from .profile import model_fingerprint
+from .timing import fast_half_mean
+
+# -- measuring -------------------------------------------------------------------------------
+def _tokens(n: int, seed: int, vocab: int) -> list[int]:
+    """Synthetic token ids (what they are does not change a pass's time), below ``vocab``."""
+    top = max(min(vocab - 10, 2000), 1)
+    return [(i * 7919 + seed * 104729) % top + min(10, vocab - 1) for i in range(n)]
+
+
+def _checked(values: Sequence[int], what: str) -> list[int]:
+    try:
+        out = sorted({int(v) for v in values})
+    except (TypeError, ValueError):
+        raise ConfigError(f"{what} must be integers, not {list(values)!r}") from None
+    if not out or out[0] < 1:
+        raise ConfigError(f"{what} must be integers >= 1, not {list(values)!r}")
+    return out
+
+
+def measure_batch_profile(
+    model: Any,
+    *,
+    batches: Sequence[int] = DEFAULT_BATCHES,
+    rows_per_seq: Sequence[int] = DEFAULT_ROWS,
+    contexts: Sequence[int] = DEFAULT_CONTEXTS,
+    repeats: int = 3,
+    prefill_chunk: int = 256,
+    progress: Callable[[str, float], None] | bool = True,
+) -> BatchProfile:
+    """Time one ``forward_batch`` over B sequences x r rows at each context c, for every B in
+    ``batches``, r in ``rows_per_seq`` and c in ``contexts`` (module docstring).
+
+    The runtime's slots are allocated once for the largest batch (refused in one line when that
+    batch's KV cache does not fit in memory: :func:`draftwise.engine.check_batch`), each filled
+    to c tokens of synthetic text, and every timed pass is rolled back, so each pass sees the
+    same cache. The slots the runtime had before are restored (their contents are not).
+    ``progress``: a ``(description, fraction)`` callback, True for a bar, False for nothing."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
+    batches = _checked(batches, "batches")
+    rows_per_seq = _checked(rows_per_seq, "rows per sequence")
+    contexts = _checked(contexts, "contexts")
+    rt = model.runtime
+    if not hasattr(rt, "forward_batch"):
+        raise ConfigError(f"the {type(rt).__name__} runtime runs one sequence at a time: a batch profile "
+                          "needs the native runtime (Llama-family models)")
+    need = contexts[-1] + rows_per_seq[-1] + 1
+    if need > rt.max_context:
+        raise ConfigError(f"contexts up to {contexts[-1]} with {rows_per_seq[-1]} rows need {need} positions; "
+                          f"the model holds {rt.max_context}")
+    check_batch(model, batches[-1], need)
+    before = (rt.slots, rt.slot_context)
+    on_gpu = getattr(getattr(rt, "device", None), "type", "cpu") == "cuda"
+    sync = torch.cuda.synchronize if on_gpu else (lambda: None)  # a GPU pass returns before it ends
+    total = len(contexts) * (repeats + 1)
+    done = [0]
+    report, bar = _reporter(progress, total)
+    raw: dict[int, list[list[float]]] = {}
+    try:
+        rt.allocate_slots(batches[-1], need)
+        for c in contexts:
+            for s in range(batches[-1]):  # fill every slot to c tokens (untimed)
+                rt.rollback_slot(s, 0)
+                ids = _tokens(c, s + 1, rt.vocab_size)
+                for lo in range(0, c, prefill_chunk):
+                    last = lo + prefill_chunk >= c
+                    rt.forward_batch([Rows(s, ids[lo : lo + prefill_chunk], last_only=last, logits=last)])
+            samples: list[list[list[float]]] = [[[] for _ in rows_per_seq] for _ in batches]
+            for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
+                for i, b in enumerate(batches):
+                    for j, r in enumerate(rows_per_seq):
+                        passes = [Rows(s, _tokens(r, 100 + s, rt.vocab_size)) for s in range(b)]
+                        t0 = time.perf_counter()
+                        rt.forward_batch(passes)  # every row's logits, as verification takes them
+                        sync()
+                        elapsed = time.perf_counter() - t0
+                        for s in range(b):
+                            rt.rollback_slot(s, c)
+                        if rnd:
+                            samples[i][j].append(elapsed)
+                done[0] += 1
+                report(f"batched passes, context {c}", done[0] / total)
+            raw[c] = [[fast_half_mean(t) for t in row] for row in samples]
+        report("done", 1.0)
+    finally:
+        if bar is not None:
+            bar.stop()
+        rt.allocate_slots(*before)
+    return BatchProfile(
+        model=model.name, fingerprint=model_fingerprint(model), machine_fingerprint=machine_fingerprint(),
+        dtype=model.mode, runtime=type(rt).__name__, batches=batches, rows=rows_per_seq, contexts=contexts,
+        times={c: smooth(g) for c, g in raw.items()}, raw=raw, repeats=repeats,
+        machine={"threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+                 "cores": os.cpu_count(), "torch": torch.__version__},
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
+
+
+def smooth(grid: Sequence[Sequence[float]]) -> list[list[float]]:
+    """Non-decreasing in rows (pool adjacent violators, :func:`~draftwise.cost.measure.monotone`),
+    then in batch (a running maximum down each column): more rows or more sequences never cost less.
+
+    >>> smooth([[2.0, 1.0], [1.0, 3.0]])
+    [[1.5, 1.5], [1.5, 3.0]]
+    """
+    out = [monotone(row) for row in grid]
+    for i in range(1, len(out)):
+        out[i] = [max(a, b) for a, b in zip(out[i], out[i - 1])]
+    return out

@@ -1,0 +1,145 @@
+"""How the planner picks and how sure it is: the draws behind every interval (:class:`Spread`),
+the rule that moves a choice away from its default only beyond the plan's own error
+(:func:`prefer`, :data:`MARGIN`), the note on a wide spread, and the routed workload's
+prediction (:func:`route_units`). :mod:`draftwise.cost.plan` uses them; docs/planner.md says why.
+"""
+
+from __future__ import annotations
+
+import statistics
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..drafters.spec import KValue
+from ..questions import Question
+from .formulas import mean_rate_speedup
+from .intervals import (
+    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws, speedup_draws, uniforms,
+)
+from .plan_file import AUTO, NONE, Candidate
+from .profile import Profile
+
+#: a (draft, k) -> its items, one per unit (a question and one continuation of it)
+Per = dict[tuple[str, KValue], list[dict[str, Any]]]
+
+
+def aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
+    """Spec-Bench speedup of predicted times: mean tokens/s of the method over plain's."""
+    return mean_rate_speedup(
+        [p["new_tokens"] / p["method_s"] for p in per_prompt],
+        [p["new_tokens"] / p["plain_s"] for p in per_prompt],
+    )
+
+
+#: how much better (relatively, in the pick's own terms) a candidate must predict than the
+#: default it would replace. Held-out greedy predictions missed by 4.6% (median) on the 2-core
+#: AMD EPYC (issue 28's check): two settings predicted closer than that cannot be told apart,
+#: and the best of many close ones is the luckiest. See docs/planner.md, step 5.
+MARGIN = 0.05
+
+
+def score_by(pick: str) -> Callable[[Candidate], float]:
+    """What ``pick`` ranks by: the interval's low end, or the prediction."""
+    if pick == "low":
+        return lambda c: (c.interval or [c.speedup])[0]
+    return lambda c: c.speedup
+
+
+def same_as(cands: Sequence[Candidate], like: Candidate) -> Candidate | None:
+    return next((c for c in cands if (c.draft, c.k) == (like.draft, like.k)), None)
+
+
+def prefer(cands: Sequence[Candidate], default: Candidate | None, score: Callable[[Candidate], float]) -> Candidate:
+    """The top-ranked of ``cands``, unless it beats ``default`` by :data:`MARGIN` or less: then
+    ``default``. Overall the default is the best adaptive-k candidate; in a category, the
+    overall pick. A plan chooses among many candidates on a few prompts, so the one that
+    predicts best is partly the luckiest; only an advantage beyond the plan's own error moves
+    a choice away from the adaptive policy, or a category away from the workload's choice."""
+    top = cands[0]
+    if default is None or score(top) > (1 + MARGIN) * score(default):
+        return top
+    return default
+
+
+def spread_note(c: Candidate, *, sampled: bool, wide: float = 1.5) -> str | None:
+    """A sentence when ``c``'s units (prompts, and with sampling their continuations) differ
+    widely: the slowest and the fastest unit's predicted speedup, when the fastest is ``wide``
+    times the slowest or more.
+
+    >>> spread_note(Candidate("lookup", 5, 1.6, 2.0, None, None, None, samples=[1.1, 1.3, 4.7]), sampled=True)
+    'lookup k=5 pays 1.1-4.7x here, depending on the prompt and on how the sampled answer goes'
+    """
+    if not c.samples or min(c.samples) <= 0 or max(c.samples) < wide * min(c.samples):
+        return None
+    why = "the prompt and on how the sampled answer goes" if sampled else "the prompt"
+    return f"{c.draft} k={c.k} pays {min(c.samples):.1f}-{max(c.samples):.1f}x here, depending on {why}"
+
+
+def route_units(
+    rows: list[Question], recommended: dict[str, tuple[str, KValue]], per: Per, spread: Spread,
+    any_setting: tuple[str, KValue],
+) -> tuple[float, list[float]]:
+    """The predicted speedup, and its interval, of decoding each prompt with its category's
+    recommendation; a prompt routed to plain decoding takes its plain time from ``any_setting``'s
+    items (every item holds it) and has no uncertainty of its own."""
+    routed, settings = [], []
+    for item in per[any_setting]:
+        d, k = recommended[item["category"]]
+        if d == NONE:
+            plain = dict(item)
+            plain["method_s"] = plain["fixed_s"] = plain["plain_s"]
+            routed.append(plain)
+            settings.append(None)
+        else:
+            routed.append(next(x for x in per[(d, k)] if (x["question_id"], x["sample"]) == (item["question_id"], item["sample"])))
+            settings.append((d, k))
+    routed_overall = aggregate(routed)
+    return routed_overall, list(percentile_interval(spread.draws(routed, settings, "routed"), routed_overall))
+
+
+class Spread:
+    """The draws behind every interval. With several continuations per prompt, a bootstrap over
+    prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`); otherwise the
+    binomial draws of each (category, draft, k)'s counts
+    (:func:`~draftwise.cost.intervals.cost_ratio_draws`): every k of a draft uses the same
+    uniform numbers (one seed per category and draft), so its draws at different k move
+    together; ``auto`` takes the draws of the fixed k nearest its mean proposal."""
+
+    def __init__(self, profile: Profile, per: Per, cats: list[str], ks: list[int], sampled: bool, *,
+                 bootstrap: bool) -> None:
+        self.bootstrap = bootstrap
+        self.ratio: dict[tuple[str, str, KValue], Any] = {}
+        if bootstrap:
+            return
+        for (d, k), items in per.items():
+            if k == AUTO:
+                continue
+            phi = dispersion([x["trace"] for x in items])  # steps come in runs: fewer effective trials
+            for c in cats:
+                mine = [x for x in items if x["category"] == c]
+                pooled = sum((counts_from_steps(x["trace"], k) for x in mine), Counts())
+                context = statistics.mean(x["context"] for x in mine)
+                u = uniforms(zlib.crc32(f"{c}\0{d}".encode()), ks[-1])
+                self.ratio[(c, d, k)] = cost_ratio_draws(profile, d, k, pooled, context, u, phi=phi, sampled=sampled)
+        for (d, k), items in per.items():
+            if k != AUTO:
+                continue
+            for c in cats:
+                mine = [x for x in items if x["category"] == c]
+                proposing = sum(x["proposing"] for x in mine)
+                mean_m = sum(x["proposed"] for x in mine) / proposing if proposing else 1.0
+                near = min(ks, key=lambda kk: abs(kk - mean_m))
+                self.ratio[(c, d, AUTO)] = self.ratio[(c, d, near)]
+
+    def draws(self, items: Sequence[dict[str, Any]], settings: Sequence[tuple[str, KValue] | None], key: str) -> Any:
+        """Speedup draws of ``items`` (one per unit), each run with its ``settings`` entry (None:
+        plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap, so
+        every candidate of one category resamples the same units (paired comparisons)."""
+        if self.bootstrap:
+            return rerun_draws(items, seed=zlib.crc32(key.encode()))
+        n = len(next(iter(self.ratio.values()))) if self.ratio else 400
+        ratios = [np.ones(n) if s is None else self.ratio[(x["category"], *s)] for x, s in zip(items, settings)]
+        return speedup_draws(items, ratios)
