@@ -154,11 +154,10 @@ def make_plan(
     # replayable drafts replay on any trace's tokens (exactly; with sampling, exactly in
     # distribution), so one trace serves them all; a draft that cannot be replayed runs itself
     traced = [d for d in specs if not replayable(specs[d])] or list(specs)[:1]
+    k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
     runs: list[tuple[str, KValue]] = [(d, k_run) for d in traced]
     if auto:
         runs += [(d, AUTO) for d in traced if not replayable(specs[d])]
-    k_run = max(k_run, ks[-1]) if cfg.greedy else k_run
-    runs = [(d, k_run if k != AUTO else AUTO) for d, k in runs]
     candidates: list[KValue] = [*ks, AUTO] if auto else list(ks)
     base_seed = cfg.seed or 0
     seeds = [base_seed + s for s in range(samples)]
