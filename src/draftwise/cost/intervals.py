@@ -26,8 +26,9 @@ Timing noise is not in the interval: only the acceptance is.
 
 **With several continuations per prompt** (sampling, ``plan --samples S``), the binomial draws
 above say nothing about how differently the next continuation goes: whether it quotes the
-prompt decides most of a copying draft's gain. There :func:`rerun_draws` bootstraps the units
-(prompts and their continuations) instead, see its docstring.
+prompt decides most of a copying draft's gain. There a category's interval comes from the
+spread between continuations (:func:`pooled_log_spread`, :func:`rerun_t_draws`), and an interval
+over several categories bootstraps the units (:func:`rerun_draws`); see their docstrings.
 
 >>> c = counts_from_steps([(4, 4), (4, 0), (4, 2), (0, 0)], k=4)
 >>> c.accepted, c.proposing, c.steps
@@ -249,3 +250,53 @@ def rerun_draws(items: Sequence[dict], *, seed: int, draws: int = 400) -> np.nda
     n_s = min(sizes)
     scale = math.sqrt(n_s / (n_s - 1)) if n_s > 1 else 1.0
     return point + scale * (fut_m / fut_p - est_m / est_p)
+
+
+def pooled_log_spread(items: Sequence[dict]) -> tuple[float, int]:
+    """The variance between continuations of one prompt, of the log of each unit's speedup
+    (``plain_s / method_s``), pooled over every prompt in ``items`` (all categories), and its
+    degrees of freedom (units minus prompts).
+
+    A category holds one or two prompts of S continuations: S - 1 degrees of freedom each, too
+    few for a variance of its own (a bootstrap over 4 units covers well under 95%). Pooling
+    assumes the *relative* spread is alike between categories, which the log scale makes
+    plausible: a copying draft's gain varies by a similar share wherever it copies.
+
+    >>> items = [{"category": c, "question_id": c, "plain_s": 1.0, "method_s": m}
+    ...          for c, ms in (("a", (0.5, 0.5)), ("b", (1.0, 0.5))) for m in ms]
+    >>> s2, df = pooled_log_spread(items)
+    >>> round(s2, 4), df
+    (0.1201, 2)
+    """
+    groups: dict[Any, list[float]] = {}
+    for x in items:
+        groups.setdefault((x["category"], x["question_id"]), []).append(math.log(x["plain_s"] / x["method_s"]))
+    squares = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
+    df = sum(len(v) - 1 for v in groups.values())
+    return (squares / df if df else 0.0), df
+
+
+def rerun_t_draws(items: Sequence[dict], spread: tuple[float, int], *, seed: int, draws: int = 4000) -> np.ndarray:
+    """Speedup draws for a rerun of ``items`` (one category's units: its prompts, S continuations
+    each) with S new continuations, as ``plan --validate`` measures it.
+
+    The rerun's mean and the plan's own each average n = len(items) continuations, so their
+    difference, on the log scale, has variance 2 s^2 / n with s^2 the pooled variance of
+    :func:`pooled_log_spread`; with s^2 itself estimated on its degrees of freedom, the
+    difference over its standard error follows Student's t. Each draw is the point prediction
+    (Spec-Bench's: mean tokens/s over plain's) times exp(se * t).
+
+    >>> items = [{"category": "c", "question_id": 1, "new_tokens": 10, "plain_s": 1.0, "method_s": m}
+    ...          for m in (0.5, 0.5, 0.5, 0.5)]
+    >>> d = rerun_t_draws(items, (0.01, 30), seed=0)  # se 0.0707, t(30) 2.04: 2 exp(+-0.144)
+    >>> lo, hi = np.quantile(d, [0.025, 0.975])
+    >>> round(float(np.median(d)), 2), bool(1.70 < lo < 1.76), bool(2.27 < hi < 2.35)
+    (2.0, True, True)
+    """
+    s2, df = spread
+    new = np.array([x["new_tokens"] for x in items], dtype=float)
+    point = (new / np.array([x["method_s"] for x in items])).mean() / (new / np.array([x["plain_s"] for x in items])).mean()
+    if df < 1:
+        return np.full(draws, point)
+    se = math.sqrt(s2 * 2.0 / len(items))
+    return point * np.exp(se * np.random.default_rng(seed).standard_t(df, draws))

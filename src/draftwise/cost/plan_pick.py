@@ -17,7 +17,8 @@ from ..drafters.spec import KValue
 from ..questions import Question
 from .formulas import mean_rate_speedup
 from .intervals import (
-    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws, speedup_draws, uniforms,
+    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, pooled_log_spread, rerun_draws,
+    rerun_t_draws, speedup_draws, uniforms,
 )
 from .plan_file import AUTO, NONE, Candidate
 from .profile import Profile
@@ -101,8 +102,11 @@ def route_units(
 
 
 class Spread:
-    """The draws behind every interval. With several continuations per prompt, a bootstrap over
-    prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`); otherwise the
+    """The draws behind every interval. With several continuations per prompt, one category's
+    from Student's t on the spread between continuations, pooled over the categories for each
+    (draft, k) (:func:`~draftwise.cost.intervals.rerun_t_draws`), and several categories' from a
+    bootstrap over prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`,
+    enough units there for one); otherwise the
     binomial draws of each (category, draft, k)'s counts
     (:func:`~draftwise.cost.intervals.cost_ratio_draws`): every k of a draft uses the same
     uniform numbers (one seed per category and draft), so its draws at different k move
@@ -112,6 +116,7 @@ class Spread:
                  bootstrap: bool) -> None:
         self.bootstrap = bootstrap
         self.ratio: dict[tuple[str, str, KValue], Any] = {}
+        self.log_spread = {key: pooled_log_spread(items) for key, items in per.items()} if bootstrap else {}
         if bootstrap:
             return
         for (d, k), items in per.items():
@@ -139,7 +144,10 @@ class Spread:
         plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap, so
         every candidate of one category resamples the same units (paired comparisons)."""
         if self.bootstrap:
-            return rerun_draws(items, seed=zlib.crc32(key.encode()))
+            seed = zlib.crc32(key.encode())
+            if len({x["category"] for x in items}) == 1 and len(set(settings)) == 1 and settings[0] is not None:
+                return rerun_t_draws(items, self.log_spread[settings[0]], seed=seed)
+            return rerun_draws(items, seed=seed)
         n = len(next(iter(self.ratio.values()))) if self.ratio else 400
         ratios = [np.ones(n) if s is None else self.ratio[(x["category"], *s)] for x, s in zip(items, settings)]
         return speedup_draws(items, ratios)
