@@ -13,12 +13,9 @@ import pytest
 from draftwise.cost import capacity, goodput
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed
-from draftwise.cost.goodput import (
-    Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput, workload_from_plan,
-    workload_from_rates,
-)
+from draftwise.cost.goodput import Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput
 from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
-from draftwise.cost.goodput_sim import crossover, predict, simulate, solo_k
+from draftwise.cost.goodput_sim import crossover, predict, simulate, solo_k, workload_from_plan, workload_from_rates
 from draftwise.cost.plan_file import Candidate, Plan
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
@@ -177,10 +174,13 @@ def test_a_plan_s_candidates_become_tokens_and_rows_per_step() -> None:
     plan = plan_with({"qa": [c2, c1], "overall": [c2, c1]},
                      [{"question_id": 1, "category": "qa", "prompt_tokens": 30, "new_tokens": 64}])
     w = workload_from_plan(plan)
-    assert list(w.kinds) == ["qa"] and w.requests == [("qa", 30, 64)]
+    assert list(w.kinds) == ["qa"] and w.requests == [("qa", 30, 64)] and w.units == [[("qa", 30, 64)]]
     o = w.kinds["qa"].options["lookup"][2]
-    assert (o.tokens, o.rows) == (1.5, 2.0)
-    assert o.low == pytest.approx(1.5 * 0.9 / 1.2) and o.high == pytest.approx(1.5 * 1.5 / 1.2)
+    # mat 1.5 over 64 tokens in one answer: 42.67 steps, the prefill's one of them, 21.33 accepted
+    decoding = 64 / 1.5 - 1
+    per_step = 1 + (64 - 64 / 1.5) / decoding
+    assert o.tokens == pytest.approx(per_step) and o.rows == pytest.approx(1 + (per_step - 1) / 0.5)
+    assert o.low == pytest.approx(per_step * 0.9 / 1.2) and o.high == pytest.approx(per_step * 1.5 / 1.2)
     assert w.kinds["qa"].options["lookup"][1].rows == 1.0  # nothing proposed: one row
     assert w.kinds["qa"].plan == ("lookup", 2) and w.kinds["qa"].draft == "lookup"
     result = predict(w, StepCost(STEEP), [1, 2], requests_per_client=1)
@@ -337,7 +337,8 @@ def test_run_concurrency_writes_its_files(tmp_path: Path) -> None:
 
 
 class FakeAdaptive:
-    """What BatchSlotPolicy reads of an AdaptiveK: its rates, k_max, shadow and trees."""
+    """What BatchSlotPolicy reads of an AdaptiveK: its rates, k_max, shadow and trees, and its
+    own choice (alone in the pass, a request's adaptive policy decides)."""
 
     k_max, shadow, trees = 8, True, False
 
@@ -346,6 +347,9 @@ class FakeAdaptive:
 
     def rates(self) -> list[float]:
         return [self.rate] * 8
+
+    def choose(self, context_len: int) -> int:
+        return 3
 
     def observe(self, positions: int, accepted: int) -> None:
         self.seen.append((positions, accepted))

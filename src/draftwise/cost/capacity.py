@@ -7,9 +7,12 @@ fixed (draft, k), of the plan's per-category picks and of the goodput policy, wi
 the crossover N above which speculation stops paying; a plot of throughput against N; and the
 per-batch-size k tables serving engines take (:func:`export_batch_schedule`).
 
-``--validate`` measures each N for real with ``benchmarks/goodput_validate.py`` (one server at
-a time, greedy, prompts the plan did not see; a source checkout's script, since ``benchmarks/``
-is not shipped in the package) and :func:`compare_measured` scores each prediction.
+The workload is the plan's: units of one question with all its turns, one request a turn, up to
+the plan's ``max_new_tokens`` each (:mod:`.goodput`). ``--validate`` measures each N for real
+with ``benchmarks/goodput_validate.py`` (one server at a time, greedy, the same kind of units
+from questions the plan did not see; a source checkout's script, since ``benchmarks/`` is not
+shipped in the package), predicts the very requests it sent (their categories and lengths,
+the plan's acceptance) and :func:`compare_measured` scores each prediction.
 
 Example::
 
@@ -38,8 +41,8 @@ from .batch_measure import measure_batch_profile
 from .batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
 from .capacity_export import SCHEDULE_ENGINES, export_batch_schedule
 from .export import ENGINES
-from .goodput import StepCost, workload_from_plan
-from .goodput_sim import predict
+from .goodput import Request, StepCost
+from .goodput_sim import predict, workload_from_plan
 from .profile import Profile
 
 SCHEMA = "draftwise.concurrency/1"
@@ -59,13 +62,11 @@ def parse_concurrency(text: str | Sequence[int]) -> list[int]:
     values = []
     for p in parts:
         try:
-            if isinstance(p, bool):
+            if isinstance(p, bool) or (isinstance(p, float) and p != int(p)):
                 raise TypeError
             n = int(p)
         except (TypeError, ValueError):
             raise ConfigError(f"--concurrency {p!r} is not a whole number; give e.g. 1,2,4,8,16") from None
-        if isinstance(p, float) and p != n:
-            raise ConfigError(f"--concurrency {p!r} is not a whole number; give e.g. 1,2,4,8,16")
         if n < 1:
             raise ConfigError(f"--concurrency {n}: the number of concurrent requests must be >= 1")
         values.append(n)
@@ -90,10 +91,12 @@ def concurrency_plan(
     model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile,
     concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = 4,
     max_new_tokens: int | None = None, context: int | None = None,
-    progress: Callable[[str, float], None] | None = None,
+    progress: Callable[[str, float], None] | None = None, units: Sequence[Sequence[Request]] | None = None,
 ) -> dict[str, Any]:
-    """Predictions at each N (JSON-able; :func:`draftwise.cost.goodput.predict`), after checking
-    that the plan, both profiles and ``model`` belong together and that each N fits in memory."""
+    """Predictions at each N (JSON-able; :func:`draftwise.cost.goodput_sim.predict`), after checking
+    that the plan, both profiles and ``model`` belong together and that each N fits in memory.
+    ``units``: the requests to predict (default: the plan's own prompts); ``requests_per_client``
+    counts units (questions, every turn of each)."""
     concurrency = parse_concurrency(concurrency)
     batch_profile.check_model(model)
     profile.check_model(model)
@@ -101,7 +104,7 @@ def concurrency_plan(
         raise ConfigError(f"the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}), the batch "
                           f"profile on {batch_profile.model!r} ({batch_profile.fingerprint}); use one model for both")
     check_fits(model, concurrency, context)
-    workload = workload_from_plan(plan)
+    workload = workload_from_plan(plan, units)
     result = predict(workload, StepCost(batch_profile, profile), concurrency,
                      requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress)
     result.update(
@@ -119,14 +122,22 @@ def _iv(x: Sequence[float]) -> str:
     return f"[{x[0]:.2f}-{x[1]:.2f}]"
 
 
+def _workload_text(w: Mapping[str, Any] | None, where: str = ", on the plan's prompts") -> str:
+    if not w:
+        return ""
+    return (f"{where}: {w['units']} questions, {w['requests']} turns, {w['mean_prompt_tokens']:.0f} "
+            f"prompt tokens and {w['mean_answer_tokens']:.0f} answer tokens a turn on average")
+
+
 def render_concurrency_markdown(result: Mapping[str, Any]) -> str:
     """The predictions as Markdown: one row per N, the crossover, where T stays linear in rows."""
     lines = [
         f"# Speculation at N concurrent requests: {result.get('model', '')}", "",
-        f"Predicted for {result['requests_per_client']} requests per client, one after the other (as "
-        "`benchmarks/load_test.py` sends them), on the plan's prompts; tokens/s of the whole server "
-        "(aggregate) and of one request; [95% interval from the plan's acceptance intervals, errors "
-        "treated as correlated; timing noise not included].", "",
+        f"Predicted for {result['requests_per_client']} questions per client, one after the other, every turn of "
+        "a question one request with the earlier answers in its history (as the plan traced them and "
+        f"`benchmarks/goodput_validate.py` sends them){_workload_text(result.get('workload'))}; tokens/s of the "
+        "whole server (aggregate) and of one request; [95% interval from the plan's acceptance intervals, "
+        "errors treated as correlated; timing noise not included].", "",
         "| N | plain tok/s | best policy | its tok/s | x plain | per-request tok/s (plain -> best) | "
         "goodput x plain | goodput mean k | best fixed k | x plain |",
         "|---:|---:|---|---:|---:|---|---:|---:|---|---:|",
@@ -206,11 +217,13 @@ def plot_concurrency(result: Mapping[str, Any], path: str | Path) -> Path:
 
 # -- validation -----------------------------------------------------------------------------------
 def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[str, float]],
-                     policy: str = "plan") -> dict[str, Any]:
+                     policy: str = "plan", per_request: Mapping[int, Mapping[str, float]] | None = None) -> dict[str, Any]:
     """Score predictions against a load test: ``measured[N]`` holds ``plain`` and ``auto``
-    aggregate tokens/s (``auto``: the server's speculation, predicted by ``policy``). Per N and
-    phase the relative error; their median and max; the measured crossover (the smallest N where
-    ``auto`` measures below plain) against the predicted one."""
+    aggregate tokens/s (``auto``: the server's speculation, predicted by ``policy``), and
+    ``per_request[N]`` the same phases' mean per-request tokens/s where measured. Per N and
+    phase the relative error; the aggregate errors' median and max; the measured crossover (the
+    smallest N where ``auto`` measures below plain) against the predicted one. ``result`` must
+    predict the requests the load test sent (``goodput_validate.py``'s ``workload``)."""
     by_n = {row["n"]: row for row in result["rows"]}
     if policy not in result["policies"]:
         raise ConfigError(f"unknown policy {policy!r}; the prediction has {', '.join(result['policies'])}")
@@ -225,8 +238,13 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
             got = float(measured[n][phase])
             err = pred["aggregate_tps"] / got - 1 if got > 0 else float("inf")
             lo, hi = pred["aggregate_interval"]
-            rows.append({"n": n, "phase": phase, "policy": name, "predicted_tps": pred["aggregate_tps"],
-                         "interval": [lo, hi], "measured_tps": got, "error": err, "inside": lo <= got <= hi})
+            row = {"n": n, "phase": phase, "policy": name, "predicted_tps": pred["aggregate_tps"],
+                   "interval": [lo, hi], "measured_tps": got, "error": err, "inside": lo <= got <= hi}
+            one = (per_request or {}).get(n, {}).get(phase)
+            if one:
+                row.update(predicted_per_request=pred["per_request_tps"], measured_per_request=float(one),
+                           per_request_error=pred["per_request_tps"] / float(one) - 1)
+            rows.append(row)
             errors.append(abs(err))
     speculative = [n for n in sorted(measured) if "auto" in measured[n] and "plain" in measured[n]]
     measured_cross = next((n for n in speculative if measured[n]["auto"] < measured[n]["plain"]), None)
@@ -249,11 +267,15 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
 
 def render_validation_markdown(validation: Mapping[str, Any]) -> str:
     lines = [f"## Measured (load test, one server per N; the speculative phase predicted by `{validation['policy']}`)",
-             "", "| N | phase | predicted tok/s | measured tok/s | error | inside interval |",
-             "|---:|---|---:|---:|---:|---|"]
+             "", "Predicted on the requests the load test sent" + _workload_text(validation.get("workload"), "") + ".",
+             "",
+             "| N | phase | predicted tok/s | measured tok/s | error | inside interval | per request: predicted | "
+             "measured | error |", "|---:|---|---:|---:|---:|---|---:|---:|---:|"]
     for r in validation["rows"]:
+        one = (f"{r['predicted_per_request']:.1f} | {r['measured_per_request']:.1f} | "
+               f"{r['per_request_error'] * 100:+.1f}% |" if "per_request_error" in r else "- | - | - |")
         lines.append(f"| {r['n']} | {r['phase']} | {r['predicted_tps']:.1f} {_iv(r['interval'])} | "
-                     f"{r['measured_tps']:.1f} | {r['error'] * 100:+.1f}% | {'yes' if r['inside'] else 'no'} |")
+                     f"{r['measured_tps']:.1f} | {r['error'] * 100:+.1f}% | {'yes' if r['inside'] else 'no'} | " + one)
     if validation.get("median_error") is not None:
         lines += ["", f"Median |error| {validation['median_error'] * 100:.1f}% (goal <= 10%), max "
                   f"{validation['max_error'] * 100:.1f}% (goal <= 20%). Crossover: measured "
@@ -292,6 +314,33 @@ def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure
     return bp
 
 
+def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Request]]:
+    """``goodput_validate.py``'s ``workload`` (units of turns) as the simulation's units.
+
+    >>> load_units([[{"category": "qa", "prompt_tokens": 40, "new_tokens": 128}]])
+    [[('qa', 40, 128)]]
+    """
+    return [[(str(t["category"]), int(t["prompt_tokens"]), int(t["new_tokens"])) for t in unit] for unit in workload]
+
+
+def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile, raw: Mapping[str, Any],
+               policy: str = "plan") -> dict[str, Any]:
+    """A load test's measurements (``goodput_validate.py``'s file) scored against the prediction
+    of the very requests it sent: its units, each turn's prompt with its history and its answer's
+    length, R units a client; the plan's acceptance (:func:`compare_measured`)."""
+    if not raw.get("workload"):
+        raise ConfigError("the measurements do not say which requests were sent (no 'workload'): rerun "
+                          "benchmarks/goodput_validate.py from this checkout")
+    measured = {int(n): v for n, v in raw["measured"].items()}
+    per_request = {int(n): v for n, v in (raw.get("per_request") or {}).items()}
+    prediction = concurrency_plan(model, plan, batch_profile, profile, sorted(measured),
+                                  requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]))
+    out = compare_measured(prediction, measured, policy, per_request)
+    out.update(equal=raw.get("equal"), workload=prediction["workload"], max_tokens=raw.get("max_tokens"),
+               prediction={"rows": prediction["rows"], "crossover": prediction["crossover"]})
+    return out
+
+
 def run_concurrency(
     model: Any, plan: Any, concurrency: str | Sequence[int], *, out_dir: str | Path, profile: Profile,
     batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = 4,
@@ -316,6 +365,11 @@ def run_concurrency(
     script = validation_script() if validate else None  # fail before any work
     if validate and plan_path is None:
         raise ConfigError("--validate needs the plan's file (the servers load it): pass plan_path")
+    traced = int(plan.config.get("max_new_tokens", 128))
+    if validate and max_new_tokens not in (None, traced):
+        raise ConfigError(f"--validate measures the plan's own workload, answers of up to {traced} tokens a turn, "
+                          f"on which its acceptance was measured; max_new_tokens={max_new_tokens} would measure "
+                          f"another: leave it out, or make the plan with -n {max_new_tokens}")
     bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
     result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
                               max_new_tokens=max_new_tokens)
@@ -323,7 +377,7 @@ def run_concurrency(
         measured_path = out / "measured.json"
         cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),
                "--concurrency", ",".join(map(str, concurrency)), "--requests", str(requests_per_client),
-               "--max-tokens", str(max_new_tokens or plan.config.get("max_new_tokens", 128)),
+               "--max-tokens", str(traced),
                "--dtype", model.mode.split("+")[0], "--quant", model.mode.split("+")[1] if "+" in model.mode else "none",
                "--out", str(out / "load"), "--measured", str(measured_path)]
         if status is not None:
@@ -332,9 +386,7 @@ def run_concurrency(
         if done.returncode not in (0, 1) or not measured_path.is_file():  # 1: some output differed; reported
             raise ConfigError(f"the validation load test failed (exit {done.returncode}); see {out / 'load'}")
         raw = json.loads(measured_path.read_text())
-        measured = {int(n): v for n, v in raw["measured"].items()}
-        result["validation"] = compare_measured(result, measured, validate_policy)
-        result["validation"]["equal"] = raw.get("equal")
+        result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy)
     write_json_atomic(out / "concurrency.json", result)
     write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
     for engine in engines:

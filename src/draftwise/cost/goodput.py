@@ -15,12 +15,17 @@ overhead. The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain 
 draft). At N = 1 this is the single-stream speedup model; as the batch fills, a proposed row
 costs about what another request's row would, so the best k falls, often to 0.
 
-**Acceptance** (:class:`Outcome`, per category, draft and k): from a plan (:func:`workload_from_plan`),
-each category's candidates give, per (draft, k), the committed tokens per step
-(``Candidate.mat``) and the rows per step, 1 + proposed / steps = 1 + (mat - 1) / acceptance (a
-lookup that finds no match proposes nothing and costs one row). These are the replayed
+**Acceptance** (:class:`Outcome`, per category, draft and k): from a plan
+(:func:`~draftwise.cost.goodput_sim.workload_from_plan`), each category's candidates give, per
+(draft, k), the committed tokens per decoding step and the rows per step, 1 + proposed / steps.
+``Candidate.mat`` counts the prefill's first token as a step of its own: over a category's C
+answer tokens in U answers (turns), mat = C / (D + U) with D = C / mat - U decoding steps and
+A = (mat - 1) (D + U) accepted tokens, so a decoding step commits 1 + A / D tokens and proposes
+A / (D acceptance) (C and U from the plan's ``prompts``; without them D + U is taken for D). A
+lookup that finds no match proposes nothing and costs one row. These are the replayed
 per-category figures of the plan, not an i.i.d. model. Or from explicit conditional
-per-position rates (:func:`workload_from_rates`): E = 1 + sum_i prod_{j<=i} a_j, k + 1 rows.
+per-position rates (:func:`~draftwise.cost.goodput_sim.workload_from_rates`):
+E = 1 + sum_i prod_{j<=i} a_j, k + 1 rows.
 
 **Choosing the k's** (:func:`choose_ks`): the objective is the goodput of the step's decoding
 part (a prompt chunk in the same pass costs the same whatever the k's, so it is priced out:
@@ -33,19 +38,30 @@ O(B K) evaluations of the step's cost; the exhaustive :func:`best_ks_exhaustive`
 obviously correct reference that the tests compare it with.
 
 The policy object the server would consult is in :mod:`draftwise.cost.goodput_policy`; the
-simulation below is in :mod:`draftwise.cost.goodput_sim`.
+workload and the simulation below are in :mod:`draftwise.cost.goodput_sim`.
 
-**Predicting a concurrency N** (:func:`~draftwise.cost.goodput_sim.predict`): a deterministic simulation of the load test
-(``benchmarks/load_test.py``): N clients, each sending its requests one after the other, prompts
-and answer lengths taken in turn from the plan's prompts (client i's j-th request is prompt
-(i R + j) mod P, as the load test does). A joining request prefills ``prefill_chunk`` rows a
-step inside the batch (as the engine does), then decodes with the policy's k, committing its
-expected tokens per step (fractional), until its answer's length. Aggregate tokens/s = all
-tokens / the simulated wall time; per-request tokens/s = the mean over requests of tokens /
-(end - start). Policies: ``plain``; ``fixed`` (every sequence one draft at one k, for each draft
-and k of the plan); ``plan`` (each category's recommendation at N = 1, kept at every N: what
-``serve --draft auto`` does today); ``goodput`` (each category's draft, k chosen every step by
-:func:`choose_ks`); and ``goodput:<draft>`` (that one draft for every category).
+**The workload** is the plan's: a *unit* is one question with all its turns, each turn one
+request whose history holds the earlier answers (as the plan traces it, as bench and Spec-Bench
+run it), each answer up to the plan's ``max_new_tokens``. The plan's acceptance is measured on
+exactly that (second turns of MT-bench copy the first answer and accept far more than first
+turns; later tokens of an answer accept more than early ones), so it predicts nothing else:
+the validation (``benchmarks/goodput_validate.py``) sends the same kind of units, and
+:func:`~draftwise.cost.goodput_sim.workload_from_plan` takes ``units=`` to predict the very
+requests it sent.
+
+**Predicting a concurrency N** (:func:`~draftwise.cost.goodput_sim.predict`): a deterministic
+simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending R
+units one after the other and a unit's turns one after the other (client i's j-th unit is unit
+(i R + j) mod U, as the load test does). A joining request prefills its whole prompt (history
+included), ``prefill_chunk`` rows a step inside the batch (as the engine does), then decodes
+with the policy's k, committing its expected tokens per step (fractional), until its answer's
+length. Aggregate tokens/s = all tokens / the simulated wall time; per-request tokens/s = the
+mean over requests (turns) of tokens / (end - start), start being when its client sent it.
+Both are what the load test reports. Policies: ``plain``; ``fixed`` (every sequence one draft
+at one k, for each draft and k of the plan); ``plan`` (each category's recommendation at N = 1,
+kept at every N: what ``serve --draft auto`` does today); ``goodput`` (each category's draft, k
+chosen every step by :func:`choose_ks`); and ``goodput:<draft>`` (that one draft for every
+category).
 
 **Intervals**: the plan gives each (category, draft, k) a 95% interval on its speedup, from its
 binomial acceptance counts. With the step costs fixed a speedup is proportional to the tokens
@@ -70,7 +86,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..errors import ConfigError
 from .batch_profile import BatchProfile
@@ -115,19 +130,28 @@ class Kind:
         return self.options[draft][k]
 
 
+Request = tuple[str, int, int]  # (category, prompt tokens with the history, answer tokens)
+
+
 @dataclass
 class Workload:
-    """Categories and the requests a load sends: ``requests`` is one ``(category, prompt tokens,
-    answer tokens)`` per prompt, taken in turn by the simulated clients."""
+    """Categories and what a load sends: ``units``, each a conversation of one or more
+    :data:`Request` s sent one after the other (a question's turns), taken in turn by the
+    simulated clients."""
 
     kinds: dict[str, Kind]
     drafts: list[str]
     ks: list[int]
-    requests: list[tuple[str, int, int]]
+    units: list[list[Request]]
     source: str = ""
 
+    @property
+    def requests(self) -> list[Request]:
+        """Every request of every unit, in order."""
+        return [r for unit in self.units for r in unit]
+
     def check(self) -> None:
-        if not self.kinds or not self.requests:
+        if not self.kinds or not self.units or not all(self.units):
             raise ConfigError("the workload has no categories or no requests to simulate")
         missing = {c for c, _, _ in self.requests} - set(self.kinds)
         if missing:
@@ -143,64 +167,6 @@ def rates_outcomes(rates: Sequence[float], k_max: int) -> dict[int, Outcome]:
         e = expected_committed_by_position(rates, k)
         out[k] = Outcome(e, k + 1.0, e, e)
     return out
-
-
-def workload_from_rates(
-    rates: Mapping[str, Mapping[str, Sequence[float]]], *, k_max: int = 8,
-    requests: Sequence[tuple[str, int, int]] | None = None, prompt_tokens: int = 64, new_tokens: int = 128,
-) -> Workload:
-    """A workload from explicit rates, ``{category: {draft: [a_0, a_1, ...]}}`` (each category's
-    ``goodput`` draft: its first). ``requests`` default to one per category of ``prompt_tokens``
-    and ``new_tokens``."""
-    if not rates:
-        raise ConfigError("give acceptance rates for at least one category")
-    kinds = {}
-    drafts: list[str] = []
-    for cat, per in rates.items():
-        options = {d: rates_outcomes(r, k_max) for d, r in per.items()}
-        drafts += [d for d in options if d not in drafts]
-        first = next(iter(options), NONE)
-        kinds[cat] = Kind(cat, options, draft=first, plan=(NONE, 0))
-    reqs = list(requests) if requests is not None else [(c, prompt_tokens, new_tokens) for c in kinds]
-    return Workload(kinds, drafts, list(range(1, k_max + 1)), reqs, source="rates")
-
-
-def workload_from_plan(plan: Any) -> Workload:
-    """The plan's per-category acceptance as :class:`Outcome` s (module docstring), its prompts as
-    the requests, each category's recommendation as its ``plan`` choice and the draft of its best
-    candidate (recommended or not: the goodput policy may still pick k = 0) as its draft."""
-    kinds: dict[str, Kind] = {}
-    for cat, cands in plan.categories.items():
-        if cat == "overall":
-            continue
-        options: dict[str, dict[int, Outcome]] = {}
-        for c in cands:
-            if isinstance(c.k, bool) or not isinstance(c.k, int):
-                continue  # the adaptive candidate (k "auto") has no fixed k to batch
-            tokens = max(float(c.mat), 1.0)
-            if c.acceptance is None:  # nothing proposed in this category
-                rows = 1.0
-            elif c.acceptance > 0:
-                rows = 1.0 + (tokens - 1.0) / c.acceptance
-            else:  # proposed and never accepted: assume every step proposed k
-                rows = 1.0 + c.k
-            lo, hi = c.interval or [c.speedup, c.speedup]
-            scale = 1.0 / c.speedup if c.speedup > 0 else 0.0
-            options.setdefault(c.draft, {})[c.k] = Outcome(
-                tokens, min(rows, c.k + 1.0), max(1.0, tokens * lo * scale), max(1.0, tokens * hi * scale))
-        best = next((c.draft for c in cands if c.draft in options), NONE)
-        d, k = plan.recommended.get(cat, (NONE, 0))
-        if d == NONE or d not in options:
-            pick = (NONE, 0)
-        else:  # "auto": each sequence's own adaptive k, which sees its own costs, not the batch's
-            pick = (d, k if isinstance(k, int) and not isinstance(k, bool) else SOLO)
-        kinds[cat] = Kind(cat, options, draft=best, plan=pick)
-    requests = [(str(p["category"]), int(p["prompt_tokens"]), int(p["new_tokens"])) for p in plan.prompts
-                if p.get("category") in kinds]
-    if not requests:  # a plan without its prompts: one 128-token request per category
-        requests = [(c, 64, 128) for c in kinds]
-    ks = [k for k in plan.ks if isinstance(k, int) and not isinstance(k, bool)]
-    return Workload(kinds, list(plan.drafts), ks, requests, source=f"plan for {plan.model}")
 
 
 # -- the step's cost --------------------------------------------------------------------------

@@ -1,6 +1,7 @@
-"""Predicting a concurrency N: a deterministic simulation of the load test under each policy
-(plain batching, every fixed k, the plan's picks, the goodput policy), and the crossover. The
-step model and the choice of k are :mod:`draftwise.cost.goodput`'s; see its docstring.
+"""Predicting a concurrency N: the workload (a plan's acceptance, and the units a load sends:
+conversations of one request a turn), a deterministic simulation of the load test under each
+policy (plain batching, every fixed k, the plan's picks, the goodput policy), and the crossover.
+The step model and the choice of k are :mod:`draftwise.cost.goodput`'s; see its docstring.
 """
 
 from __future__ import annotations
@@ -11,7 +12,109 @@ from typing import Any
 
 from ..engine import DEFAULT_PREFILL_CHUNK
 from ..errors import ConfigError
-from .goodput import NONE, SOLO, Kind, StepCost, Workload, choice_for, choose_ks, step_goodput
+from .goodput import (
+    NONE, SOLO, Kind, Outcome, Request, StepCost, Workload, choice_for, choose_ks, rates_outcomes, step_goodput,
+)
+
+
+# -- the workload ---------------------------------------------------------------------------
+def workload_from_rates(
+    rates: Mapping[str, Mapping[str, Sequence[float]]], *, k_max: int = 8,
+    requests: Sequence[tuple[str, int, int]] | None = None, prompt_tokens: int = 64, new_tokens: int = 128,
+) -> Workload:
+    """A workload from explicit rates, ``{category: {draft: [a_0, a_1, ...]}}`` (each category's
+    ``goodput`` draft: its first). ``requests`` (each a one-turn unit) default to one per
+    category of ``prompt_tokens`` and ``new_tokens``."""
+    if not rates:
+        raise ConfigError("give acceptance rates for at least one category")
+    kinds = {}
+    drafts: list[str] = []
+    for cat, per in rates.items():
+        options = {d: rates_outcomes(r, k_max) for d, r in per.items()}
+        drafts += [d for d in options if d not in drafts]
+        first = next(iter(options), NONE)
+        kinds[cat] = Kind(cat, options, draft=first, plan=(NONE, 0))
+    reqs = list(requests) if requests is not None else [(c, prompt_tokens, new_tokens) for c in kinds]
+    return Workload(kinds, drafts, list(range(1, k_max + 1)), [[r] for r in reqs], source="rates")
+
+
+def workload_from_plan(plan: Any, units: Sequence[Sequence[Request]] | None = None) -> Workload:
+    """The plan's per-category acceptance as :class:`Outcome` s (:mod:`draftwise.cost.goodput`'s
+    docstring), each category's recommendation as its ``plan`` choice and the draft of its best
+    candidate (recommended or not: the goodput policy may still pick k = 0) as its draft. The units:
+    ``units`` when given (what a load test sends: each turn's category, prompt tokens with its
+    history, answer tokens), else the plan's own prompts (:func:`plan_units`)."""
+    kinds: dict[str, Kind] = {}
+    for cat, cands in plan.categories.items():
+        if cat == "overall":
+            continue
+        answers = _answers(plan, cat)
+        options: dict[str, dict[int, Outcome]] = {}
+        for c in cands:
+            if isinstance(c.k, bool) or not isinstance(c.k, int):
+                continue  # the adaptive candidate (k "auto") has no fixed k to batch
+            options.setdefault(c.draft, {})[c.k] = _outcome(c, *answers)
+        best = next((c.draft for c in cands if c.draft in options), NONE)
+        d, k = plan.recommended.get(cat, (NONE, 0))
+        if d == NONE or d not in options:
+            pick = (NONE, 0)
+        else:  # "auto": each sequence's own adaptive k, which sees its own costs, not the batch's
+            pick = (d, k if isinstance(k, int) and not isinstance(k, bool) else SOLO)
+        kinds[cat] = Kind(cat, options, draft=best, plan=pick)
+    chosen = [list(u) for u in units] if units is not None else plan_units(plan, kinds)
+    ks = [k for k in plan.ks if isinstance(k, int) and not isinstance(k, bool)]
+    return Workload(kinds, list(plan.drafts), ks, chosen, source=f"plan for {plan.model}")
+
+
+def _answers(plan: Any, category: str) -> tuple[int, int]:
+    """(C, U): the answer tokens and the answers (turns) the plan traced in ``category``."""
+    mine = [p for p in plan.prompts if p.get("category") == category]
+    return sum(int(p.get("new_tokens", 0)) for p in mine), sum(int(p.get("turns", 1)) for p in mine)
+
+
+def _outcome(c: Any, answer_tokens: int = 0, answers: int = 0) -> Outcome:
+    """One candidate's tokens and rows per decoding step (:mod:`draftwise.cost.goodput`: the
+    prefill's step taken out of ``c.mat`` where the plan says how many answers it holds)."""
+    mat = max(float(c.mat), 1.0)
+    steps = answer_tokens / mat  # D + U
+    decoding = steps - answers
+    accepted = (mat - 1.0) * (steps / decoding if answers and decoding > 0 else 1.0)  # A / D
+    tokens = 1.0 + accepted
+    if c.acceptance is None:  # nothing proposed in this category
+        rows = 1.0
+    elif c.acceptance > 0:
+        rows = 1.0 + accepted / c.acceptance
+    else:  # proposed and never accepted: assume every step proposed k
+        rows = 1.0 + c.k
+    lo, hi = c.interval or [c.speedup, c.speedup]
+    scale = 1.0 / c.speedup if c.speedup > 0 else 0.0
+    return Outcome(tokens, min(rows, c.k + 1.0), max(1.0, tokens * lo * scale), max(1.0, tokens * hi * scale))
+
+
+def plan_units(plan: Any, kinds: Mapping[str, Kind] | None = None) -> list[list[Request]]:
+    """The plan's prompts as units: one per traced question (of a category in ``kinds``), one
+    request per turn. A prompt that lists ``turn_prompt_tokens`` and ``turn_new_tokens`` gives
+    each turn's lengths; otherwise its ``new_tokens`` are split evenly over its ``turns`` and a
+    later turn's prompt is the first one plus the earlier answers (its own user message
+    uncounted). A plan without prompts: one 128-token request per category.
+
+    >>> from types import SimpleNamespace as NS
+    >>> plan_units(NS(prompts=[{"category": "w", "turns": 2, "prompt_tokens": 50, "new_tokens": 201}]))
+    [[('w', 50, 101), ('w', 151, 100)]]
+    """
+    units = []
+    for p in plan.prompts:
+        cat = str(p.get("category"))
+        if kinds is not None and cat not in kinds:
+            continue
+        turns = max(int(p.get("turns", 1)), 1)
+        prompts, news = p.get("turn_prompt_tokens"), p.get("turn_new_tokens")
+        if not (prompts and news and len(prompts) == len(news)):
+            total = int(p["new_tokens"])
+            news = [total // turns + (1 if t < total % turns else 0) for t in range(turns)]
+            prompts = [int(p["prompt_tokens"]) + sum(news[:t]) for t in range(turns)]
+        units.append([(cat, int(a), int(b)) for a, b in zip(prompts, news)])
+    return units or [[(c, 64, 128)] for c in (kinds or {})]
 
 
 # -- predicting a concurrency ---------------------------------------------------------------
@@ -56,12 +159,14 @@ def simulate(
     workload: Workload, cost: StepCost, n: int, policy: Policy, *, requests_per_client: int = 4,
     max_new_tokens: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, scenario: str = "point",
 ) -> Prediction:
-    """N closed-loop clients served by the batched engine, under ``policy`` (module docstring)."""
+    """N closed-loop clients served by the batched engine, under ``policy``: client i sends units
+    (i R + j) mod U for j < R (R = ``requests_per_client``), each unit's requests one after the
+    other (:mod:`draftwise.cost.goodput`'s docstring). ``max_new_tokens`` caps every answer."""
     workload.check()
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"concurrency {n!r} must be an integer >= 1")
-    reqs = workload.requests
-    queues = [[reqs[(i * requests_per_client + j) % len(reqs)] for j in range(requests_per_client)]
+    units = workload.units
+    queues = [[r for j in range(requests_per_client) for r in units[(i * requests_per_client + j) % len(units)]]
               for i in range(n)]
     kind_of, draft_fixed, k_fixed = policy
     t, steps, tokens_total = 0.0, 0, 0.0
@@ -215,7 +320,20 @@ def predict(
     return {"concurrency": list(concurrency), "rows": rows, "crossover": crossover(rows),
             "policies": {name: list(p) for name, p in table.items()}, "source": workload.source,
             "requests_per_client": requests_per_client, "max_new_tokens": max_new_tokens,
-            "prefill_chunk": prefill_chunk}
+            "prefill_chunk": prefill_chunk, "workload": describe(workload)}
+
+
+def describe(workload: Workload) -> dict[str, Any]:
+    """What the simulated clients send: units (questions), requests (turns), mean lengths.
+
+    >>> w = workload_from_rates({"qa": {"lookup": [0.5]}}, requests=[("qa", 10, 20), ("qa", 30, 40)])
+    >>> describe(w)
+    {'units': 2, 'requests': 2, 'mean_prompt_tokens': 20.0, 'mean_answer_tokens': 30.0}
+    """
+    reqs = workload.requests
+    return {"units": len(workload.units), "requests": len(reqs),
+            "mean_prompt_tokens": sum(p for _, p, _ in reqs) / len(reqs) if reqs else 0.0,
+            "mean_answer_tokens": sum(a for _, _, a in reqs) / len(reqs) if reqs else 0.0}
 
 
 def _best_k(per: dict[str, Any], table: dict[str, Policy], draft: str) -> int:
