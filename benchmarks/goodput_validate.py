@@ -1,21 +1,34 @@
-"""Measure what ``draftwise plan --concurrency`` predicts: aggregate tokens/s at each N, plain
-batching against the server's speculation, with ``benchmarks/load_test.py``'s machinery.
+"""Measure what ``draftwise plan --concurrency`` predicts, on the workload the plan measured:
+aggregate and per-request tokens/s at each N, plain batching against the server's speculation,
+with ``benchmarks/load_test.py``'s machinery.
 
     python benchmarks/goodput_validate.py --plan out/plan.json --concurrency 1,2,4,8,16 \
-        --requests 2 --max-tokens 64 --out out/load --measured out/measured.json \
-        [--predicted out/concurrency.json --policy plan]
+        --requests 2 --out out/load --measured out/measured.json
+
+The workload is the plan's own, because its acceptance describes nothing else: a *unit* is one
+question with all its turns, each turn one request whose history holds the earlier answers (as
+the planner, bench and Spec-Bench run it; an MT-bench second turn copies much of the first
+answer and accepts far more than a first turn), each answer up to the plan's
+``max_new_tokens`` (``--max-tokens`` defaults to it and may not differ: acceptance grows along
+an answer). The units are dev questions the plan did *not* trace (its ``prompts`` list names
+the question ids it saw), spread over the categories, none repeated.
 
 For each N, one at a time: one server (``draftwise serve --draft auto --plan PLAN --max-batch N``,
 ``--k plan`` by default: each category's recommended draft and k, which the ``plan`` policy
-predicts), N streaming clients x R requests, greedy, phase ``none`` (plain batching) then phase
-``auto``; then the server stops. Prompts are dev questions the plan did *not* trace (its
-``prompts`` list names the question ids it saw), first turns spread over the categories, none
-repeated; every output is compared with the same prompt decoded alone (greedy), so "equal"
-checks that batching and speculation change no token.
+predicts), N streaming clients x R units (client i's j-th is unit i R + j; a unit's turns one
+after the other, the next sent when the answer has arrived), greedy, phase ``none`` (plain
+batching) then phase ``auto``; then the server stops. Every output is compared with the same
+prompt decoded alone (greedy), so "equal" checks that batching and speculation change no token;
+a later turn's history is the reference answer, which is the server's own whenever that turn
+came out equal.
 
-Writes ``--measured`` (``{"measured": {N: {"plain": tok/s, "auto": tok/s}}, "equal": [x, y],
-"errors": e}``) and, with ``--predicted``, prints the comparison
-(:func:`draftwise.cost.capacity.compare_measured`).
+Writes ``--measured``: ``{"measured": {N: {"plain": tok/s, "auto": tok/s}}, "per_request": {N:
+{"plain": tok/s, "auto": tok/s}}, "workload": [[{"question_id", "category", "turn",
+"prompt_tokens", "new_tokens"}, ...], ...], "requests_per_client": R, "max_tokens": M, "equal":
+[x, y], "errors": e}``: "workload" lists the units in the order the clients take them (N takes
+the first N x R), each turn's prompt tokens with its history and the tokens it answers with.
+``draftwise plan --concurrency --validate`` (:func:`draftwise.cost.capacity.run_concurrency`)
+predicts that very workload and scores it (:func:`draftwise.cost.capacity.compare_measured`).
 """
 
 from __future__ import annotations
@@ -32,20 +45,76 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import load_test  # noqa: E402  (benchmarks/load_test.py, beside this script)
 
-from draftwise.cost.capacity import compare_measured, parse_concurrency, render_validation_markdown  # noqa: E402
+from draftwise.cost.capacity import parse_concurrency  # noqa: E402
 from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.fsutil import write_json_atomic  # noqa: E402
-from draftwise.questions import DEFAULT_QUESTIONS, read_questions  # noqa: E402
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions  # noqa: E402
 
 
-def unseen_prompts(plan_path: str, count: int) -> list[dict[str, Any]]:
-    """``count`` load-test prompts from dev questions whose ids the plan did not trace."""
-    plan = json.loads(Path(plan_path).read_text())
+def conversations(questions: list[Question], count: int) -> list[list[dict[str, Any]]]:
+    """``count`` questions spread over the categories, each a unit of all its turns in order
+    (a later turn's earlier answers are filled in by ``load_test.references``)."""
+    return [[{"question_id": q.question_id, "category": q.category, "turn": t + 1, "users": list(q.turns[: t + 1])}
+             for t in range(len(q.turns))] for q in spread_questions(questions, count)]
+
+
+def unseen_units(plan: dict[str, Any], count: int) -> list[list[dict[str, Any]]]:
+    """``count`` units (:func:`conversations`) from dev questions whose ids the plan did not trace."""
     seen = {str(p.get("question_id")) for p in plan.get("prompts", [])}
     fresh = [q for q in read_questions(DEFAULT_QUESTIONS) if str(q.question_id) not in seen]
     if len(fresh) < count:
         raise SystemExit(f"only {len(fresh)} dev questions are not in the plan; lower --requests or --concurrency")
-    return load_test.make_prompts(fresh, count)
+    return conversations(fresh, count)
+
+
+def budget(plan: dict[str, Any], asked: int | None) -> int:
+    """The tokens a turn may answer with: the plan's ``max_new_tokens``; another is refused."""
+    traced = int(plan.get("config", {}).get("max_new_tokens", 128))
+    if asked is not None and asked != traced:
+        raise SystemExit(f"--max-tokens {asked}: the plan measured acceptance on answers of up to {traced} tokens a "
+                         f"turn, and acceptance changes along an answer; drop --max-tokens, or make the plan with "
+                         f"-n {asked}")
+    return traced
+
+
+def workload(units: list[list[dict[str, Any]]]) -> list[list[dict[str, Any]]]:
+    """What the clients send, unit by unit (after ``load_test.references``)."""
+    return [[{"question_id": p["question_id"], "category": p["category"], "turn": p["turn"],
+              "prompt_tokens": p["prompt_tokens"], "new_tokens": len(p["reference"])} for p in unit] for unit in units]
+
+
+def measure(args: argparse.Namespace, grid: list[int], units: list[list[dict[str, Any]]],
+            max_tokens: int) -> tuple[dict[int, dict[str, float]], dict[int, dict[str, float]], list[dict[str, Any]]]:
+    """Each N's server in turn: aggregate and per-request tokens/s of both phases, every record."""
+    measured: dict[int, dict[str, float]] = {}
+    per_request: dict[int, dict[str, float]] = {}
+    records: list[dict[str, Any]] = []
+    k_auto = args.k == "auto"
+    for n in grid:
+        server_args = argparse.Namespace(model=args.model, plan=args.plan, port=args.port, clients=n,
+                                         max_tokens=max_tokens, out=str(args.out), dtype=args.dtype,
+                                         quant=args.quant, k=args.k)
+        proc, url, _ = load_test.start_server(server_args, n)
+        try:
+            warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [load_test.WARM_UP],
+                    "answers": [], "reference": []}
+            asyncio.run(load_test.phase(url, [[warm]], "auto", 1, 1, 8, k_auto))
+            mine = units[: n * args.requests]
+            measured[n], per_request[n] = {}, {}
+            for mode, key in (("none", "plain"), ("auto", "auto")):
+                recs, wall = asyncio.run(load_test.phase(url, mine, mode, n, args.requests, max_tokens, k_auto))
+                s = load_test.summarize(recs, wall)
+                measured[n][key], per_request[n][key] = s["tokens_per_s"], s["per_request_tps"]
+                for r in recs:
+                    r["n"] = n
+                records += recs
+                print(f"N={n} {mode}: {s['tokens_per_s']:.1f} tok/s ({s['per_request_tps']:.1f} a request), "
+                      f"{s['requests']} requests, {s['equal']}/{s['ok']} equal, {s['errors']} errors, "
+                      f"{s['lost']} lost", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    return measured, per_request, records
 
 
 def main() -> int:
@@ -53,64 +122,41 @@ def main() -> int:
     ap.add_argument("--model", default="default")
     ap.add_argument("--plan", required=True)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
-    ap.add_argument("--requests", type=int, default=2, help="requests per client per phase")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=2,
+                    help="units (questions, every turn of each) per client per phase")
+    ap.add_argument("--max-tokens", type=int, default=None, help="per turn; default and only value: the plan's")
     ap.add_argument("--k", choices=("plan", "auto"), default="plan")
     ap.add_argument("--port", type=int, default=8766)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default="none")
     ap.add_argument("--out", default="benchmarks/results/goodput-validate")
     ap.add_argument("--measured", default=None, help="where to write the measurements (default: OUT/measured.json)")
-    ap.add_argument("--predicted", default=None, help="concurrency.json to score")
-    ap.add_argument("--policy", default="plan", help="the predicted policy the auto phase runs")
     args = ap.parse_args()
     try:
         grid = parse_concurrency(args.concurrency)
     except ConfigError as exc:
         ap.error(str(exc))
-    if min(args.requests, args.max_tokens) < 1:
+    if args.requests < 1 or (args.max_tokens is not None and args.max_tokens < 1):
         ap.error("--requests and --max-tokens must be >= 1")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    prompts = unseen_prompts(args.plan, max(grid) * args.requests)
-    print(f"references: {len(prompts)} prompts the plan did not see, greedy, {args.max_tokens} tokens", flush=True)
-    load_test.references(args.model, prompts, args.max_tokens, dtype=args.dtype, quant=args.quant)
-    measured: dict[int, dict[str, float]] = {}
-    records: list[dict[str, Any]] = []
-    for n in grid:
-        server_args = argparse.Namespace(model=args.model, plan=args.plan, port=args.port, clients=n,
-                                         max_tokens=args.max_tokens, out=str(out), dtype=args.dtype,
-                                         quant=args.quant, k=args.k)
-        proc, url, _ = load_test.start_server(server_args, n)
-        try:
-            warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [load_test.WARM_UP],
-                    "answers": [], "reference": []}
-            asyncio.run(load_test.phase(url, [warm], "auto", 1, 1, 8, args.k == "auto"))
-            mine = prompts[: n * args.requests]
-            measured[n] = {}
-            for mode, key in (("none", "plain"), ("auto", "auto")):
-                recs, wall = asyncio.run(load_test.phase(url, mine, mode, n, args.requests, args.max_tokens,
-                                                         args.k == "auto"))
-                s = load_test.summarize(recs, wall)
-                measured[n][key] = s["tokens_per_s"]
-                for r in recs:
-                    r["n"] = n
-                records += recs
-                print(f"N={n} {mode}: {s['tokens_per_s']:.1f} tok/s, {s['equal']}/{s['ok']} equal, "
-                      f"{s['errors']} errors, {s['lost']} lost", flush=True)
-        finally:
-            proc.terminate()
-            proc.wait(30)
+    plan = json.loads(Path(args.plan).read_text())
+    max_tokens = budget(plan, args.max_tokens)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    units = unseen_units(plan, max(grid) * args.requests)
+    prompts = [p for unit in units for p in unit]
+    print(f"references: {len(units)} questions the plan did not see, {len(prompts)} turns, greedy, up to "
+          f"{max_tokens} tokens a turn", flush=True)
+    load_test.references(args.model, prompts, max_tokens, dtype=args.dtype, quant=args.quant)
+    measured, per_request, records = measure(args, grid, units, max_tokens)
     ok = [r for r in records if r["error"] is None and not r["lost"]]
     equal = [sum(bool(r.get("equal")) for r in ok), len(records)]
     errors = sum(r["error"] is not None or r["lost"] for r in records)
-    path = Path(args.measured) if args.measured else out / "measured.json"
-    write_json_atomic(path, {"measured": {str(n): v for n, v in measured.items()}, "equal": equal, "errors": errors,
-                             "config": {**vars(args), "date": time.strftime("%Y-%m-%d %H:%M")}})
-    write_json_atomic(out / "run.json", {"prompts": prompts, "records": records})
-    if args.predicted:
-        result = json.loads(Path(args.predicted).read_text())
-        print(render_validation_markdown(compare_measured(result, measured, args.policy)))
+    path = Path(args.measured) if args.measured else Path(args.out) / "measured.json"
+    write_json_atomic(path, {
+        "measured": {str(n): v for n, v in measured.items()},
+        "per_request": {str(n): v for n, v in per_request.items()},
+        "workload": workload(units), "requests_per_client": args.requests, "max_tokens": max_tokens,
+        "equal": equal, "errors": errors, "config": {**vars(args), "date": time.strftime("%Y-%m-%d %H:%M")}})
+    write_json_atomic(Path(args.out) / "run.json", {"prompts": prompts, "records": records})
     return 0 if equal[0] == equal[1] and not errors else 1
 
 

@@ -22,15 +22,14 @@ dev-question mix, speculation ``none`` against ``auto``, against one server.
    its own.
 4. Per request: time to first token (client-side, queue included), end-to-end latency, the
    server's own prefill time (``timings.prompt_ms``: TTFT without the queue), tokens, errors.
-   A request is *lost* if its stream ends without a final chunk or an error.
+   A request is *lost* if its stream ends without a final chunk or an error. Per phase: all
+   tokens / its wall time (aggregate) and the mean of tokens / end-to-end (per request).
 
 Batching: ``--max-batch 1,16`` starts one server per value, one after the other (never two at
 once), each with ``serve --max-batch N``, and runs the phases against each; ``--phases none``
-runs plain decoding only (the throughput of batching itself). ``--dtype`` and ``--quant`` go to
-the server and to the references, so "equal" checks each mode against its own plain decoding.
-
-    python benchmarks/load_test.py --clients 16 --requests 1 --max-tokens 128 --phases none \
-        --max-batch 1,16 --out benchmarks/results/serve-batch
+runs plain decoding only (the throughput of batching itself), e.g. ``--clients 16 --requests 1
+--phases none --max-batch 1,16``. ``--dtype`` and ``--quant`` go to the server and to the
+references, so "equal" checks each mode against its own plain decoding.
 
 Writes ``run.json`` (every request), ``summary.json``, ``summary.md`` and ``load_test.png``.
 """
@@ -53,6 +52,7 @@ import httpx
 
 from draftwise.api import generate
 from draftwise.chat import encode_conversation
+from draftwise.cost.replay import answer, answer_text
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
@@ -87,17 +87,20 @@ def make_prompts(questions: list[Question], count: int) -> list[dict[str, Any]]:
 
 def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int, *, dtype: str = "float32",
                quant: str = "none") -> float:
-    """Each prompt's greedy answer (token ids) and, for a second turn, the first turn's answer
-    as the conversation's assistant message."""
+    """Each prompt's greedy answer (token ids) and its prompt's length in tokens; a later turn
+    gets the earlier turns' answers as the conversation's assistant messages, in the text
+    :func:`draftwise.decode.generate` gives (what bench and the planner put in the history; with
+    greedy decoding, the server's own answer whenever that turn came out equal)."""
     model = load_model(model_name, dtype=dtype, quant=quant)
-    first_answer: dict[Any, str] = {}
+    said: dict[Any, list[str]] = {}
     t0 = time.perf_counter()
-    for p in sorted(prompts, key=lambda p: p["turn"]):  # first turns before the second turns that need them
-        p["answers"] = [first_answer[p["question_id"]]] if p["turn"] == 2 else []
+    for p in sorted(prompts, key=lambda p: p["turn"]):  # earlier turns before the later turns that need them
+        p["answers"] = said.get(p["question_id"], [])[: p["turn"] - 1]
         ids = encode_conversation(model.tokenizer, p["users"], p["answers"], chat=True)
+        p["prompt_tokens"] = len(ids)
         p["reference"] = generate(model, ids, max_new_tokens=max_tokens).token_ids
-        if p["turn"] == 1:
-            first_answer[p["question_id"]] = model.tokenizer.decode(p["reference"], skip_special_tokens=True)
+        if len(said.setdefault(p["question_id"], [])) == p["turn"] - 1:  # this turn's answer, for the next
+            said[p["question_id"]].append(answer_text(model.tokenizer, answer(p["reference"], model.eos_token_ids)))
     return time.perf_counter() - t0
 
 
@@ -156,16 +159,19 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any
     return rec
 
 
-async def phase(url: str, prompts: list[dict[str, Any]], mode: str, clients: int, requests: int,
+async def phase(url: str, units: list[list[dict[str, Any]]], mode: str, clients: int, requests: int,
                 max_tokens: int, k_auto: bool) -> tuple[list[dict[str, Any]], float]:
+    """Each of ``clients`` clients sends ``requests`` units one after the other (client i's j-th
+    is unit ``(i * requests + j) % len(units)``), a unit's prompts (a conversation's turns) one
+    after the other; every phase's wall time runs from the first request to the last answer."""
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
 
         async def run_client(i: int) -> list[dict[str, Any]]:
             out = []
-            for j in range(requests):  # bounded: R requests, one after the other
-                out.append(await one_request(client, url, prompts[(i * requests + j) % len(prompts)], mode,
-                                             max_tokens, i, k_auto))
+            for j in range(requests):  # bounded: R units, one after the other
+                for prompt in units[(i * requests + j) % len(units)]:  # bounded: its turns
+                    out.append(await one_request(client, url, prompt, mode, max_tokens, i, k_auto))
             return out
 
         t0 = time.perf_counter()
@@ -180,6 +186,8 @@ def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         "requests": len(records), "ok": len(ok), "errors": sum(r["error"] is not None for r in records),
         "lost": sum(r["lost"] for r in records), "equal": sum(bool(r.get("equal")) for r in ok),
         "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
+        # one request's tokens over its latency as its client saw it (queue included), averaged
+        "per_request_tps": statistics.mean(r["tokens"] / r["e2e"] for r in ok) if ok else float("nan"),
         "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
         "e2e_p50_s": pct([r["e2e"] for r in ok], 50), "e2e_p99_s": pct([r["e2e"] for r in ok], 99),
         "prefill_p50_s": pct([r["prefill_s"] for r in ok], 50),
@@ -338,12 +346,12 @@ def main() -> int:
             # put its answer in the suffix draft's cross-request cache before the auto phase asks it
             warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [WARM_UP], "answers": [],
                     "reference": []}
-            asyncio.run(phase(url, [warm], modes[-1], 1, 1, 8, args.k == "auto"))
+            asyncio.run(phase(url, [[warm]], modes[-1], 1, 1, 8, args.k == "auto"))
             for mode in modes:
                 label = mode if len(batches) == 1 else f"{mode}@batch{batch}"
                 print(f"phase {label}: {args.clients} clients x {args.requests} requests ...", flush=True)
-                recs, wall = asyncio.run(phase(url, prompts, mode, args.clients, args.requests, args.max_tokens,
-                                                 args.k == "auto"))
+                recs, wall = asyncio.run(phase(url, [[p] for p in prompts], mode, args.clients, args.requests,
+                                               args.max_tokens, args.k == "auto"))
                 for r in recs:
                     r["phase"] = label
                 records += recs

@@ -51,3 +51,45 @@ def test_per_category_speed_is_tokens_over_server_seconds():
     (row,) = load_test.by_category(records)
     assert row["none_tps"] == pytest.approx(20.0) and row["auto_tps"] == pytest.approx(40.0)
     assert row["speedup"] == pytest.approx(2.0) and row["draft"] == "lookup" and row["requests"] == 1
+
+
+def test_each_client_sends_its_units_turns_one_after_the_other(monkeypatch):
+    import asyncio
+
+    sent = []
+
+    async def fake(client, url, prompt, mode, max_tokens, client_id, k_auto):
+        sent.append((client_id, prompt["question_id"], prompt["turn"]))
+        await asyncio.sleep(0)
+        return {"client": client_id, "question_id": prompt["question_id"]}
+
+    monkeypatch.setattr(load_test, "one_request", fake)
+    units = [[{"question_id": q, "turn": t} for t in (1, 2)[: 2 if q % 2 else 1]] for q in range(4)]
+    recs, _ = asyncio.run(load_test.phase("http://x", units, "none", 2, 2, 8, False))
+    assert len(recs) == 6
+    for c in (0, 1):  # client c takes units 2c and 2c + 1, a unit's turns in order
+        mine = [(q, t) for cid, q, t in sent if cid == c]
+        assert mine == [(q, t) for q in (2 * c, 2 * c + 1) for t in (1, 2)[: 2 if q % 2 else 1]]
+
+
+def test_per_request_speed_is_each_request_s_tokens_over_its_latency():
+    recs = [{"error": None, "lost": False, "tokens": 60, "e2e": 2.0, "ttft": 0.1, "prefill_s": 0.1, "mat": 1.0},
+            {"error": None, "lost": False, "tokens": 20, "e2e": 2.0, "ttft": 0.1, "prefill_s": 0.1, "mat": 1.0}]
+    s = load_test.summarize(recs, 4.0)
+    assert s["tokens_per_s"] == pytest.approx(20.0) and s["per_request_tps"] == pytest.approx(20.0)
+
+
+def test_a_later_turn_s_history_is_the_earlier_answer_as_bench_gives_it(tiny_chat_folder):
+    from draftwise import load_model
+    from draftwise.chat import encode_conversation
+    from draftwise.cost.replay import answer, answer_text
+
+    prompts = [{"question_id": 1, "category": "writing", "turn": 2, "users": ["Hi there.", "And again?"]},
+               {"question_id": 1, "category": "writing", "turn": 1, "users": ["Hi there."]}]
+    load_test.references(str(tiny_chat_folder), prompts, 6)
+    model = load_model(str(tiny_chat_folder))
+    second, first = prompts
+    assert first["answers"] == [] and len(first["reference"]) <= 6
+    assert second["answers"] == [answer_text(model.tokenizer, answer(first["reference"], model.eos_token_ids))]
+    ids = encode_conversation(model.tokenizer, second["users"], second["answers"], chat=True)
+    assert second["prompt_tokens"] == len(ids) > first["prompt_tokens"]
