@@ -31,26 +31,36 @@ def prompts(batched_model: Any) -> list[list[int]]:
     return ids + [ids[0][:7], ids[1] + ids[2]]  # a short prompt and a long one
 
 
+# one draft of each kind, one per slot, all in the same passes: plain, a lookup chain, a suffix
+# tree, a lookup tree and self-speculation (whose draft passes run on a subset of layers)
+KINDS = ("none", "lookup", "suffix", "lookup:branches=3", "self")
+
+
 def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]]) -> None:
     plain = [generate(batched_model, p, max_new_tokens=16, draft="none").token_ids for p in prompts]
-    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=32)  # 6 prompts: slots are reused
-    for spec, k in (("none", 1), ("lookup", 4), ("suffix", 6), ("lookup:branches=3", 4), ("self", 3)):
-        drafters = [make_drafter(spec, slot) for slot in eng.slot_models]  # a self draft runs on its slot
-        got = eng.generate_all(prompts, max_new_tokens=16, drafters=drafters, k=k)
-        assert [r.token_ids for r in got] == plain, spec
-    assert max(eng.stats.batch_sizes) == 4
-    assert eng.running == 0 and eng.free == 4
+    eng = Engine(batched_model, max_batch=len(KINDS), context=1024, prefill_chunk=32)  # 6 prompts: a slot is reused
+    drafters = [make_drafter(spec, slot) for spec, slot in zip(KINDS, eng.slot_models)]  # self runs on its slot
+    got = eng.generate_all(prompts, max_new_tokens=16, drafters=drafters, k=4)
+    for spec, want, res in zip(KINDS + ("(a reused slot)",), plain, got):
+        assert res.token_ids == want, spec
+    # prompt i ran in slot i: every kind of draft proposed, and the model rejected some
+    assert all(res.stats.proposed > 0 for res in got[1 : len(KINDS)]), [r.stats.proposed for r in got]
+    assert sum(r.stats.accepted for r in got) < sum(r.stats.proposed for r in got)
+    assert max(eng.stats.batch_sizes) == len(KINDS)
+    assert eng.running == 0 and eng.free == len(KINDS)
 
 
 def test_sampled_with_a_seed_is_the_same_alone_and_batched(batched_model: Any, prompts: list[list[int]]) -> None:
+    """Plain and lookup generations side by side in the same passes, each with its own seed."""
     cfgs = [SamplingConfig(temperature=0.8, top_p=0.95, seed=100 + i) for i in range(len(prompts))]
-    for spec in ("none", "lookup"):
-        want = [generate(batched_model, p, max_new_tokens=10, sampling=c, draft=spec, k=3).token_ids
-                for p, c in zip(prompts, cfgs)]
-        eng = Engine(batched_model, max_batch=8, context=1024)
-        drafters = [make_drafter(spec, batched_model) for _ in range(8)]
-        got = eng.generate_all(prompts, max_new_tokens=10, sampling=cfgs, drafters=drafters, k=3)
-        assert [r.token_ids for r in got] == want, spec
+    specs = ["none", "lookup"] * (len(prompts) // 2)  # prompt i runs in slot i (8 slots, 6 prompts)
+    want = [generate(batched_model, p, max_new_tokens=10, sampling=c, draft=spec, k=3).token_ids
+            for p, c, spec in zip(prompts, cfgs, specs)]
+    eng = Engine(batched_model, max_batch=8, context=1024)
+    drafters = [make_drafter(spec, batched_model) for spec in specs] + [None, None]
+    got = eng.generate_all(prompts, max_new_tokens=10, sampling=cfgs, drafters=drafters, k=3)
+    assert [r.token_ids for r in got] == want
+    assert all(r.stats.proposed > 0 for r in got[1::2]) and max(eng.stats.batch_sizes) == len(prompts)
 
 
 def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[int]]) -> None:
