@@ -17,7 +17,7 @@ from draftwise import generate
 from draftwise.questions import DEFAULT_QUESTIONS as DEV_QUESTIONS
 
 pytestmark = pytest.mark.real_model
-NEW_TOKENS = 20  # 5-10 passes per prompt at k=4, each draft with rejections (asserted below)
+NEW_TOKENS = 20  # enough that every draft proposes and has proposals rejected (asserted below)
 # code (repeats identifiers: lookup hits), extraction (copies from a long prompt) and math
 CATEGORIES = ("coding", "extraction", "math")
 
