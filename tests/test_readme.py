@@ -1,19 +1,22 @@
 """The README's quick starts run as written, on a machine where `make demo` has run.
 
-Each command of the shell quick start runs through `.venv/bin/draftwise` in a fresh folder, and
-the Python quick start runs as a script, with only their sizes cut so the whole file takes
+Each command of the shell quick start runs in a fresh folder through the CLI app in-process
+(typer's CliRunner, on the session's model: a new process would only repeat the import and the
+model load), `draftwise` is checked to be the venv's console script for that app, and the Python
+quick start runs as a script in a fresh Python, with only their sizes cut so the whole file takes
 well under a minute: `-n` / `max_new_tokens` become 4, and `bench` gets one question of its own
 (`--questions`). Everything else (drafts, `--k auto`, flags, output folders) is the README's.
 `--k auto` reads the profile `make demo` cached (it measures one otherwise, once).
 
 Left out, each with its reason: the server quick start (it needs a server listening, and
 installs packages; `tests/test_server_real.py` serves the model end to end with the `openai`
-client) and the activation line (the test calls the venv's `draftwise` directly).
+client) and the activation line (the test calls the CLI directly).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -21,6 +24,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from draftwise.cli import app, main
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -105,8 +111,19 @@ def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return done
 
 
+def test_the_draftwise_command_is_this_cli() -> None:
+    """What the shell quick start types: the venv's ``draftwise`` runs ``draftwise.cli.main``,
+    which runs ``app``, the CLI that the shell cases below invoke."""
+    from importlib.metadata import entry_points
+
+    (script,) = entry_points(group="console_scripts", name="draftwise")
+    assert script.load() is main, script.value
+    assert DRAFTWISE.is_file() and os.access(DRAFTWISE, os.X_OK), DRAFTWISE
+
+
 @pytest.mark.parametrize(("lang", "text"), CASES)
-def test_quick_start_runs(lang: str, text: str, tmp_path: Path, default_folder: Path) -> None:
+def test_quick_start_runs(lang: str, text: str, tmp_path: Path, cli_shares_default_model: list[str],
+                          monkeypatch: pytest.MonkeyPatch) -> None:
     if lang == "python":
         script = tmp_path / "quick_start.py"
         script.write_text(re.sub(r"max_new_tokens=\d+", f"max_new_tokens={NEW_TOKENS}", text), encoding="utf-8")
@@ -114,7 +131,10 @@ def test_quick_start_runs(lang: str, text: str, tmp_path: Path, default_folder: 
         return
     argv = shlex.split(text)
     assert argv[0] == "draftwise", f"a quick-start line that is not a draftwise command: {text}"
-    done = _run([str(DRAFTWISE), *_smaller(argv, tmp_path)[1:]], tmp_path)
+    monkeypatch.chdir(tmp_path)  # the README's relative output folders land in the fresh folder
+    done = CliRunner().invoke(app, _smaller(argv, tmp_path)[1:])
+    assert done.exit_code == 0, f"{text} exited {done.exit_code}:\n{done.output[-2000:]}\n{done.exception!r}"
+    assert cli_shares_default_model, f"{text} did not load the default model"
     if argv[1] == "generate":
         assert done.stdout.strip(), f"{text} printed nothing"
     if argv[1] == "bench":
