@@ -318,3 +318,23 @@ def heldout_sequences(prompts: Sequence[str], percent: float) -> list[bool]:
     """
     cut = percent / 100.0 * 2**32
     return [int(hashlib.sha256(p.encode("utf-8")).hexdigest()[:8], 16) < cut for p in prompts]
+
+
+def conversation_ids(tokenizer: Any, messages: Sequence[dict[str, str]], max_tokens: int) -> tuple[list[int], int]:
+    """``(ids, prompt_len)`` of a whole conversation (``{"role", "content"}`` messages, a corpus's):
+    rendered by the chat template (joined by blank lines without one) and cut to ``max_tokens``;
+    ``prompt_len``: the ids before the first answer starts."""
+
+    def ids(value: Any) -> list[int]:
+        if isinstance(value, dict) or hasattr(value, "input_ids"):
+            value = value["input_ids"]
+        return [int(i) for i in value]
+
+    first = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
+    if getattr(tokenizer, "chat_template", None):
+        whole = ids(tokenizer.apply_chat_template(list(messages), tokenize=True))
+        prompt = ids(tokenizer.apply_chat_template(list(messages[:first]), tokenize=True, add_generation_prompt=True))
+    else:
+        whole = ids(tokenizer("\n\n".join(m["content"] for m in messages))["input_ids"])
+        prompt = ids(tokenizer("\n\n".join(m["content"] for m in messages[:first]) + "\n\n")["input_ids"])
+    return whole[:max_tokens], min(len(prompt), max_tokens)
