@@ -141,6 +141,10 @@ def test_a_multi_turn_question_is_planned_turn_by_turn_as_bench_runs_it(tiny):
     assert plan.prompts[0]["turns"] == 2
     assert plan.prompts[0]["new_tokens"] == first.new_tokens + second.new_tokens
     assert plan.prompts[0]["equal"]
+    # each turn's own lengths, which the goodput prediction sends as one request a turn
+    assert plan.prompts[0]["turn_new_tokens"] == [first.new_tokens, second.new_tokens]
+    assert plan.prompts[0]["turn_prompt_tokens"] == [len(build_prompt(tiny, q.turns[:1], [])),
+                                                     len(build_prompt(tiny, q.turns, [first.text]))]
 
 
 def test_a_choice_moves_from_the_default_only_by_more_than_the_planners_own_error():

@@ -173,7 +173,7 @@ def make_plan(
             unit_cfg = cfg if cfg.greedy else replace(cfg, seed=seed)
             answers: list[str] = []
             turn_items: list[dict[tuple[str, KValue], dict[str, Any]]] = []
-            equal, new_tokens, prompt_tokens = True, 0, 0
+            equal, turn_prompts, turn_news = True, [], []
             for turn in range(len(row.turns)):  # each answer goes into the next turn's history, as in bench
                 prompt_ids = encode_conversation(model.tokenizer, row.turns[: turn + 1], answers)
                 ref, same, items = _trace_turn(
@@ -184,13 +184,14 @@ def make_plan(
                     if progress else None,
                 )
                 equal = equal and same
-                new_tokens += ref.new_tokens
-                prompt_tokens = prompt_tokens or len(prompt_ids)
+                turn_prompts.append(len(prompt_ids))
+                turn_news.append(ref.new_tokens)
                 turn_items.append(items)
                 answers.append(answer_text(model.tokenizer, answer(ref.tokens, model.eos_token_ids)))
             prompt_info.append({"question_id": row.question_id, "category": row.category, "sample": sample,
                                 "seed": None if cfg.greedy else seed, "turns": len(row.turns),
-                                "prompt_tokens": prompt_tokens, "new_tokens": new_tokens, "equal": equal})
+                                "prompt_tokens": turn_prompts[0], "new_tokens": sum(turn_news), "equal": equal,
+                                "turn_prompt_tokens": turn_prompts, "turn_new_tokens": turn_news})
             for key in turn_items[0]:
                 item = _merge_turns([t[key] for t in turn_items])
                 item.update(question_id=row.question_id, sample=sample)
