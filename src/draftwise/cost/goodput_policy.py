@@ -1,7 +1,19 @@
 """The goodput policy at batch: each running sequence's k, every step, from the batch as it is
-(:class:`BatchGoodput`), and the glue that would let the server's decode loops follow it
-(:class:`BatchKCoordinator`, :class:`BatchSlotPolicy`). The model it optimises is
-:mod:`draftwise.cost.goodput`'s; the server does not call it yet (docs/planner.md).
+(:class:`BatchGoodput`), and the glue the batched server's decode loops follow it through
+(:class:`BatchKCoordinator`, one per engine; :class:`BatchSlotPolicy`, one per request). The
+model it optimises is :mod:`draftwise.cost.goodput`'s; ``serve --k auto --max-batch N`` (N > 1)
+consults it each step (:mod:`draftwise.server.speculation`).
+
+How a step goes. The engine resumes its generations one after another before its pass; each
+asks its policy for k. The first to ask in a new step has every decoding sequence's k chosen
+together by :func:`~draftwise.cost.goodput.choose_ks`, from each one's own acceptance estimate
+(its :class:`~draftwise.cost.adaptive.AdaptiveK`'s online rates, which start from the prior) and
+the measured batch profile. A chain proposes that k. A scored tree (suffix decoding) is proposed
+whole, and once its scores are known it keeps the prefix that is its best response to the
+others' k's (:meth:`BatchGoodput.respond`), never more than its own single-stream trim would.
+
+At N = 1 (one decoding sequence and nothing else in the pass) the request's own adaptive policy
+decides, exactly as ``--k auto`` does alone: the batch has nothing to share.
 """
 
 from __future__ import annotations
@@ -27,6 +39,20 @@ class SeqState:
     context: int
 
 
+@dataclass
+class _Step:
+    """The last choice, kept so a tree can answer it: the pass's price of R rows (``curve``,
+    less a plain decode-only pass's, ``base``), and each sequence's tokens, rows, seconds."""
+
+    curve: Callable[[float], float]
+    base: float
+    fixed_rows: float
+    budget: float
+    tokens: list[float]
+    rows: list[float]
+    extra: list[float]
+
+
 class BatchGoodput:
     """``--k auto`` at batch: given the batch as it is, each decoding sequence's k (0: plain).
 
@@ -48,17 +74,19 @@ class BatchGoodput:
         self.cost = StepCost(batch, profile)
         self.rows_budget = rows_budget
         self.last: list[int] = []
+        self._step: _Step | None = None
 
     def choose(self, states: Sequence[SeqState], *, prefill_rows: int = 0, prefilling: int = 0) -> list[int]:
-        """One k per state; ``prefill_rows`` rows of ``prefilling`` other sequences (prompt chunks)
-        share the pass."""
+        """One k per state; ``prefill_rows`` rows of ``prefilling`` other sequences (prompt chunks,
+        plain requests) share the pass."""
         if not states:
-            self.last = []
+            self.last, self._step = [], None
             return []
-        if len(states) + prefilling > self.cost.batch.max_batch:
-            raise ConfigError(f"{len(states) + prefilling} sequences: the batch profile covers up to "
+        n = len(states)
+        if n + prefilling > self.cost.batch.max_batch:
+            raise ConfigError(f"{n + prefilling} sequences: the batch profile covers up to "
                               f"{self.cost.batch.max_batch}; measure it with larger batches")
-        context = sum(s.context for s in states) / len(states)
+        context = sum(s.context for s in states) / n
         choices = []
         for s in states:
             outcomes = {0: PLAIN}
@@ -68,30 +96,73 @@ class BatchGoodput:
             choices.append(Choice(outcomes, extra))
         self.last = choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
                               fixed_batch=prefilling, rows_budget=self.rows_budget)
+        batch = self.cost.batch
+        curve = batch.rows_curve(n + prefilling, context)  # the terms of choose_ks's objective
+        picked = [c.outcomes[k] for c, k in zip(choices, self.last)]
+        self._step = _Step(
+            curve, batch.rows_curve(n, context)(n) - curve(prefill_rows + n), float(prefill_rows),
+            self.rows_budget if self.rows_budget is not None else (n + prefilling) * batch.rows[-1],
+            [o.tokens for o in picked], [o.rows for o in picked], [c.extra[k] for c, k in zip(choices, self.last)])
         return list(self.last)
+
+    def respond(self, index: int, tokens: Sequence[float], context: float) -> int:
+        """How many nodes sequence ``index`` of the last :meth:`choose` should keep of a scored
+        tree it has proposed, the others' k's as chosen: ``tokens[n]`` is its expected committed
+        tokens with its best n nodes (``tokens[0]`` = 1, a plain step). The n that maximises the
+        step's goodput, by the same objective as :func:`choose_ks`; recorded, so a tree that
+        answers after it sees this one."""
+        step = self._step
+        if step is None or not 0 <= index < len(step.tokens) or not tokens:
+            raise ConfigError("respond() answers the last choose(), for one of its sequences")
+        tau = self.cost.token_overhead
+        t0 = sum(step.tokens) - step.tokens[index]
+        r0 = step.fixed_rows + sum(step.rows) - step.rows[index]
+        x0 = sum(step.extra) - step.extra[index]
+        best_n, best = 0, -1.0
+        for n, e in enumerate(tokens):
+            if r0 + n + 1 > step.budget + 1e-9:
+                break
+            t, x = t0 + e, x0 + self.cost.overhead(n, context)
+            value = t / (step.base + step.curve(r0 + n + 1) + x + tau * t)
+            if value > best + 1e-12 * abs(best):
+                best_n, best = n, value
+        self.settle(index, best_n, tokens[best_n], context)
+        return best_n
+
+    def settle(self, index: int, n: int, tokens: float, context: float, draft: str = NONE) -> None:
+        """Sequence ``index`` verifies ``n`` rows of proposal this step, for ``tokens`` expected
+        (``draft``: whose cost to count; a tree's was paid before it was trimmed)."""
+        step = self._step
+        if step is not None and 0 <= index < len(step.tokens):
+            step.tokens[index], step.rows[index] = tokens, n + 1.0
+            step.extra[index] = self.cost.draft(draft, n) + self.cost.overhead(n, context)
+            self.last[index] = n
 
 
 class BatchKCoordinator:
     """The server side of ``--k auto`` at batch: one per engine, handing each request a
     :class:`BatchSlotPolicy` (the decode loop's :class:`~draftwise.kpolicy.KPolicy`).
 
-    The engine resumes its generations one after another before each pass, and each asks its
-    policy for k. The first to ask in a new step (``epoch()`` changed: the engine's pass count)
-    has the k's of every sequence that asked in the step before chosen together by
-    :class:`BatchGoodput`, from their own acceptance estimates and last context lengths; a
-    sequence that was not among them (it just finished its prompt) has them chosen again with it.
-    A sequence that did not ask in the last step (it ended, or is prefilling) drops out.
-    ``prefill()`` -> (rows, sequences) of prompt chunks in the coming pass, when the server knows.
+    The first sequence to ask in a new step (``epoch()`` changed: the engine's pass count) has
+    the k's of every sequence that asked for the pass before chosen together by
+    :class:`BatchGoodput`; a sequence that was not among them (it just finished its prompt) has
+    them chosen again with it. A sequence that did not ask for the last pass, or was released
+    (its request ended), drops out. ``prefill()`` -> (rows, sequences) in the coming pass that do
+    not choose (prompt chunks, plain requests), when the server knows. ``on_k(draft, k)`` hears
+    every k a sequence goes with (``/metrics``).
     """
 
     def __init__(self, goodput: BatchGoodput, *, epoch: Callable[[], int],
-                 prefill: Callable[[], tuple[int, int]] | None = None) -> None:
+                 prefill: Callable[[], tuple[int, int]] | None = None,
+                 on_k: Callable[[str, int], None] | None = None) -> None:
         self.goodput = goodput
         self.epoch = epoch
         self.prefill = prefill or (lambda: (0, 0))
+        self.on_k = on_k or (lambda draft, k: None)
         self._members: dict[int, tuple[BatchSlotPolicy, int]] = {}  # id -> (policy, last epoch it asked)
-        self._ks: dict[int, int] = {}
+        self._index: dict[int, int] = {}  # id -> its place in the last choice
         self._epoch: int | None = None
+        self.alone = False  # the last choice had one sequence and nothing else in the pass
 
     def policy(self, adaptive: Any, draft: str) -> BatchSlotPolicy:
         """A request's policy: ``adaptive`` (its :class:`~draftwise.cost.adaptive.AdaptiveK`)
@@ -101,41 +172,109 @@ class BatchKCoordinator:
     def k_for(self, member: BatchSlotPolicy) -> int:
         now = self.epoch()
         if now != self._epoch:
-            self._members = {i: (m, e) for i, (m, e) in self._members.items() if e >= (self._epoch or 0)}
-            self._epoch, self._ks = now, {}
+            # every decoding sequence feeds every pass: one that did not ask for the last has left
+            self._members = {i: (m, e) for i, (m, e) in self._members.items() if e >= now - 1}
+            self._epoch, self._index = now, {}
         self._members[id(member)] = (member, now)
-        if id(member) not in self._ks:
+        if id(member) not in self._index:
             live = [m for m, _ in self._members.values()]
             rows, seqs = self.prefill()
-            ks = self.goodput.choose([m.state() for m in live], prefill_rows=rows, prefilling=seqs)
-            self._ks = {id(m): k for m, k in zip(live, ks)}
-        return self._ks[id(member)]
+            self.goodput.choose([m.state() for m in live], prefill_rows=rows, prefilling=seqs)
+            self._index = {id(m): i for i, m in enumerate(live)}
+            self.alone = len(live) == 1 and not seqs
+        return self.goodput.last[self._index[id(member)]]
+
+    def respond(self, member: BatchSlotPolicy, tokens: Sequence[float], context: float) -> int:
+        if id(member) not in self._index:  # chosen for before someone left: choose again, with it
+            self.k_for(member)
+        return self.goodput.respond(self._index[id(member)], tokens, context)
+
+    def settle(self, member: BatchSlotPolicy, n: int, tokens: float, context: float, draft: str = NONE) -> None:
+        if id(member) in self._index:
+            self.goodput.settle(self._index[id(member)], n, tokens, context, draft)
+
+    def release(self, member: BatchSlotPolicy) -> None:
+        """``member``'s request ended: it leaves the batch now, not a step later."""
+        if self._members.pop(id(member), None) is not None:
+            self._index = {}  # the next to ask chooses again, without it
+
+    @property
+    def members(self) -> int:
+        return len(self._members)
 
 
 class BatchSlotPolicy:
     """One request's k policy under a :class:`BatchKCoordinator` (the KPolicy protocol): k from
-    the batch's goodput, everything else from its own adaptive policy."""
+    the batch's goodput, everything else (the acceptance estimate, shadow proposals, probes of
+    a costly draft, the tree's calibration) from its own adaptive policy. Alone in the pass, its
+    adaptive policy chooses, exactly as ``--k auto`` does for one request."""
 
     def __init__(self, coordinator: BatchKCoordinator, adaptive: Any, draft: str) -> None:
         self.coordinator, self.adaptive, self.draft = coordinator, adaptive, draft
         self.k_max = adaptive.k_max
         self.shadow = adaptive.shadow
         self.context = 0
+        self._plain_run = 0
 
     def state(self) -> SeqState:
         return SeqState(self.draft, self.adaptive.rates(), self.context)
 
     def choose(self, context_len: int) -> int:
         self.context = context_len
-        if self.adaptive.trees:  # a scored tree is trimmed by its own policy once proposed
+        k = self.coordinator.k_for(self)
+        if self.adaptive.trees:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
-        return min(self.coordinator.k_for(self), self.k_max)
+        if self.coordinator.alone:
+            k = self.adaptive.choose(context_len)
+        else:
+            chosen, k = k, self._probe(min(k, self.k_max))
+            if k != chosen:  # a probe, or past its own k_max: later sequences price what it feeds
+                self.coordinator.settle(self, k, self._expected(k), context_len, self.draft)
+        self.coordinator.on_k(self.draft, k)
+        return k
+
+    def _probe(self, k: int) -> int:
+        """A costly draft (no shadow proposals) that the batch keeps plain proposes one token
+        every ``probe_every`` steps, as :class:`~draftwise.cost.adaptive.AdaptiveK` does alone,
+        so its estimate stays alive for when the batch thins out."""
+        if k or self.shadow:
+            self._plain_run = 0
+            return k
+        self._plain_run += 1
+        if self._plain_run < self.adaptive.probe_every:
+            return 0
+        self._plain_run = 0
+        return 1
+
+    def _expected(self, k: int) -> float:
+        rates = self.adaptive.rates()
+        return rates_outcomes(rates, k)[k].tokens if k and rates else 1.0
 
     def trim(self, draft: Any, context_len: int) -> Any:
-        return self.adaptive.trim(draft, context_len)
+        """A scored tree: the batch's best response (:meth:`BatchGoodput.respond`) caps the
+        nodes, then its own trim keeps at most that many (and keeps its calibration)."""
+        if not self.adaptive.trees or draft.scores is None or not draft.tokens:
+            return self.adaptive.trim(draft, context_len)
+        if self.coordinator.alone:
+            kept = self.adaptive.trim(draft, context_len)
+        else:
+            lam = self.adaptive.calibration()
+            tokens = [1.0]
+            for score in draft.scores[: self.k_max]:
+                tokens.append(tokens[-1] + min(1.0, lam * score))
+            n = self.coordinator.respond(self, tokens, context_len)
+            kept = self.adaptive.trim(draft.prefix(n), context_len) if n else draft.prefix(0)
+            if len(kept) < n:
+                self.coordinator.settle(self, len(kept), tokens[len(kept)], context_len)
+        self.coordinator.on_k(self.draft, len(kept))
+        return kept
 
     def observe(self, positions: int, accepted: int) -> None:
         self.adaptive.observe(positions, accepted)
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         self.adaptive.observe_shadow(proposal, committed)
+
+    def release(self) -> None:
+        """The request ended (done, cancelled, failed): out of the batch's choices."""
+        self.coordinator.release(self)

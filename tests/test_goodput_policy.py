@@ -1,0 +1,202 @@
+"""The goodput policy as the batched server follows it: BatchGoodput.respond (a scored tree's
+best response to the batch), BatchKCoordinator's membership (alone, joining, leaving) and
+BatchSlotPolicy (alone its own adaptive policy decides; in a crowd the batch does), then on the
+tiny model's batched engine, where greedy outputs stay those of each prompt alone."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from draftwise import generate, load_model
+from draftwise.cost.adaptive import AdaptiveK
+from draftwise.cost.batch_profile import BatchProfile
+from draftwise.cost.goodput import PLAIN, Choice, Outcome, StepCost, step_goodput
+from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.drafters.base import Draft
+from draftwise.drafters.factory import make_drafter
+from draftwise.engine import Engine
+from draftwise.errors import ConfigError
+
+BATCHES = [1, 2, 4, 8, 16]
+ROWS = [1, 2, 3, 5, 9]
+
+
+def knee_profile(knee: int, per_row: float, intercept: float = 0.01) -> BatchProfile:
+    """T(B, R) = intercept, flat up to ``knee`` rows in all, then ``per_row`` a row."""
+    grid = {c: [[intercept + per_row * max(b * r - knee, 0) for r in ROWS] for b in BATCHES] for c in (128, 1024)}
+    return BatchProfile(model="m", fingerprint="f" * 16, machine_fingerprint="x" * 16, dtype="float32",
+                        runtime="NativeRuntime", batches=BATCHES, rows=ROWS, contexts=[128, 1024], times=grid)
+
+
+KNEE4 = knee_profile(4, 0.05)  # flat to 4 rows, then a row costs 5 plain passes
+LINEAR = knee_profile(0, 0.004)  # a CPU: every row costs
+
+
+class Fake:
+    """What BatchSlotPolicy reads of an AdaptiveK, with what it was asked recorded."""
+
+    k_max, probe_every = 8, 4
+
+    def __init__(self, rate: float = 0.7, *, trees: bool = False, shadow: bool = True, alone_k: int = 5) -> None:
+        self.rate, self.trees, self.shadow, self.alone_k = rate, trees, shadow, alone_k
+        self.trimmed: list[int] = []
+
+    def rates(self) -> list[float]:
+        return [self.rate] * 8
+
+    def choose(self, context_len: int) -> int:
+        return self.k_max if self.trees else self.alone_k
+
+    def calibration(self) -> float:
+        return 1.0
+
+    def trim(self, draft: Draft, context_len: int) -> Draft:
+        self.trimmed.append(len(draft))
+        return draft
+
+    def observe(self, positions: int, accepted: int) -> None:
+        pass
+
+
+def coordinator(profile: BatchProfile, epoch: list[int], seen: list[tuple[str, int]] | None = None,
+                others: tuple[int, int] = (0, 0)) -> BatchKCoordinator:
+    on_k = (lambda d, k: seen.append((d, k))) if seen is not None else None
+    return BatchKCoordinator(BatchGoodput(profile, k_max=8), epoch=lambda: epoch[0], prefill=lambda: others, on_k=on_k)
+
+
+def tree(scores: list[float]) -> Draft:
+    from draftwise.tree import TokenTree
+    n = len(scores)
+    return Draft(list(range(n)), tree=TokenTree(list(range(n)), list(range(n))), scores=tuple(scores))
+
+
+def test_respond_is_the_best_response_by_the_step_s_goodput() -> None:
+    """The n respond() picks maximises step_goodput (written out plainly) with the others fixed."""
+    tokens = [1.0, 1.9, 2.7, 3.4, 3.9, 4.2]
+    for profile in (KNEE4, LINEAR):
+        policy, cost = BatchGoodput(profile, k_max=8), StepCost(profile)
+        for crowd in (1, 3, 15):
+            ks = policy.choose([SeqState("lookup", [0.6] * 8, 300)] * crowd, prefill_rows=8, prefilling=1)
+            n = policy.respond(0, tokens, 300)
+            step = policy._step
+            assert step is not None and policy.last[0] == n and ks[1:] == policy.last[1:]
+            rest = [Choice({0: PLAIN, k: Outcome(step.tokens[i], step.rows[i], 0, 0)}, {0: 0.0, k: 0.0})
+                    for i, k in enumerate(ks) if i]
+            values = [step_goodput([Choice({0: PLAIN, m: Outcome(t, m + 1.0, t, t)}, {0: 0.0, m: 0.0}), *rest],
+                                   [m, *ks[1:]], cost, context=300, fixed_rows=8, fixed_batch=1)
+                      for m, t in enumerate(tokens)]
+            assert values[n] == pytest.approx(max(values)), (crowd, values)
+
+
+def test_a_tree_keeps_fewer_nodes_as_the_batch_fills() -> None:
+    policy = BatchGoodput(LINEAR, k_max=8)
+    tokens = [1.0, 1.95, 2.85, 3.7, 4.45, 5.0, 5.4, 5.7, 5.9]
+    kept = []
+    for crowd in (1, 4, 16):
+        policy.choose([SeqState("suffix", [0.5] * 8, 200)] * crowd)
+        kept.append(policy.respond(0, tokens, 200))
+    assert kept[0] >= 4 and kept[0] >= kept[1] > kept[2]  # 1, 4, 16 sequences in the pass
+    with pytest.raises(ConfigError, match="answers the last choose"):
+        policy.respond(16, tokens, 200)
+
+
+def test_alone_the_request_s_own_policy_chooses_and_a_crowd_turns_it_plain() -> None:
+    epoch, seen = [0], []
+    coord = coordinator(KNEE4, epoch, seen)
+    me = coord.policy(Fake(alone_k=5), "lookup")
+    assert me.choose(100) == 5 and coord.alone  # exactly what --k auto does for one request
+    crowd = [coord.policy(Fake(), "lookup") for _ in range(3)]
+    epoch[0] = 1
+    assert [p.choose(100) for p in [me, *crowd]][-1] == 0  # the last joins four in the pass
+    epoch[0] = 2
+    assert [p.choose(100) for p in [me, *crowd]] == [0, 0, 0, 0] and not coord.alone
+    for p in crowd[1:]:
+        p.release()  # their requests ended: two left, the flat pass pays for a row each
+    epoch[0] = 3
+    assert me.choose(100) + crowd[0].choose(100) == 2  # two rows of room in the flat pass
+    assert coord.members == 2
+    assert seen[0] == ("lookup", 5) and ("lookup", 0) in seen and sum(k for _, k in seen[-2:]) == 2
+
+
+def test_a_prompt_in_the_pass_counts_and_a_costly_draft_still_probes() -> None:
+    epoch = [0]
+    coord = coordinator(KNEE4, epoch, others=(8, 1))  # a prompt's chunk of 8 rows shares every pass
+    costly = coord.policy(Fake(shadow=False), "model:x")
+    ks = []
+    for e in range(8):
+        epoch[0] = e
+        ks.append(costly.choose(100))
+    assert not coord.alone and ks == [0, 0, 0, 1, 0, 0, 0, 1]  # one probe every probe_every plain steps
+
+
+def test_a_tree_is_trimmed_to_its_best_response() -> None:
+    epoch = [0]
+    coord = coordinator(LINEAR, epoch)
+    alone = coord.policy(Fake(trees=True), "suffix")
+    assert alone.choose(200) == 8  # a scored tree is proposed whole
+    scores = [0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4]
+    assert len(alone.trim(tree(scores), 200)) == 8 and alone.adaptive.trimmed == [8]  # its own trim, alone
+    crowd = [coord.policy(Fake(rate=0.5), "lookup") for _ in range(15)]
+    epoch[0] = 1
+    for p in [alone, *crowd]:
+        p.choose(200)
+    epoch[0] = 2
+    for p in [alone, *crowd]:
+        p.choose(200)
+    kept = alone.trim(tree(scores), 200)  # 16 in a pass where every row costs: two nodes pay
+    assert 0 < len(kept) < 8 and alone.adaptive.trimmed[-1] == len(kept)
+    assert coord.goodput.last[0] == len(kept)
+
+
+# -- on the tiny model's batched engine -------------------------------------------------------
+class Costs:
+    """An ordinary profile for AdaptiveK and the goodput model: alone, a pass is nearly flat in
+    rows, so a proposal pays at any acceptance the estimate can reach."""
+
+    max_n, token_overhead = 9, 0.0
+
+    def step_time(self, n: int, context: float | None = None) -> float:
+        return 0.01 + 0.0001 * n
+
+    def draft_time(self, draft: str, k: int) -> float:
+        return 1e-6 * k
+
+    def overhead(self, n: int, context: float | None = None) -> float:
+        return 0.0
+
+
+@pytest.fixture(scope="module")
+def tiny_batched(tiny_chat_folder: Any, one_thread: None) -> Any:
+    return load_model(str(tiny_chat_folder))
+
+
+def test_the_engine_follows_the_batch_and_stays_exact(tiny_batched: Any, tiny: Any) -> None:
+    prompts = [tiny.tokenizer.encode(t) for t in ("a b c d a b c d a b", "one two three one two three",
+                                                  "red green blue red green blue", "x y z x y z x y")]
+    eng = Engine(tiny_batched, max_batch=4, context=160, prefill_chunk=8)
+    goodput = BatchGoodput(KNEE4, Costs(), k_max=8)  # type: ignore[arg-type]
+    seen: list[tuple[int, list[int]]] = []
+    choose = goodput.choose
+
+    def spy(states: Any, **kw: Any) -> list[int]:
+        out = choose(states, **kw)
+        seen.append((len(states), list(out)))
+        return out
+
+    goodput.choose = spy  # type: ignore[method-assign]
+    coord = BatchKCoordinator(goodput, epoch=lambda: eng.stats.passes)
+    for draft in ("lookup", "suffix"):  # a chain, and a scored tree trimmed to its best response
+        slots = [make_drafter(draft, m) for m in eng.slot_models]
+        for batch in (prompts[:1], prompts[:2], prompts):
+            seen.clear()
+            got = eng.generate_all(batch, max_new_tokens=24, drafters=slots,
+                                   k=lambda: coord.policy(AdaptiveK(Costs(), draft), draft))  # type: ignore[arg-type]
+            assert [r.token_ids for r in got] == [generate(tiny, p, max_new_tokens=24).token_ids for p in batch]
+            full = [ks for n, ks in seen if n == len(batch)]
+            assert full, (draft, seen)
+            if draft == "lookup" and len(batch) == 4:  # four rows fill the flat pass: no proposal pays
+                assert all(ks == [0, 0, 0, 0] for ks in full)
+            elif draft == "lookup" and len(batch) == 2:  # two rows of room, spent
+                assert all(sum(ks) == 2 for ks in full)
