@@ -8,6 +8,11 @@ proposal ("drafts"):
 - ``draftwise:spec_decode_num_accepted_tokens`` - of those, accepted;
 - ``draftwise:spec_decode_num_accepted_tokens_per_pos{position}`` - accepted at draft position i.
 
+Under ``--k auto`` on a batched server (the goodput policy, :mod:`draftwise.cost.goodput_policy`),
+the k each decoding sequence goes with, every step: ``draftwise:spec_decode_chosen_k{draft}``, a
+histogram (a scored tree's k is the nodes it keeps), and
+``draftwise:spec_decode_num_plain_choices{draft}``, the steps it chose k = 0 (a plain step).
+
 So the acceptance rate is ``accepted / draft_tokens`` and the mean acceptance length (bonus
 token included) is ``1 + accepted / drafts``, as in vLLM. Counters are exported with prometheus'
 ``_total`` suffix (``draftwise:spec_decode_num_drafts_total``), as vLLM's are.
@@ -61,6 +66,11 @@ class ServerMetrics:
         self.accepted_per_pos = Counter(P + "spec_decode_num_accepted_tokens_per_pos",
                                         "Draft tokens accepted, by draft position.",
                                         [*lab, "draft", "position"], registry=r)
+        self.chosen_k = Histogram(P + "spec_decode_chosen_k", "The k each sequence went with per step under "
+                                  "the goodput policy (k auto at batch; 0: a plain step).", [*lab, "draft"],
+                                  buckets=tuple(range(0, 9)), registry=r)
+        self.plain_choices = Counter(P + "spec_decode_num_plain_choices", "Steps the goodput policy chose k = 0 "
+                                     "for a sequence (plain decoding that step).", [*lab, "draft"], registry=r)
         self.success = Counter(P + "request_success", "Finished requests, by finish reason.",
                                [*lab, "finished_reason"], registry=r)
         self.rejected = Counter(P + "request_rejected", "Requests refused before they queued, by HTTP status.",
@@ -106,6 +116,12 @@ class ServerMetrics:
         """One batched target pass: how many sequences and rows it served."""
         self.batch_size.labels(self.model_name).observe(sequences)
         self.rows_per_pass.labels(self.model_name).observe(rows)
+
+    def observe_k(self, draft: str, k: int) -> None:
+        """One sequence's k for one step, as the goodput policy chose it."""
+        self.chosen_k.labels(self.model_name, draft).observe(k)
+        if k == 0:
+            self.plain_choices.labels(self.model_name, draft).inc()
 
     def observe_gap(self, gap_s: float) -> None:
         self.itl.labels(self.model_name).observe(gap_s)

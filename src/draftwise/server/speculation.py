@@ -24,17 +24,26 @@ request and only read afterwards, so it is bounded by the allowed list:
   k, a request asking ``k: "auto"`` gets 400. Each request gets a fresh
   :class:`~draftwise.cost.adaptive.AdaptiveK`, since the policy learns from one generation's
   acceptance.
+- on a batched worker (``--max-batch`` > 1) with k ``auto``, the batch profile, read at
+  start-up (:meth:`Speculation.follow_batch`), and one
+  :class:`~draftwise.cost.goodput_policy.BatchKCoordinator`: each step every such request's k is
+  chosen together, from the goodput of the batch as it is, so speculation turns down as the
+  batch fills. Without a batch profile (or one measured for smaller batches) each request keeps
+  its own adaptive k, and the log says in one line how to make one: the server never measures
+  one itself (a minute or more of passes at start-up, and a second writer of the planner's file).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..cost.adaptive import AdaptiveK, resolve_profile
+from ..cost.batch_profile import BatchProfile, default_batch_profile_path
 from ..cost.defaults import DEFAULT_DRAFTS
+from ..cost.goodput_policy import BatchGoodput, BatchKCoordinator
 from ..cost.plan import Plan, make_plan
 from ..cost.route import route
 from ..drafters.base import Drafter
@@ -97,6 +106,8 @@ class Speculation:
         #: with a batched worker, each slot's own drafters (sharing the ones above's caches)
         self._slot_drafters: list[dict[str, Drafter | None]] = []
         self._profile: Any = None  # one profile covering every allowed draft, when k may be auto
+        #: k auto on a batched worker with a batch profile: the per-step goodput policy
+        self.coordinator: BatchKCoordinator | None = None
         self._warm = False
 
     def warm_up(self, slot_models: Sequence[Any] = ()) -> None:
@@ -122,6 +133,36 @@ class Speculation:
 
     def _resolve_profile(self, drafts: list[str]) -> Any:
         return resolve_profile(self.model, drafts)
+
+    def follow_batch(self, engine: Any, *, others: Callable[[], tuple[int, int]] | None = None,
+                     on_k: Callable[[str, int], None] | None = None) -> None:
+        """With k ``auto`` on a batched ``engine``: the goodput policy (module docstring), priced by
+        the batch profile read now. ``others()``: rows and sequences of the coming pass that do
+        not choose a k; ``on_k(draft, k)``: every k chosen. Run after :meth:`warm_up`."""
+        if self._profile is None or self.coordinator is not None:
+            return
+        make = (f"measure one once with `draftwise plan --concurrency 1,2,4,8,{max(16, engine.max_batch)} --out DIR` "
+                "(same --model, --dtype and --quant; the server reads it at start-up)")
+        try:
+            batch = self._load_batch_profile()
+            if batch.max_batch < engine.max_batch:
+                raise ConfigError(f"the batch profile covers batches of up to {batch.max_batch}, "
+                                  f"not --max-batch {engine.max_batch}")
+        except ConfigError as exc:
+            log.warning("k=auto at batch: %s, so each request keeps its own adaptive k; %s", exc, make)
+            return
+        self.coordinator = BatchKCoordinator(BatchGoodput(batch, self._profile), epoch=lambda: engine.stats.passes,
+                                             prefill=others, on_k=on_k)
+        log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
+                 "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
+
+    def _load_batch_profile(self) -> BatchProfile:
+        path = default_batch_profile_path(self.model)
+        if not path.is_file():
+            raise ConfigError(f"no batch profile at {path}")
+        batch = BatchProfile.load(path)
+        batch.check_model(self.model)
+        return batch
 
     def choose(self, req: Speculative | None) -> Choice:
         """The request's speculation, validated (HTTP 400 naming ``speculative.*`` if refused)."""
@@ -177,7 +218,10 @@ class Speculation:
         drafter = drafters[str(choice.draft)]
         if choice.k == AUTO:
             # the start-up profile, never one measured in a request; the drafter's own statement
-            return drafter, AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities)
+            adaptive = AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities)
+            if slot is not None and self.coordinator is not None:  # k from the batch, each step
+                return drafter, self.coordinator.policy(adaptive, str(choice.draft))
+            return drafter, adaptive
         assert isinstance(choice.k, int)
         return drafter, choice.k
 

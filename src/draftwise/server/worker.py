@@ -25,7 +25,9 @@ the batched engine (:mod:`draftwise.engine`): between two steps it admits queued
 slots, each job is the same :meth:`Worker._run` as alone (its own drafter, k, sampling, stop
 strings, cancellation and deadline), and one target pass per step serves them all. A job that
 ends (done, cancelled, timed out, failed) frees its slot at once. With ``max_batch`` 1 jobs run
-one at a time on the model itself.
+one at a time on the model itself. Under ``--k auto`` the batch's jobs choose their k's together
+each step (:meth:`Speculation.follow_batch`); the worker tells that policy which rows of the
+coming pass are not its to choose (prompt chunks, plain and fixed-k requests).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
 from ..api import stream
+from ..cost.goodput_policy import BatchSlotPolicy
 from ..decode import GenerationResult
 from ..engine import DEFAULT_PREFILL_CHUNK, Engine
 from ..errors import DraftwiseError
@@ -156,6 +159,7 @@ class Worker:
         self.engine: Engine | None = None
         self._context = context
         self._handles: list[JobHandle] = []  # the jobs in the engine's batch
+        self._rows: dict[int, int | None] = {}  # id(handle) -> rows it feeds a pass (None: chooses with the batch)
         self.speculation = speculation
         self.metrics = metrics
         self.max_queue = max_queue
@@ -192,6 +196,8 @@ class Worker:
             self.engine = Engine(self.model, max_batch=self.max_batch, prefill_chunk=self.prefill_chunk,
                                  context=context)
         self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
+        if self.engine is not None:  # k auto: each step's k's from the batch (when profiled)
+            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k)
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
@@ -309,6 +315,20 @@ class Worker:
         except DraftwiseError as exc:
             handle.post(Event("error", error=str(exc), code="invalid"))
             return self._end(handle, "error", started, started, None, SpecStats(), None)
+        if slot is not None:  # the prompt's chunks share the passes; then its rows, or its policy's
+            self._rows[id(handle)] = min(self.prefill_chunk, len(job.prompt_ids))
+        try:
+            self._decode(handle, s, started, None if isinstance(k, BatchSlotPolicy) or slot is None
+                         else 1 + (k if drafter is not None and isinstance(k, int) else 0))
+        finally:
+            self._rows.pop(id(handle), None)
+            if isinstance(k, BatchSlotPolicy):
+                k.release()  # out of the batch's choices from the next sequence that asks
+
+    def _decode(self, handle: JobHandle, s: Any, started: float, rows: int | None) -> None:
+        """Stream ``s``'s pieces to ``handle`` (``rows``: what it feeds each batched pass once
+        decoding, None when it chooses its k with the batch or runs alone)."""
+        job, m = handle.job, self.metrics
         first = last = None
         reason = None
         committed = 0
@@ -317,6 +337,8 @@ class Worker:
             if first is None:
                 first = now
                 m.observe_first(now - job.arrived)
+                if id(handle) in self._rows:
+                    self._rows[id(handle)] = rows
             else:
                 gap, tokens = now - last, max(s.stats.committed - committed, 1)  # type: ignore[operator]
                 for _ in range(tokens):  # inter-token latency: the pass's time shared by its tokens
@@ -336,6 +358,13 @@ class Worker:
         handle.post(Event("done", result=result, stats=s.stats))
         self._end(handle, "stop" if result.finish_reason != "length" else "length", started,
                   first or time.monotonic(), result, s.stats, s)
+
+    def _others(self) -> tuple[int, int]:
+        """Rows and sequences of the coming pass that do not choose their k with the batch: a
+        prompt's chunk, a plain request's row, a fixed k's k + 1 (the goodput policy prices
+        its proposals beside them)."""
+        rows = [r for r in self._rows.values() if r is not None]
+        return sum(rows), len(rows)
 
     def _end(self, handle: JobHandle, reason: str, started: float, first: float | None,
              result: GenerationResult | None, stats: SpecStats, s: Any) -> None:

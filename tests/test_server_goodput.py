@@ -1,0 +1,135 @@
+"""`serve --k auto --max-batch N`: the goodput policy chooses every decoding request's k each
+step from the batch as it is (the batch profile read at start-up), responses stay those of each
+request alone, and /metrics shows the k's; without a batch profile, each request keeps its own
+adaptive k and the log says how to make one."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+from draftwise import generate, load_model  # noqa: E402
+from draftwise.cost.goodput_policy import BatchSlotPolicy  # noqa: E402
+from draftwise.errors import ConfigError  # noqa: E402
+from draftwise.server.app import ServerSettings, create_app  # noqa: E402
+from draftwise.server.live import LiveServer  # noqa: E402
+from draftwise.server.speculation import Speculation  # noqa: E402
+
+from .test_goodput_policy import KNEE4, Costs  # noqa: E402
+from .test_server_batch import run_all  # noqa: E402
+
+PROMPTS = ["Count to five and back: one two three", "List the colours: red green blue red green",
+           "a b c d e f g a b c d", "The numbers: 1 2 3 4 5 1 2 3"]
+
+
+@pytest.fixture()
+def slow_model(tiny_chat_folder: Any, one_thread: None) -> Any:
+    """A fresh tiny model (the engine splits its cache) whose batched passes take >= 15 ms, so
+    concurrent requests share passes."""
+    model = load_model(str(tiny_chat_folder))
+    forward_batch = model.runtime.forward_batch
+
+    def slow(*a: Any, **kw: Any) -> Any:
+        time.sleep(0.015)
+        return forward_batch(*a, **kw)
+
+    model.runtime.forward_batch = slow
+    return model
+
+
+def serve(model: Any, monkeypatch: Any, batch_profile: Any) -> tuple[Any, LiveServer]:
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
+
+    def load(self: Speculation) -> Any:
+        if batch_profile is None:
+            raise ConfigError("no batch profile at /nowhere/tiny-batch.json")
+        return batch_profile
+
+    monkeypatch.setattr(Speculation, "_load_batch_profile", load)
+    spec = Speculation(model, draft="lookup", k="auto", plan=None, allow=["suffix"])
+    app = create_app(model, spec, ServerSettings(model_name="tiny", max_tokens_cap=64, max_batch=4,
+                                                 prefill_chunk=8, context=160))
+    return app, LiveServer(app)
+
+
+def ask_all(server: LiveServer, cases: list[tuple[str, dict[str, Any], int]]) -> list[Any]:
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+    return run_all([
+        (lambda p=p, spec=spec, n=n: c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": p}], temperature=0, max_tokens=n,
+            extra_body={"return_token_ids": True, "speculative": spec}))
+        for p, spec, n in cases
+    ])
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_k_auto_at_batch_follows_the_goodput_of_the_batch(slow_model: Any, tiny: Any, monkeypatch: Any) -> None:
+    app, server = serve(slow_model, monkeypatch, KNEE4)  # a pass flat to 4 rows, then steep
+    cases = [(p, {"draft": d, "k": "auto"}, n) for p, d, n in
+             zip(PROMPTS, ["suffix", "lookup", "suffix", "lookup"], [16, 24, 32, 40])]
+    with server:
+        coord = app.state.worker.speculation.coordinator
+        assert coord is not None  # the batch profile was read at start-up
+        seen: list[tuple[int, int, int, list[int]]] = []
+        choose = coord.goodput.choose
+
+        def spy(states: Any, *, prefill_rows: int = 0, prefilling: int = 0) -> list[int]:
+            ks = choose(states, prefill_rows=prefill_rows, prefilling=prefilling)
+            seen.append((len(states), prefill_rows, prefilling, list(ks)))
+            return ks
+
+        monkeypatch.setattr(coord.goodput, "choose", spy)
+        got = ask_all(server, cases)
+        text = httpx.get(server.url + "/metrics").text
+    want = [generate(tiny, p, max_new_tokens=n).token_ids for p, _, n in cases]
+    assert [r.choices[0].token_ids for r in got] == want
+    assert max(n for n, *_ in seen) >= 2, seen  # requests shared passes, and chose together
+    full = [ks for n, rows, _, ks in seen if n + rows >= 4]
+    assert full and all(ks == [0] * len(ks) for ks in full)  # the flat part of the pass is taken: plain
+    roomy = [ks for n, rows, _, ks in seen if n == 2 and rows == 0]
+    assert all(sum(ks) == 2 for ks in roomy)  # two rows of room: spent on proposals
+    assert metric(text, "draftwise:spec_decode_num_plain_choices_total") > 0
+    assert metric(text, "draftwise:spec_decode_chosen_k_count") > metric(text, "draftwise:spec_decode_num_plain_choices_total")
+    assert coord.members == 0  # every request left the batch's choices when it ended
+
+
+def test_without_a_batch_profile_each_request_keeps_its_own_adaptive_k(
+        slow_model: Any, tiny: Any, monkeypatch: Any, caplog: Any) -> None:
+    caplog.set_level(logging.WARNING, logger="draftwise.server")
+    logger = logging.getLogger("draftwise.server")  # the CLI stops it propagating; listen to it directly
+    logger.addHandler(caplog.handler)
+    try:
+        app, server = serve(slow_model, monkeypatch, None)
+        check_own_adaptive_k(app, server, tiny, monkeypatch)
+    finally:
+        logger.removeHandler(caplog.handler)
+    line = [r.getMessage() for r in caplog.records if "k=auto at batch" in r.getMessage()]
+    assert line and "no batch profile" in line[0] and "draftwise plan --concurrency" in line[0]
+
+
+def check_own_adaptive_k(app: Any, server: LiveServer, tiny: Any, monkeypatch: Any) -> None:
+    built: list[Any] = []
+    build = Speculation.build
+
+    def spy(self: Speculation, choice: Any, slot: Any = None) -> Any:
+        drafter, k = build(self, choice, slot)
+        built.append(k)
+        return drafter, k
+
+    monkeypatch.setattr(Speculation, "build", spy)
+    with server:
+        assert app.state.worker.speculation.coordinator is None
+        got = ask_all(server, [(PROMPTS[0], {"k": "auto"}, 20), (PROMPTS[2], {"k": "auto"}, 20)])
+    assert [r.choices[0].token_ids for r in got] == [generate(tiny, p, max_new_tokens=20).token_ids
+                                                     for p in (PROMPTS[0], PROMPTS[2])]
+    assert built and not any(isinstance(k, BatchSlotPolicy) for k in built)
