@@ -1,0 +1,189 @@
+"""Measure ``serve --k auto`` at batch (the goodput policy) against plain batching and against
+every fixed k of the plan's draft, at each concurrency N, on the real model (issue 27, item 4).
+
+    python benchmarks/results/goodput-policy/run_policy.py --plan benchmarks/results/planner/greedy/plan.json \
+        --concurrency 1,2,4,8,16 --requests 2 --max-tokens 64 --fixed-ks 1,2,4,8 \
+        --out benchmarks/results/goodput-policy/run
+
+For each N and each policy, one fresh server (never two model processes at once; a fresh one so
+the suffix draft's cross-request cache never holds another phase's answers to the same
+prompts): ``draftwise serve --draft auto --plan PLAN --k auto --max-batch N`` (``--max-batch``
+to fix one value for every N). Policies: ``plain`` (requests with ``draft: none``), ``goodput``
+(each request's category, k ``auto``: the goodput policy at N > 1 when the server found a batch
+profile, see its log; at max batch 1, the single-stream adaptive k) and ``k=K`` (the plan's
+overall draft at fixed k, K from ``--fixed-ks``). N streaming clients send R requests each,
+greedy, first turns of dev questions the plan did not trace, spread over the categories; every
+answer is compared with the same prompt decoded alone. Goals: goodput >= 0.97x plain at every
+N, >= 1.3x plain at N = 1, and >= 1.05x the best fixed k at some N.
+
+Needs a batch profile for the goodput policy at N > 1 (``draftwise plan --concurrency
+1,2,4,8,16 --out DIR`` measures one, about a minute, cached beside the model's profile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from draftwise.api import generate
+from draftwise.chat import encode_conversation
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.loaders import load_model
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
+
+
+def prompts_unseen(plan: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    seen = {str(p.get("question_id")) for p in plan.get("prompts", [])}
+    fresh = [q for q in read_questions(DEFAULT_QUESTIONS) if str(q.question_id) not in seen]
+    if len(fresh) < count:
+        raise SystemExit(f"only {len(fresh)} dev questions are not in the plan; lower --requests or --concurrency")
+    return [{"question_id": q.question_id, "category": q.category, "text": q.turns[0]}
+            for q in spread_questions(fresh, count)]
+
+
+def references(args: argparse.Namespace, prompts: list[dict[str, Any]]) -> None:
+    model = load_model(args.model, dtype=args.dtype, quant=args.quant)
+    for p in prompts:
+        ids = encode_conversation(model.tokenizer, [p["text"]], [], chat=True)
+        p["reference"] = generate(model, ids, max_new_tokens=args.max_tokens).token_ids
+    del model
+    gc.collect()
+
+
+def start_server(args: argparse.Namespace, batch: int, log: Path) -> subprocess.Popen[bytes]:
+    exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
+    cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--k", "auto",
+           "--port", str(args.port), "--max-batch", str(batch), "--max-queue", "256",
+           "--max-tokens-cap", str(args.max_tokens), "--request-timeout", "3600",
+           "--dtype", args.dtype, "--quant", args.quant]
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    for _ in range(600):  # bounded: 5 minutes to load
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{args.port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.terminate()
+    raise SystemExit(f"the server did not start in 5 minutes; see {log}")
+
+
+async def ask(client: httpx.AsyncClient, url: str, p: dict[str, Any], spec: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    body = {"messages": [{"role": "user", "content": p["text"]}], "max_tokens": max_tokens, "temperature": 0,
+            "return_token_ids": True, "speculative": spec}
+    r = await client.post(url + "/v1/chat/completions", json=body)
+    if r.status_code != 200:
+        return {"question_id": p["question_id"], "error": f"HTTP {r.status_code}: {r.text[:200]}"}
+    data = r.json()
+    ids = data["choices"][0].get("token_ids", [])
+    return {"question_id": p["question_id"], "error": None, "tokens": data["usage"]["completion_tokens"],
+            "equal": ids == p["reference"], "k": data.get("speculative", {}).get("k")}
+
+
+async def phase(url: str, prompts: list[dict[str, Any]], spec_of: Any, clients: int, requests: int,
+                max_tokens: int) -> tuple[list[dict[str, Any]], float]:
+    limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
+
+        async def run_client(i: int) -> list[dict[str, Any]]:
+            return [await ask(client, url, p, spec_of(p), max_tokens)  # one after the other
+                    for p in prompts[i * requests:(i + 1) * requests]]
+
+        t0 = time.perf_counter()
+        out = await asyncio.gather(*(run_client(i) for i in range(clients)))
+        return [r for rs in out for r in rs], time.perf_counter() - t0
+
+
+def policies(plan: dict[str, Any], fixed_ks: list[int]) -> dict[str, Any]:
+    overall = plan["recommended"]["overall"]
+    draft = overall["draft"] if isinstance(overall, dict) else overall[0]
+    out: dict[str, Any] = {"plain": lambda p: {"draft": "none"},
+                           "goodput": lambda p: {"category": p["category"], "k": "auto"}}
+    for k in fixed_ks:
+        out[f"k={k}"] = lambda p, k=k: {"draft": draft, "k": k}
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    names = list(next(iter(result["measured"].values())))
+    lines = ["| N | " + " | ".join(f"{n} tok/s" for n in names) + " | goodput / plain | goodput / best fixed |",
+             "|---:|" + "---:|" * (len(names) + 2)]
+    for n, row in result["measured"].items():
+        fixed = max((v for k, v in row.items() if k.startswith("k=")), default=float("nan"))
+        lines.append(f"| {n} | " + " | ".join(f"{row[k]:.1f}" for k in names)
+                     + f" | {row['goodput'] / row['plain']:.2f} | {row['goodput'] / fixed:.2f} |")
+    g = result["goals"]
+    lines += ["", f"goodput >= 0.97x plain at every N: {g['every_n_097']}; >= 1.3x plain at N=1: {g['n1_13']}; "
+              f">= 1.05x best fixed k at some N: {g['beats_fixed_105']}; outputs equal: {result['equal']}"]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--plan", required=True)
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--requests", type=int, default=2, help="requests per client per policy")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--fixed-ks", default="1,2,4,8", help="fixed k's of the plan's overall draft")
+    ap.add_argument("--max-batch", type=int, default=0, help="serve --max-batch (0: N)")
+    ap.add_argument("--port", type=int, default=8767)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--quant", default="none")
+    ap.add_argument("--out", default="benchmarks/results/goodput-policy/run")
+    args = ap.parse_args()
+    grid = [int(n) for n in args.concurrency.split(",")]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    plan = json.loads(Path(args.plan).read_text())
+    prompts = prompts_unseen(plan, max(grid) * args.requests)
+    references(args, prompts)
+    url = f"http://127.0.0.1:{args.port}"
+    measured: dict[str, dict[str, float]] = {}
+    records: list[dict[str, Any]] = []
+    for n in grid:
+        measured[str(n)] = {}
+        for name, spec_of in policies(plan, [int(k) for k in args.fixed_ks.split(",")]).items():
+            batch = args.max_batch or n
+            proc = start_server(args, batch, out / f"server-n{n}-{name}.log")
+            try:
+                warm = {"question_id": "warm-up", "text": "Say hello.", "reference": None}
+                asyncio.run(phase(url, [warm], lambda p: {"draft": "none"}, 1, 1, 8))
+                recs, wall = asyncio.run(phase(url, prompts[: n * args.requests], spec_of, n, args.requests,
+                                               args.max_tokens))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            tokens = sum(r.get("tokens", 0) for r in recs)
+            measured[str(n)][name] = tokens / wall
+            records += [{**r, "n": n, "policy": name} for r in recs]
+            print(f"N={n} {name}: {tokens / wall:.1f} tok/s, {sum(bool(r.get('equal')) for r in recs)}/{len(recs)} "
+                  f"equal", flush=True)
+    ratio = {n: row["goodput"] / row["plain"] for n, row in measured.items()}
+    best_fixed = {n: max(v for k, v in row.items() if k.startswith("k=")) for n, row in measured.items()}
+    result = {"measured": measured, "equal": [sum(bool(r.get("equal")) for r in records), len(records)],
+              "goals": {"every_n_097": all(r >= 0.97 for r in ratio.values()),
+                        "n1_13": ratio.get("1", 0.0) >= 1.3,
+                        "beats_fixed_105": any(measured[n]["goodput"] >= 1.05 * best_fixed[n] for n in measured)},
+              "config": {**vars(args), "date": time.strftime("%Y-%m-%d %H:%M")}}
+    write_json_atomic(out / "result.json", result)
+    write_json_atomic(out / "records.json", records)
+    write_text_atomic(out / "result.md", table(result) + "\n")
+    print(table(result))
+    return 0 if result["equal"][0] == result["equal"][1] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
