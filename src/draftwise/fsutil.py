@@ -74,6 +74,25 @@ def read_json(path: Path, what: str, made_by: str) -> Any:
         raise ConfigError(f"{path} is not JSON ({exc}); pass a {what} written by `{made_by}`") from None
 
 
+@contextmanager
+def fields_of(source: str, remedy: str) -> Iterator[None]:
+    """Reading a JSON document's fields: a missing field (KeyError) or a wrong shape (TypeError,
+    ValueError, AttributeError) inside the block is one ConfigError naming ``source``, ending in
+    ``remedy`` (e.g. "measure it again").
+
+    >>> with fields_of("p.json", "measure it again"):
+    ...     {}["step"]
+    Traceback (most recent call last):
+    draftwise.errors.ConfigError: p.json is incomplete: it has no 'step' field; measure it again
+    """
+    try:
+        yield
+    except KeyError as exc:
+        raise ConfigError(f"{source} is incomplete: it has no {exc} field; {remedy}") from None
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise ConfigError(f"{source} is malformed: {exc}; {remedy}") from None
+
+
 def check_writable(folder: str | Path, what: str = "output folder", *, fix: str = "choose another") -> Path:
     """Create ``folder`` if needed and prove a file can be written there; a clear error otherwise.
 

@@ -55,7 +55,7 @@ from typing import Any
 import torch
 
 from ..errors import ConfigError
-from ..fsutil import read_json, write_json_atomic
+from ..fsutil import fields_of, read_json, write_json_atomic
 from .profile import default_profile_path, locked, model_fingerprint
 
 SCHEMA = "draftwise.batch-profile/1"
@@ -235,7 +235,7 @@ class BatchProfile:
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             got = data.get("schema") if isinstance(data, dict) else type(data).__name__
             raise ConfigError(f"{source} is not a draftwise batch profile (schema {got!r}, want {SCHEMA!r})")
-        try:
+        with fields_of(source, "measure it again"):
             batches = _ints(data["batches"], "batches")
             rows = _ints(data["rows"], "rows")
             contexts = _ints(data["contexts"], "contexts")
@@ -249,10 +249,6 @@ class BatchProfile:
                        runtime=data["runtime"], batches=batches, rows=rows, contexts=contexts, times=times,
                        raw=raw, repeats=int(data.get("repeats", 0)), machine=dict(data.get("machine", {})),
                        created=str(data.get("created", "")))
-        except KeyError as exc:
-            raise ConfigError(f"{source} is incomplete: it has no {exc} field; measure it again") from None
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source} is malformed: {exc}; measure it again") from None
 
     @classmethod
     def load(cls, path: str | Path) -> BatchProfile:

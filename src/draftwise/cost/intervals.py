@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from ..drafters.spec import DraftSpec
+from .formulas import mean_rate_speedup
 from .profile import Profile
 
 LEVEL = 0.95
@@ -294,8 +295,8 @@ def rerun_t_draws(items: Sequence[dict], spread: tuple[float, int], *, seed: int
     (2.0, True, True)
     """
     s2, df = spread
-    new = np.array([x["new_tokens"] for x in items], dtype=float)
-    point = (new / np.array([x["method_s"] for x in items])).mean() / (new / np.array([x["plain_s"] for x in items])).mean()
+    point = mean_rate_speedup([x["new_tokens"] / x["method_s"] for x in items],
+                              [x["new_tokens"] / x["plain_s"] for x in items])
     if df < 1:
         return np.full(draws, point)
     se = math.sqrt(s2 * 2.0 / len(items))

@@ -45,7 +45,7 @@ from typing import Any
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
-from ..fsutil import read_json, write_json_atomic
+from ..fsutil import fields_of, read_json, write_json_atomic
 from ..loaders import cache_dir
 
 SCHEMA = "draftwise.profile/1"
@@ -191,7 +191,7 @@ class Profile:
             raise ConfigError(f"{source} is not a draftwise profile (a JSON {type(data).__name__}, not an object)")
         if data.get("schema") != SCHEMA:
             raise ConfigError(f"{source} is not a draftwise profile (schema {data.get('schema')!r}, want {SCHEMA!r})")
-        try:
+        with fields_of(source, "measure it again with `draftwise profile`"):
             forward = _curves(data["forward"], "forward")
             step = _curves(data["step"], "step")
             step_sampled = _curves(data["step_sampled"], "step_sampled") if data.get("step_sampled") else {}
@@ -231,10 +231,6 @@ class Profile:
                 machine=dict(data.get("machine", {})),
                 created=str(data.get("created", "")),
             )
-        except KeyError as exc:
-            raise ConfigError(f"{source} is incomplete: it has no {exc} field; measure it again with `draftwise profile`") from None
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise ConfigError(f"{source} is malformed: {exc}; measure it again with `draftwise profile`") from None
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
