@@ -63,6 +63,29 @@ def test_a_tiny_model_gives_a_sane_monotone_grid(tiny: Model) -> None:
     bp.check_model(tiny)
 
 
+def test_a_measured_batch_spreads_its_contexts_around_the_mean(tiny: Model, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A serving batch's sequences sit at different lengths, and a ragged batch costs more than
+    one at a single length: the timed passes of batch B at context c see slots filled evenly
+    from c/2 to 3c/2 (mean c), one sequence sees c, and spread=0 keeps every slot at c."""
+    rt: Any = tiny.runtime
+    timed: dict[tuple[int, float], list[list[int]]] = {}
+    real = rt.forward_batch
+
+    def spy(passes: Any, **kw: Any) -> Any:
+        if all(not p.last_only and p.logits for p in passes):  # a timed pass (fills ask for the last row)
+            timed.setdefault((len(passes), spread), []).append([rt._lengths[p.slot] for p in passes])
+        return real(passes, **kw)
+
+    monkeypatch.setattr(rt, "forward_batch", spy)
+    for spread in (0.5, 0.0):
+        bp = measure_batch_profile(tiny, batches=(1, 4), rows_per_seq=(1, 2), contexts=(64,), repeats=1,
+                                   spread=spread, progress=False)
+        assert bp.spread == spread and bp.settings["spread"] == spread
+    assert {tuple(x) for x in timed[(4, 0.5)]} == {(32, 53, 75, 96)}
+    assert {tuple(x) for x in timed[(1, 0.5)]} == {(64,)}
+    assert {tuple(x) for x in timed[(4, 0.0)]} == {(64, 64, 64, 64)}
+
+
 def test_bad_measure_settings_are_one_line(tiny: Model, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ConfigError, match="repeats=0"):
         measure_batch_profile(tiny, repeats=0)
@@ -70,6 +93,10 @@ def test_bad_measure_settings_are_one_line(tiny: Model, monkeypatch: pytest.Monk
         measure_batch_profile(tiny, batches=(0, 2))
     with pytest.raises(ConfigError, match="positions; the model holds 512"):
         measure_batch_profile(tiny, contexts=(600,))
+    with pytest.raises(ConfigError, match=r"spread=1\.0 must be a number from 0"):
+        measure_batch_profile(tiny, spread=1.0)
+    with pytest.raises(ConfigError, match="positions; the model holds 512"):  # 3c/2 of 400 does not fit
+        measure_batch_profile(tiny, batches=(1, 2), contexts=(400,))
     monkeypatch.setattr("draftwise.engine.memory_available", lambda: 1000)  # 1 kB free
     with pytest.raises(ConfigError, match=r"max_batch=4 needs .* GiB of KV cache"):
         measure_batch_profile(tiny, batches=(1, 4), rows_per_seq=(1,), contexts=(16,), repeats=1, progress=False)

@@ -15,7 +15,8 @@ import torch
 from ..engine import check_batch
 from ..errors import ConfigError
 from ..runtime.base import Rows
-from .batch_profile import DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, BatchProfile, machine_fingerprint
+from .batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
+                            machine_fingerprint)
 from .measure import _reporter, monotone
 from .profile import model_fingerprint
 from .timing import fast_half_mean
@@ -37,6 +38,29 @@ def _checked(values: Sequence[int], what: str) -> list[int]:
     return out
 
 
+def spread_contexts(c: int, batch: int, spread: float) -> list[int]:
+    """The contexts of a measured batch of ``batch`` sequences at mean context ``c``: evenly from
+    ``c (1 - spread)`` to ``c (1 + spread)`` (one sequence: ``c``), as a serving batch's
+    sequences sit at different lengths.
+
+    >>> spread_contexts(128, 4, 0.5), spread_contexts(128, 1, 0.5), spread_contexts(128, 2, 0.0)
+    ([64, 107, 149, 192], [128], [128, 128])
+    """
+    if batch == 1 or spread == 0:
+        return [c] * batch
+    return [max(1, round(c * (1 - spread + 2 * spread * i / (batch - 1)))) for i in range(batch)]
+
+
+def _fill(rt: Any, lengths: Sequence[int], chunk: int) -> None:
+    """Slots 0.. filled with ``lengths[s]`` tokens of synthetic text each (untimed)."""
+    for s, n in enumerate(lengths):
+        rt.rollback_slot(s, 0)
+        ids = _tokens(n, s + 1, rt.vocab_size)
+        for lo in range(0, n, chunk):
+            last = lo + chunk >= n
+            rt.forward_batch([Rows(s, ids[lo : lo + chunk], last_only=last, logits=last)])
+
+
 def measure_batch_profile(
     model: Any,
     *,
@@ -44,6 +68,7 @@ def measure_batch_profile(
     rows_per_seq: Sequence[int] = DEFAULT_ROWS,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
     repeats: int = 3,
+    spread: float = DEFAULT_SPREAD,
     prefill_chunk: int = 256,
     progress: Callable[[str, float], None] | bool = True,
 ) -> BatchProfile:
@@ -51,12 +76,17 @@ def measure_batch_profile(
     ``batches``, r in ``rows_per_seq`` and c in ``contexts`` (module docstring).
 
     The runtime's slots are allocated once for the largest batch (refused in one line when that
-    batch's KV cache does not fit in memory: :func:`draftwise.engine.check_batch`), each filled
-    to c tokens of synthetic text, and every timed pass is rolled back, so each pass sees the
-    same cache. The slots the runtime had before are restored (their contents are not).
+    batch's KV cache does not fit in memory: :func:`draftwise.engine.check_batch`). For each c and
+    B, slots 0..B-1 are filled with synthetic text to :func:`spread_contexts` (mean c, from
+    c (1 - spread) to c (1 + spread): a batch of sequences at one length would price the pass
+    below what a serving batch of ragged lengths costs, measured 1.2-1.5x at B = 8-16 here),
+    and every timed pass is rolled back, so each pass over that batch sees the same cache. The
+    slots the runtime had before are restored (their contents are not).
     ``progress``: a ``(description, fraction)`` callback, True for a bar, False for nothing."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not 0 <= spread < 1:
+        raise ConfigError(f"spread={spread!r} must be a number from 0 up to (not including) 1")
     batches = _checked(batches, "batches")
     rows_per_seq = _checked(rows_per_seq, "rows per sequence")
     contexts = _checked(contexts, "contexts")
@@ -64,7 +94,7 @@ def measure_batch_profile(
     if not hasattr(rt, "forward_batch"):
         raise ConfigError(f"the {type(rt).__name__} runtime runs one sequence at a time: a batch profile "
                           "needs the native runtime (Llama-family models)")
-    need = contexts[-1] + rows_per_seq[-1] + 1
+    need = max(spread_contexts(contexts[-1], batches[-1], spread)) + rows_per_seq[-1] + 1
     if need > rt.max_context:
         raise ConfigError(f"contexts up to {contexts[-1]} with {rows_per_seq[-1]} rows need {need} positions; "
                           f"the model holds {rt.max_context}")
@@ -72,30 +102,26 @@ def measure_batch_profile(
     before = (rt.slots, rt.slot_context)
     on_gpu = getattr(getattr(rt, "device", None), "type", "cpu") == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)  # a GPU pass returns before it ends
-    total = len(contexts) * (repeats + 1)
+    total = len(contexts) * len(batches)
     done = [0]
     report, bar = _reporter(progress, total)
     raw: dict[int, list[list[float]]] = {}
     try:
         rt.allocate_slots(batches[-1], need)
         for c in contexts:
-            for s in range(batches[-1]):  # fill every slot to c tokens (untimed)
-                rt.rollback_slot(s, 0)
-                ids = _tokens(c, s + 1, rt.vocab_size)
-                for lo in range(0, c, prefill_chunk):
-                    last = lo + prefill_chunk >= c
-                    rt.forward_batch([Rows(s, ids[lo : lo + prefill_chunk], last_only=last, logits=last)])
             samples: list[list[list[float]]] = [[[] for _ in rows_per_seq] for _ in batches]
-            for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
-                for i, b in enumerate(batches):
-                    for j, r in enumerate(rows_per_seq):
+            for i, b in enumerate(batches):
+                lengths = spread_contexts(c, b, spread)
+                _fill(rt, lengths, prefill_chunk)  # once a batch: refilling every round would cost 4x
+                for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
+                    for j, r in enumerate(rows_per_seq):  # in rounds over the rows: drift hits each alike
                         passes = [Rows(s, _tokens(r, 100 + s, rt.vocab_size)) for s in range(b)]
                         t0 = time.perf_counter()
                         rt.forward_batch(passes)  # every row's logits, as verification takes them
                         sync()
                         elapsed = time.perf_counter() - t0
-                        for s in range(b):
-                            rt.rollback_slot(s, c)
+                        for s, n in enumerate(lengths):
+                            rt.rollback_slot(s, n)
                         if rnd:
                             samples[i][j].append(elapsed)
                 done[0] += 1
@@ -109,7 +135,7 @@ def measure_batch_profile(
     return BatchProfile(
         model=model.name, fingerprint=model_fingerprint(model), machine_fingerprint=machine_fingerprint(),
         dtype=model.mode, runtime=type(rt).__name__, batches=batches, rows=rows_per_seq, contexts=contexts,
-        times={c: smooth(g) for c, g in raw.items()}, raw=raw, repeats=repeats,
+        times={c: smooth(g) for c, g in raw.items()}, raw=raw, repeats=repeats, spread=float(spread),
         machine={"threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
                  "cores": os.cpu_count(), "torch": torch.__version__},
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -11,7 +11,9 @@ model (:mod:`draftwise.cost.goodput`) needs the time of that pass as a function 
 - c, the context each sequence attends to (attention reads B x c keys: it grows with both).
 
 It is *measured* on a grid, ``times[c][b][j]`` = the pass over ``batches[b]`` sequences each
-with ``rows[j]`` rows at context c (every row's logits returned, as verification asks for them),
+with ``rows[j]`` rows at a mean context of c (every row's logits returned, as verification asks
+for them; the sequences' contexts spread evenly from c (1 - ``spread``) to c (1 + ``spread``),
+as a serving batch's do: ragged lengths cost more than one shared length),
 and *read* by interpolation in that grid (:meth:`BatchProfile.pass_time`): linear in the mean
 rows per sequence R / B, in B, and in c between the measured points. A straight line in R is
 what a cost model would assume; :meth:`BatchProfile.linear_fit` says where it stops holding
@@ -19,7 +21,8 @@ what a cost model would assume; :meth:`BatchProfile.linear_fit` says where it st
 GPU T is nearly flat in R up to a knee).
 
 Each value is the :func:`~draftwise.cost.timing.fast_half_mean` of ``repeats`` timings taken
-in rounds over the grid (drift hits every cell alike), made non-decreasing in r and in B (a
+in rounds over one batch's rows (drift hits each alike; the batch's slots are filled once),
+made non-decreasing in r and in B (a
 pass with more rows or more sequences never costs less: a dip is noise).
 
 What a pass does not include comes from the ordinary :class:`~draftwise.cost.profile.Profile`:
@@ -62,6 +65,7 @@ SCHEMA = "draftwise.batch-profile/1"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
 DEFAULT_ROWS = (1, 2, 3, 4, 5, 7, 9)  # a plain step, then k = 1..8 proposals (k = 5, 7 by interpolation)
 DEFAULT_CONTEXTS = (128, 1024)
+DEFAULT_SPREAD = 0.5  # a measured batch's contexts run from c/2 to 3c/2 (batch_measure.spread_contexts)
 LINEAR_TOLERANCE = 0.10  # a line in R "holds" while every point is within 10% of it
 
 
@@ -113,12 +117,13 @@ class BatchProfile:
     repeats: int = 0
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    spread: float = 0.0  # a batch's contexts spread from c (1 - spread) to c (1 + spread); 0: all at c
 
     @property
     def settings(self) -> dict[str, Any]:
         """What was measured; a file holding other settings is not replaced silently."""
         return {"batches": list(self.batches), "rows": list(self.rows), "contexts": list(self.contexts),
-                "repeats": self.repeats}
+                "repeats": self.repeats, "spread": self.spread}
 
     @property
     def max_batch(self) -> int:
@@ -248,7 +253,7 @@ class BatchProfile:
                        machine_fingerprint=data["machine_fingerprint"], dtype=data["dtype"],
                        runtime=data["runtime"], batches=batches, rows=rows, contexts=contexts, times=times,
                        raw=raw, repeats=int(data.get("repeats", 0)), machine=dict(data.get("machine", {})),
-                       created=str(data.get("created", "")))
+                       created=str(data.get("created", "")), spread=float(data.get("spread", 0.0)))
 
     @classmethod
     def load(cls, path: str | Path) -> BatchProfile:
