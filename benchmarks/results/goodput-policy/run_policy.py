@@ -11,9 +11,11 @@ prompts): ``draftwise serve --draft auto --plan PLAN --k auto --max-batch N`` (`
 to fix one value for every N). Policies: ``plain`` (requests with ``draft: none``), ``goodput``
 (each request's category, k ``auto``: the goodput policy at N > 1 when the server found a batch
 profile, see its log; at max batch 1, the single-stream adaptive k) and ``k=K`` (the plan's
-overall draft at fixed k, K from ``--fixed-ks``). N streaming clients send R requests each,
-greedy, first turns of dev questions the plan did not trace, spread over the categories; every
-answer is compared with the same prompt decoded alone. Goals: goodput >= 0.97x plain at every
+overall draft at fixed k, K from ``--fixed-ks``). N clients send R units each, greedy, from dev
+questions the plan did not trace, spread over the categories: a unit is a question's first
+turn, or with ``--turns all`` every turn of it, one after the other with the earlier answers in
+its history (the plan's workload); every answer is compared with the same conversation decoded
+alone. Goals: goodput >= 0.97x plain at every
 N, >= 1.3x plain at N = 1, and >= 1.05x the best fixed k at some N.
 
 Needs a batch profile for the goodput policy at N > 1 (``draftwise plan --concurrency
@@ -42,20 +44,31 @@ from draftwise.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
 
 
-def prompts_unseen(plan: dict[str, Any], count: int) -> list[dict[str, Any]]:
+def prompts_unseen(plan: dict[str, Any], count: int, turns: str = "first") -> list[dict[str, Any]]:
+    """``count`` units from dev questions the plan did not trace, spread over the categories: a
+    unit is a question's first turn, or (``turns="all"``) every turn of it, sent one after the
+    other with the earlier answers in the history, as the plan traced them."""
     seen = {str(p.get("question_id")) for p in plan.get("prompts", [])}
     fresh = [q for q in read_questions(DEFAULT_QUESTIONS) if str(q.question_id) not in seen]
     if len(fresh) < count:
         raise SystemExit(f"only {len(fresh)} dev questions are not in the plan; lower --requests or --concurrency")
-    return [{"question_id": q.question_id, "category": q.category, "text": q.turns[0]}
+    return [{"question_id": q.question_id, "category": q.category,
+             "users": list(q.turns if turns == "all" else q.turns[:1])}
             for q in spread_questions(fresh, count)]
 
 
 def references(args: argparse.Namespace, prompts: list[dict[str, Any]]) -> None:
+    """Each unit's turns decoded alone (greedy): the token ids every answer must equal, and the
+    answers' text, which the later turns carry in their history."""
     model = load_model(args.model, dtype=args.dtype, quant=args.quant)
     for p in prompts:
-        ids = encode_conversation(model.tokenizer, [p["text"]], [], chat=True)
-        p["reference"] = generate(model, ids, max_new_tokens=args.max_tokens).token_ids
+        p["requests"] = []
+        answers: list[str] = []
+        for j in range(len(p["users"])):
+            ids = encode_conversation(model.tokenizer, p["users"][: j + 1], answers, chat=True)
+            ref = generate(model, ids, max_new_tokens=args.max_tokens).token_ids
+            p["requests"].append({"users": p["users"][: j + 1], "answers": list(answers), "reference": ref})
+            answers.append(model.tokenizer.decode(ref, skip_special_tokens=True))
     del model
     gc.collect()
 
@@ -80,16 +93,28 @@ def start_server(args: argparse.Namespace, batch: int, log: Path) -> subprocess.
     raise SystemExit(f"the server did not start in 5 minutes; see {log}")
 
 
-async def ask(client: httpx.AsyncClient, url: str, p: dict[str, Any], spec: dict[str, Any], max_tokens: int) -> dict[str, Any]:
-    body = {"messages": [{"role": "user", "content": p["text"]}], "max_tokens": max_tokens, "temperature": 0,
-            "return_token_ids": True, "speculative": spec}
-    r = await client.post(url + "/v1/chat/completions", json=body)
-    if r.status_code != 200:
-        return {"question_id": p["question_id"], "error": f"HTTP {r.status_code}: {r.text[:200]}"}
-    data = r.json()
-    ids = data["choices"][0].get("token_ids", [])
-    return {"question_id": p["question_id"], "error": None, "tokens": data["usage"]["completion_tokens"],
-            "equal": ids == p["reference"], "k": data.get("speculative", {}).get("k")}
+async def ask(client: httpx.AsyncClient, url: str, p: dict[str, Any], spec: dict[str, Any], max_tokens: int) -> list[dict[str, Any]]:
+    """One unit: its turns one after the other, each with the earlier reference answers."""
+    out = []
+    for turn, req in enumerate(p["requests"], start=1):
+        messages = []
+        for j, user in enumerate(req["users"]):
+            messages.append({"role": "user", "content": user})
+            if j < len(req["answers"]):
+                messages.append({"role": "assistant", "content": req["answers"][j]})
+        body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True,
+                "speculative": spec}
+        r = await client.post(url + "/v1/chat/completions", json=body)
+        if r.status_code != 200:
+            out.append({"question_id": p["question_id"], "turn": turn, "error": f"HTTP {r.status_code}: {r.text[:200]}"})
+            continue
+        data = r.json()
+        ids = data["choices"][0].get("token_ids", [])
+        out.append({"question_id": p["question_id"], "turn": turn, "error": None,
+                    "tokens": data["usage"]["completion_tokens"],
+                    "equal": req["reference"] is None or ids == req["reference"],
+                    "k": data.get("speculative", {}).get("k")})
+    return out
 
 
 async def phase(url: str, prompts: list[dict[str, Any]], spec_of: Any, clients: int, requests: int,
@@ -98,8 +123,8 @@ async def phase(url: str, prompts: list[dict[str, Any]], spec_of: Any, clients: 
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
 
         async def run_client(i: int) -> list[dict[str, Any]]:
-            return [await ask(client, url, p, spec_of(p), max_tokens)  # one after the other
-                    for p in prompts[i * requests:(i + 1) * requests]]
+            return [r for p in prompts[i * requests:(i + 1) * requests]  # one unit after the other
+                    for r in await ask(client, url, p, spec_of(p), max_tokens)]
 
         t0 = time.perf_counter()
         out = await asyncio.gather(*(run_client(i) for i in range(clients)))
@@ -137,6 +162,8 @@ def main() -> int:
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--requests", type=int, default=2, help="requests per client per policy")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--turns", choices=("first", "all"), default="first",
+                    help="a unit is a question's first turn, or every turn of it (the plan's workload)")
     ap.add_argument("--fixed-ks", default="1,2,4,8", help="fixed k's of the plan's overall draft")
     ap.add_argument("--max-batch", type=int, default=0, help="serve --max-batch (0: N)")
     ap.add_argument("--port", type=int, default=8767)
@@ -148,7 +175,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     plan = json.loads(Path(args.plan).read_text())
-    prompts = prompts_unseen(plan, max(grid) * args.requests)
+    prompts = prompts_unseen(plan, max(grid) * args.requests, args.turns)
     references(args, prompts)
     url = f"http://127.0.0.1:{args.port}"
     measured: dict[str, dict[str, float]] = {}
@@ -159,7 +186,8 @@ def main() -> int:
             batch = args.max_batch or n
             proc = start_server(args, batch, out / f"server-n{n}-{name}.log")
             try:
-                warm = {"question_id": "warm-up", "text": "Say hello.", "reference": None}
+                warm = {"question_id": "warm-up", "requests": [{"users": ["Say hello."], "answers": [],
+                                                                "reference": None}]}
                 asyncio.run(phase(url, [warm], lambda p: {"draft": "none"}, 1, 1, 8))
                 recs, wall = asyncio.run(phase(url, prompts[: n * args.requests], spec_of, n, args.requests,
                                                args.max_tokens))
