@@ -2,8 +2,8 @@
 
 Tiny random models (built from a config, float32, seeded) cover Llama, Gemma 3 with a small
 sliding window (rolled back across the window boundary) and LFM2 (a recurrent conv layer: the
-re-run-the-prefix rollback). The real Gemma 3 270M (window 512) runs when its package is
-installed.
+re-run-the-prefix rollback). The real Gemma 3 270M (its weights and 18 layers, its window cut
+from 512 to 32 so short sequences cross it) runs when its package is installed.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from draftwise.runtime.hf import HFRuntime
 
 VOCAB = 128
 TOL = 1e-4  # float32, tiny models
-REAL_TOL = 1e-3  # float32, Gemma 3 270M over ~530 positions
+REAL_TOL = 1e-3  # float32, Gemma 3 270M
 
 
 def _reference(model: Any, ids: list[int], keep: int) -> torch.Tensor:
@@ -320,11 +320,18 @@ def test_recurrent_cache_rollback_reruns_prefix() -> None:
     assert _max_diff(rt.forward(new), _reference(model, seq, keep=6)) <= TOL
 
 
-# -- the real Gemma 3 270M (sliding window 512) -------------------------------------------------
+# -- the real Gemma 3 270M (sliding window 512, cut to 32 here) --------------------------------
+
+REAL_WINDOW = 32  # the sliding window the real model runs with here (its config says 512)
 
 
 @pytest.fixture(scope="module")
-def gemma3_270m() -> Iterator[tuple[HFRuntime, Any, Path]]:
+def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HFRuntime, Any, Path]]:
+    """The real Gemma 3 270M through ``HFRuntime.from_folder``, from a copy of its converted
+    folder whose config cuts the sliding window from 512 to :data:`REAL_WINDOW`: the same
+    weights and layers, so sequences of ~50 tokens cross the window instead of ~530."""
+    import json
+
     from draftwise.models import BUILTIN_MODELS
 
     builtin = BUILTIN_MODELS["gemma3-270m"]
@@ -332,7 +339,14 @@ def gemma3_270m() -> Iterator[tuple[HFRuntime, Any, Path]]:
         pytest.skip(f"Gemma 3 270M is not installed ({builtin.install_hint})")
     from draftwise.loaders import gguf_to_folder
 
-    folder = gguf_to_folder(builtin.gguf_path())
+    converted = gguf_to_folder(builtin.gguf_path())
+    folder = tmp_path_factory.mktemp("gemma3-270m-window")
+    for item in converted.iterdir():
+        if item.name != "config.json":
+            (folder / item.name).symlink_to(item)
+    config = json.loads((converted / "config.json").read_text())
+    assert config["sliding_window"] == 512
+    (folder / "config.json").write_text(json.dumps({**config, "sliding_window": REAL_WINDOW}))
     rt = HFRuntime.from_folder(folder, dtype=torch.float32, max_context=2048)
     yield rt, rt._model, folder
 
@@ -340,30 +354,32 @@ def gemma3_270m() -> Iterator[tuple[HFRuntime, Any, Path]]:
 def test_gemma3_270m_rollback_across_window_matches_fresh(
     gemma3_270m: tuple[HFRuntime, Any, Path],
 ) -> None:
+    """Prefilled past the window, rolled back across 16 positions (staying past it), then back
+    below it and past it again: each time the cached rows equal a fresh forward."""
     from transformers import AutoTokenizer
 
     rt, model, folder = gemma3_270m
     assert rt.max_context == 2048 and rt.num_layers == 18 and rt.exact_rollback
-    window = model.config.sliding_window
-    assert window == 512
+    w = model.config.sliding_window
+    assert w == REAL_WINDOW
     text = (
         "The quick brown fox jumps over the lazy dog while the farmer counts sheep. "
         "Speculative decoding drafts a few tokens and verifies them in one pass. "
     )
-    ids = AutoTokenizer.from_pretrained(str(folder))(text * 40)["input_ids"]
-    assert len(ids) > 704
-    seq = ids[:530]  # longer than the window
+    ids = AutoTokenizer.from_pretrained(str(folder))(text * 5)["input_ids"]
+    assert len(ids) > w + 96
+    seq = ids[: w + 18]  # longer than the window
     last = rt.prefill(seq)
     assert _max_diff(last, _reference(model, seq, keep=1)[0]) <= REAL_TOL
 
-    rt.forward(ids[530:536])  # a draft ...
-    rt.rollback(520)  # ... rolled back across 16 positions
-    seq = seq[:520] + ids[700:704]  # different tokens
-    rows = rt.forward(seq[520:])
+    rt.forward(ids[w + 18 : w + 24])  # a draft ...
+    rt.rollback(w + 8)  # ... rolled back across 16 positions
+    seq = seq[: w + 8] + ids[w + 90 : w + 94]  # different tokens
+    rows = rt.forward(seq[w + 8 :])
     assert _max_diff(rows, _reference(model, seq, keep=4)) <= REAL_TOL
 
-    rt.rollback(505)  # back below the window length, then past it again
-    seq = seq[:505] + ids[600:612]
-    rows = rt.forward(seq[505:])
-    assert len(seq) == 517 > window
+    rt.rollback(w - 7)  # back below the window length, then past it again
+    seq = seq[: w - 7] + ids[w + 60 : w + 72]
+    rows = rt.forward(seq[w - 7 :])
+    assert len(seq) == w + 5 > w
     assert _max_diff(rows, _reference(model, seq, keep=12)) <= REAL_TOL
