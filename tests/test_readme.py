@@ -1,9 +1,10 @@
 """The README's quick starts run as written, on a machine where `make demo` has run.
 
 Each command of the shell quick start runs in a fresh folder through the CLI app in-process
-(typer's CliRunner, on the session's model: a new process would only repeat the import and the
-model load), `draftwise` is checked to be the venv's console script for that app, and the Python
-quick start runs as a script in a fresh Python, with only their sizes cut so the whole file takes
+(typer's CliRunner), `draftwise` is checked to be the venv's console script for that app, and the
+Python quick start runs as a script (``runpy``, in a fresh folder) in this process; both on the
+session's model (its ``load_model("default")`` gets it: a new process would only repeat the import
+and the model load, which other tests cover), with only their sizes cut so the whole file takes
 well under a minute: `-n` / `max_new_tokens` become 4, and `bench` gets one question of its own
 (`--questions`). Everything else (drafts, `--k auto`, flags, output folders) is the README's.
 `--k auto` reads the profile `make demo` cached (it measures one otherwise, once).
@@ -18,8 +19,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,7 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DRAFTWISE = Path(sys.executable).with_name("draftwise")
 NEW_TOKENS = 4
-TIMEOUT_S = 120  # a hung command fails instead of stalling the suite
 SKIP = {
     "Quick start: server": "needs a running server (tests/test_server_real.py covers it end to end)",
 }
@@ -105,12 +105,6 @@ def _smaller(argv: list[str], workdir: Path) -> list[str]:
     return out
 
 
-def _run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert done.returncode == 0, f"{shlex.join(argv)} exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}"
-    return done
-
-
 def test_the_draftwise_command_is_this_cli() -> None:
     """What the shell quick start types: the venv's ``draftwise`` runs ``draftwise.cli.main``,
     which runs ``app``, the CLI that the shell cases below invoke."""
@@ -121,17 +115,35 @@ def test_the_draftwise_command_is_this_cli() -> None:
     assert DRAFTWISE.is_file() and os.access(DRAFTWISE, os.X_OK), DRAFTWISE
 
 
+def _run_script(script: Path, default_model: object, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Run ``script`` as ``__main__`` here, its ``draftwise.load_model("default")`` (no options:
+    float32, as the session's) answered with ``default_model``; returns the specs it served."""
+    import draftwise
+
+    real, served = draftwise.load_model, []
+
+    def load(spec: str = "default", **options: object) -> object:
+        if spec == "default" and not options:
+            served.append(spec)
+            return default_model
+        return real(spec, **options)
+
+    monkeypatch.setattr(draftwise, "load_model", load)
+    runpy.run_path(str(script), run_name="__main__")
+    return served
+
+
 @pytest.mark.parametrize(("lang", "text"), CASES)
 def test_quick_start_runs(lang: str, text: str, tmp_path: Path, cli_shares_default_model: list[str],
-                          monkeypatch: pytest.MonkeyPatch) -> None:
+                          default_model: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # the README's relative output folders land in the fresh folder
     if lang == "python":
         script = tmp_path / "quick_start.py"
         script.write_text(re.sub(r"max_new_tokens=\d+", f"max_new_tokens={NEW_TOKENS}", text), encoding="utf-8")
-        _run([sys.executable, str(script)], tmp_path)
+        assert _run_script(script, default_model, monkeypatch) == ["default"], "it did not load the default model"
         return
     argv = shlex.split(text)
     assert argv[0] == "draftwise", f"a quick-start line that is not a draftwise command: {text}"
-    monkeypatch.chdir(tmp_path)  # the README's relative output folders land in the fresh folder
     done = CliRunner().invoke(app, _smaller(argv, tmp_path)[1:])
     assert done.exit_code == 0, f"{text} exited {done.exit_code}:\n{done.output[-2000:]}\n{done.exception!r}"
     assert cli_shares_default_model, f"{text} did not load the default model"
