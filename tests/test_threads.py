@@ -43,14 +43,6 @@ def test_defaults_can_be_turned_off(value):
     assert apply_omp_defaults(env) == {} and "GOMP_SPINCOUNT" not in env
 
 
-def _fresh_python(code: str, **env_vars: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k not in OMP_VARS}
-    env.update(env_vars)
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
-
-
 # Records GOMP_SPINCOUNT at the moment torch is first imported: libgomp reads it then, once.
 # The command line (draftwise.cli) sets the policy; the library (draftwise, then a name from it
 # that loads torch) leaves the environment alone.
@@ -68,20 +60,55 @@ print(seen[0], os.environ.get("GOMP_SPINCOUNT"))
 LIBRARY_ONLY = SEEN_BY_TORCH.replace("import draftwise.cli", "import draftwise; draftwise.load_model")
 
 
-def test_the_command_line_sets_the_policy_before_torch_loads():
-    assert _fresh_python(SEEN_BY_TORCH) == "None None"  # sharing by threads: libgomp's own spin
-    off = {"DRAFTWISE_SHARE_CORES": "0"}
-    assert _fresh_python(SEEN_BY_TORCH, **off) == f"{SPIN_COUNT} {SPIN_COUNT}"
+OFF = {"DRAFTWISE_SHARE_CORES": "0"}
+FRESH = {  # one fresh Python each: (its code, the environment it starts with)
+    "cli": (SEEN_BY_TORCH, {}),
+    "cli, no core sharing": (SEEN_BY_TORCH, OFF),
+    "library, no core sharing": (LIBRARY_ONLY, OFF),
+    "cli, the user's spin count": (SEEN_BY_TORCH, {"GOMP_SPINCOUNT": "777", **OFF}),
+    "cli, opted out": (SEEN_BY_TORCH, {OPT_OUT: "0", **OFF}),
+}
 
 
-def test_the_library_leaves_the_environment_alone():
-    assert _fresh_python(LIBRARY_ONLY, DRAFTWISE_SHARE_CORES="0") == "None None"
+@pytest.fixture(scope="module")
+def fresh() -> dict[str, subprocess.CompletedProcess]:
+    """What each of :data:`FRESH` printed. Each needs a Python of its own (libgomp reads the
+    variable once, when torch loads); they start together, so their imports overlap on the cores."""
+    runs = {}
+    for name, (code, env_vars) in FRESH.items():
+        env = {k: v for k, v in os.environ.items() if k not in OMP_VARS} | env_vars
+        runs[name] = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+    done = {}
+    try:
+        for name, proc in runs.items():
+            out, err = proc.communicate(timeout=120)
+            done[name] = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    finally:
+        for proc in runs.values():
+            if proc.poll() is None:  # a hung one: ended, not left behind
+                proc.kill()
+                proc.wait()
+    return done
 
 
-def test_a_user_setting_is_kept_and_the_opt_out_is_honoured():
-    off = {"DRAFTWISE_SHARE_CORES": "0"}
-    assert _fresh_python(SEEN_BY_TORCH, GOMP_SPINCOUNT="777", **off) == "777 777"
-    assert _fresh_python(SEEN_BY_TORCH, **{OPT_OUT: "0"}, **off) == "None None"
+def _printed(fresh: dict[str, subprocess.CompletedProcess], name: str) -> str:
+    assert fresh[name].returncode == 0, fresh[name].stderr
+    return fresh[name].stdout.strip()
+
+
+def test_the_command_line_sets_the_policy_before_torch_loads(fresh):
+    assert _printed(fresh, "cli") == "None None"  # sharing by threads: libgomp's own spin
+    assert _printed(fresh, "cli, no core sharing") == f"{SPIN_COUNT} {SPIN_COUNT}"
+
+
+def test_the_library_leaves_the_environment_alone(fresh):
+    assert _printed(fresh, "library, no core sharing") == "None None"
+
+
+def test_a_user_setting_is_kept_and_the_opt_out_is_honoured(fresh):
+    assert _printed(fresh, "cli, the user's spin count") == "777 777"
+    assert _printed(fresh, "cli, opted out") == "None None"
 
 
 # --- set_threads and --threads ------------------------------------------------------------------
