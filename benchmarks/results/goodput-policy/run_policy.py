@@ -188,7 +188,9 @@ def main() -> int:
             try:
                 warm = {"question_id": "warm-up", "requests": [{"users": ["Say hello."], "answers": [],
                                                                 "reference": None}]}
-                asyncio.run(phase(url, [warm], lambda p: {"draft": "none"}, 1, 1, 8))
+                # warm up with the phase's own speculation (its first use builds what it needs), off the clock
+                first = spec_of(prompts[0])
+                asyncio.run(phase(url, [warm], lambda p: first, 1, 1, 8))
                 recs, wall = asyncio.run(phase(url, prompts[: n * args.requests], spec_of, n, args.requests,
                                                args.max_tokens))
             finally:
