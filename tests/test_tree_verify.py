@@ -186,7 +186,7 @@ def _point_mass_tree() -> TokenTree:
 def _rows(tree: TokenTree) -> torch.Tensor:
     """[m + 1, V] p after each node's path: p1 at the root, p2[t] at a depth-1 node t, and (any
     valid row: only the third token depends on it) p2[t] at a deeper node t."""
-    return torch.stack([P1] + [P2[t] for t in tree.tokens])
+    return torch.cat([P1[None], P2[tree.tokens]])  # [m + 1, V]
 
 
 Proposer = Callable[[torch.Generator], tuple[TokenTree, torch.Tensor | None]]
@@ -196,7 +196,7 @@ def first_two(draws: int, seed: int, propose: Proposer) -> tuple[torch.Tensor, i
     """Counts [V, V] of the first two tokens over ``draws`` passes (a pass that commits one is
     followed by a plain step from p2), the tokens accepted, and the passes ending in a bonus."""
     g = gen(seed)
-    pairs = torch.zeros(V, V, dtype=torch.float64)
+    pairs = [0] * (V * V)  # counted on the host, one tensor at the end
     accepted = bonuses = 0
     for _ in range(draws):
         tree, q = propose(g)
@@ -205,8 +205,8 @@ def first_two(draws: int, seed: int, propose: Proposer) -> tuple[torch.Tensor, i
         bonuses += v.bonus
         t1 = v.tokens[0]
         t2 = v.tokens[1] if len(v.tokens) > 1 else int(torch.multinomial(P2[t1], 1, generator=g))
-        pairs[t1, t2] += 1
-    return pairs, accepted, bonuses
+        pairs[t1 * V + t2] += 1
+    return torch.tensor(pairs, dtype=torch.float64).view(V, V), accepted, bonuses
 
 
 POINT_MASS_TREE = _point_mass_tree()
@@ -222,7 +222,7 @@ def iid_from_q(g: torch.Generator) -> tuple[TokenTree, torch.Tensor]:
     xs = torch.multinomial(Q1, 3, replacement=True, generator=g).tolist()
     ys = torch.multinomial(Q2[xs], 1, generator=g)[:, 0].tolist()
     tree = TokenTree(tokens=xs + ys, parents=[0, 0, 0, 1, 2, 3])
-    return tree, torch.stack([Q1, Q1, Q1] + [Q2[x] for x in xs])  # [6, V]
+    return tree, torch.cat([Q1.expand(3, V), Q2[xs]])  # [6, V]
 
 
 PROPOSERS = {"point-mass": point_masses, "iid-q": iid_from_q}
