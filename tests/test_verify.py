@@ -132,7 +132,16 @@ def test_point_mass_recovered_token_is_never_the_rejected_one():
 
 # -- exact probabilities on a 3-token vocabulary ----------------------------------------------
 
-TRIALS = 20_000
+TRIALS = 8_000  # verifications per check below; every tolerance is 4 sigma at its own n
+# What that still catches, in binomial sigmas of the right frequency (exact arithmetic from P, Q
+# and p2; the bugs the comments above and the docstrings below name):
+# - recovered from p, not norm(max(0, p - q)): ~540 recovered 2s where 0 are allowed; recovered
+#   0 at 1/2, not 2/3: 21 sigma; committed 2 at 0.2175, not 0.15: 17 sigma;
+# - point mass recovered from p, not p without x: ~2000 recovered 0s where 0 are allowed;
+#   recovered 1 at 0.35, not 0.7: 48 sigma;
+# - one uniform for both positions: pair (2, 0) at 0.06, not 0.015: 33 sigma (both accepted:
+#   8.6 sigma).
+# The price of 8,000 over 20,000: a frequency near 1/2 must be off by 0.022 (not 0.014) to fail.
 P = torch.tensor([0.5, 0.35, 0.15])  # target
 Q = torch.tensor([0.2, 0.2, 0.6])  # draft
 # min(1, p/q) per token: [1, 1, 0.25]; averaged over x ~ q: sum(min(p, q)) = 0.2 + 0.2 + 0.15
@@ -202,7 +211,10 @@ def test_two_positions_accept_independently_and_commit_p_times_p():
     """k = 2 with fixed rows (the target's next-token distribution does not depend on the
     context here): both accepted with probability a_1 * a_2, a_i = sum(min(p_i, q_i)), and the
     first two output tokens (a second pass when only one was committed) follow p_1 x p_2 exactly.
-    A verifier that reused one uniform for both positions would accept both with min(a_1, a_2)."""
+    A verifier that reused one uniform u for both positions would accept both with
+    E[min(r_1, r_2)] = 0.375 (r_i = min(1, p_i/q_i) of the drawn x_i), not 0.33; and after
+    accepting x_1 = 2 (r_1 = 0.25, so u < 0.25) it would accept x_2 = 0 (r_2 = 0.2) with 0.8, not
+    0.2: the pair (2, 0) would come 0.06 of the time, not 0.015."""
     p2 = torch.tensor([0.1, 0.6, 0.3])
     q2 = torch.tensor([0.5, 0.3, 0.2])
     a1, a2 = ACCEPT, 0.1 + 0.3 + 0.2
