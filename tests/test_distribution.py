@@ -13,9 +13,10 @@ The check is Pearson's chi-square over the 24^3 cells, pooling cells whose expec
 below 5 into one; it fails when the p-value is below ALPHA = 1e-4 (14 fixed-seed chi-square
 checks: a correct sampler would pass a fresh set of seeds with probability > 0.998). Power: the same check, on fewer runs, rejects a verifier that accepts every draft
 token (for every drafter; p < 1e-18 with 200 runs) and one that samples the recovered token
-from p instead of norm(max(0, p - q)) (p < 1e-8 with 400 runs); see the last two tests. It
-does NOT see bugs that only shift the context slightly (e.g. a rejected token left in the KV
-cache: a random tiny model barely depends on one extra context token); test_spec_rollback
+from p instead of norm(max(0, p - q)) (with 400 runs: p = 2.8e-8 for lookup, 3.9e-7 for self,
+6.5e-5 for bad-model, only 1.5x under ALPHA); see the last two tests. It does NOT see bugs
+that only shift the context slightly (e.g. a rejected token left in the KV cache: a random
+tiny model barely depends on one extra context token); test_spec_rollback
 checks the cache exactly instead. test_model_drafts_report_the_q_they_sample_from checks that
 Draft.probs is the q the tokens were drawn from: a wrong q is a bug of small effect here.
 
