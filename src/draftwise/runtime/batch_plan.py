@@ -72,15 +72,20 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     """The :class:`Plan` of a pass over ``passes``, given each slot's length before it."""
     if not passes:
         raise ConfigError("a pass needs at least one sequence")
-    dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
-    if len(passes) == 1 and passes[0].tree is None:  # a plain step or a chain: the common pass
-        return _one_chain(passes[0], lengths, context, **dims)
     seen_slots: set[int] = set()
     starts, trees, slot_of, at, positions = [], [], [], [], []
     for p in passes:
-        _check_rows(p, lengths, context, seen_slots)
+        if not 0 <= p.slot < len(lengths) or p.slot in seen_slots:
+            raise ConfigError(f"slot {p.slot} is not a free slot of this pass (slots 0..{len(lengths) - 1}, once each)")
         seen_slots.add(p.slot)
         n, start = len(p.ids), lengths[p.slot]
+        if n == 0:
+            raise ConfigError("forward needs at least one token")
+        if start + n > context:
+            raise ContextLengthError(
+                f"{start + n} positions do not fit in the context of {context} tokens; "
+                "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
+            )
         depths = list(range(n)) if p.tree is None else (check_parents(p.tree, n) or list(range(n)))
         starts.append(start)
         trees.append(None if p.tree is None else ancestor_mask(p.tree))
@@ -97,6 +102,7 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     for i, (p, start) in enumerate(zip(passes, starts)):
         rows_bucket = 1 << max(len(p.ids) - 1, 0).bit_length()
         buckets.setdefault((_bucket(start + len(p.ids)), rows_bucket), []).append(i)
+    dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
     groups = [_group(sorted(members, key=lambda i: passes[i].slot), passes, starts, trees, first_row, row, **dims)
               for _, members in sorted(buckets.items())]
     return Plan(
@@ -107,49 +113,6 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
         single=len(passes) == 1,
         first_slot=min(seen_slots),
         groups=groups,
-    )
-
-
-def _check_rows(p: Rows, lengths: Sequence[int], context: int, taken: set[int]) -> None:
-    """Refuse a sequence whose slot is not free (out of range, or ``taken`` by this pass), that
-    brings no rows, or that would not fit in the context."""
-    if not 0 <= p.slot < len(lengths) or p.slot in taken:
-        raise ConfigError(f"slot {p.slot} is not a free slot of this pass (slots 0..{len(lengths) - 1}, once each)")
-    n, start = len(p.ids), lengths[p.slot]
-    if n == 0:
-        raise ConfigError("forward needs at least one token")
-    if start + n > context:
-        raise ContextLengthError(
-            f"{start + n} positions do not fit in the context of {context} tokens; "
-            "shorten the prompt, ask for fewer new tokens, or load with a larger max_context"
-        )
-
-
-def _one_chain(p: Rows, lengths: Sequence[int], context: int, *, kv_heads: int, group: int, head_dim: int,
-               device: torch.device) -> Plan:
-    """The plan of a pass over one sequence's chain of rows (a prompt, a plain step, a chain
-    verification): what :func:`make_plan` and :func:`_group` give for it, in fewer tensor
-    operations (a tiny model's pass is mostly per-operation overhead). Its one group reads its
-    slot's keys as a view; folded row i (row ``i // G``) sees the keys up to its own position,
-    a padding row key 0 only (the same mask as :func:`.attention.visible_keys` builds)."""
-    _check_rows(p, lengths, context, set())
-    n, start = len(p.ids), lengths[p.slot]
-    keys, m = padded_keys(start + n), padded_rows(n * group)
-    last = [start + i // group for i in range(n * group)] + [0] * (m - n * group)  # [M]
-    seen = torch.arange(keys) <= torch.tensor(last)[:, None]  # [M, keys]
-    bias = torch.zeros(1, 1, m, keys).masked_fill_(~seen, float("-inf"))  # [1, 1, M, keys]
-    at = torch.arange(start, start + n, device=device)  # [n]: a chain's positions are its slots
-    return Plan(
-        starts=[start],
-        slot_of=torch.full((n,), p.slot, device=device),
-        at=at,
-        positions=at,
-        single=True,
-        first_slot=p.slot,
-        groups=[Group(
-            lo=p.slot, index=None, batch=1, rows_of=None, place=None, rows=n, keys=keys, bias=bias.to(device),
-            queries=torch.zeros(1, kv_heads, m, head_dim, dtype=torch.float32, device=device), group=group,
-        )],
     )
 
 
