@@ -28,7 +28,7 @@ demo: setup
 	$(BIN)/draftwise demo --out out/demo
 
 test: setup
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n auto --durations=15
 
 # The import contracts alone (the test suite runs them too: tests/test_architecture.py).
 lint: setup

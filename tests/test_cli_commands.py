@@ -31,6 +31,8 @@ def test_distill_passes_its_options_through(tmp_path, monkeypatch):
         )
 
     monkeypatch.setattr(cli_distill, "distill", fake_distill)
+    # the command recorded in the draft is the shell's, quoted, whatever the executable's path
+    monkeypatch.setattr("sys.argv", ["/opt/venv/bin/draftwise", "distill", "--out", "my draft"])
     out = tmp_path / "draft"
     res = runner.invoke(app, ["distill", "--out", str(out), "--target", "tiny", "--layers", "2", "--init-layers",
                               "0,2", "--gen-temperatures", "0,0.7", "--k", "3", "--steps", "3", "--json"],
@@ -39,7 +41,7 @@ def test_distill_passes_its_options_through(tmp_path, monkeypatch):
     assert seen["target"] == "tiny" and seen["out_dir"] == out  # a plain target: distill loads it
     assert seen["layers"] == 2 and seen["init_layers"] == [0, 2] and seen["gen_temperatures"] == [0.0, 0.7]
     assert seen["eval_k"] == 3 and seen["steps"] == 3 and seen["checkpoint_every"] == 50
-    assert seen["command"].startswith("draftwise ")
+    assert seen["command"] == "draftwise distill --out 'my draft'"
     assert json.loads(res.stdout)["init_layers"] == [0, 2]
 
 
