@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from draftwise import ConfigError
 from draftwise.bench import render_markdown, run_bench
+from draftwise.bench.answers import read_answers
 from draftwise.bench.equality import check_equality
 from draftwise.bench.hf_peer import hf_methods
 from draftwise.bench.methods import method_filename, parse_methods
@@ -21,6 +22,7 @@ from draftwise.bench.runner import build_methods, build_prompt
 from draftwise.cli import app
 from draftwise.cost.plan import Plan
 from draftwise.questions import Question
+from draftwise.sampling import SamplingConfig
 
 from .images import is_complete_png
 
@@ -208,6 +210,8 @@ def test_method_names_are_canonical_draft_specs():
         ({"drafts": "auto"}, "needs a plan"),
         ({"resume": True}, "need out_dir"),
         ({"max_new_tokens": 0}, "max_new_tokens=0"),
+        ({"repeats": 0}, "repeats=0 must be an integer >= 1"),
+        ({"repeats": 2, "sampling": SamplingConfig(temperature=0.7)}, "needs a seed"),
     ],
 )
 def test_bad_options_are_config_errors(tiny, qfile, kwargs, match):
@@ -314,3 +318,36 @@ def test_a_question_too_long_for_the_context_is_skipped(tiny, tmp_path):
                         progress=False, warmup=False)
     assert summary["run"]["skipped"] == [{"question_id": 5, "reason": "context"}]
     assert summary["run"]["questions_finished"] == 1 and list(summary["groups"]) == ["qa", "overall"]
+
+
+def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, qfile, tmp_path, monkeypatch):
+    """Each turn runs 3 times back to back: the fastest is kept, and all 3 decode the same steps,
+    because a draft that learns across generations (suffix's cache) learns only from the last."""
+    import draftwise.bench.runner as runner_module
+
+    real, calls = runner_module.api.generate, []
+
+    def spy(*args, **kw):
+        res = real(*args, **kw)
+        calls.append((kw["learn"], res.stats.accepted, res.stats.target_passes, list(res.token_ids)))
+        return res
+
+    one = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
+                    warmup=False)
+    monkeypatch.setattr(runner_module.api, "generate", spy)
+    three = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "three",
+                      progress=False, warmup=False, repeats=3)
+    assert len(calls) == 3 * 4 * 2  # 4 turns, 2 methods (none and suffix), 3 runs each
+    for i in range(0, len(calls), 3):
+        runs = calls[i:i + 3]
+        assert [learn for learn, *_ in runs] == [False, False, True]
+        assert all(r[1:] == runs[0][1:] for r in runs), "a later run decoded other steps: it learned from an earlier"
+    assert three["config"]["repeats"] == 3 and three["equality"]["mismatches"] == []
+    for name in ("none", "suffix"):
+        for key, rec in read_answers(tmp_path / "three" / "answers" / method_filename(name)).items():
+            before = read_answers(tmp_path / "one" / "answers" / method_filename(name))[key]
+            assert rec["choices"][0]["token_ids"] == before["choices"][0]["token_ids"]
+            for t, (stats, wall) in enumerate(zip(rec["choices"][0]["stats"], rec["choices"][0]["wall_time"])):
+                assert len(stats["repeat_seconds"]) == 3 and wall == min(stats["repeat_seconds"])
+                assert stats["accepted"] == before["choices"][0]["stats"][t]["accepted"]
+    assert "each turn the fastest of 3 runs" in render_markdown(three)

@@ -109,6 +109,7 @@ def test_resume_reuses_answers_and_may_add_a_method(tiny, done, monkeypatch):
         ({"dtype": "bfloat16"}, r"dtype: 'float32' -> 'bfloat16'"),
         ({"text": "Capital of Spain?"}, r"question 2: its text or category differs"),
         ({"category": "rag"}, r"question 2: its text or category differs"),
+        ({"repeats": 2}, r"repeats: 1 -> 2"),
     ],
 )
 def test_resume_refuses_any_difference_and_names_it(tiny, tmp_path, change, match):
@@ -120,9 +121,21 @@ def test_resume_refuses_any_difference_and_names_it(tiny, tmp_path, change, matc
     model = load_model(str(tiny.folder), dtype=change["dtype"]) if "dtype" in change else tiny
     qs = [QS[0], Question(2, change.get("category", "qa"), (change.get("text", QS[1].prompt),))]
     kw = {"drafts": "lookup,lookup@k=4", "k": change.get("k", 4), "max_new_tokens": change.get("max_new_tokens", N),
-          "sampling": SamplingConfig(seed=change.get("seed"))}
+          "sampling": SamplingConfig(seed=change.get("seed")), "repeats": change.get("repeats", 1)}
     with pytest.raises(ConfigError, match=match):
         run(model, out, qs, resume=True, **kw)
+
+
+def test_a_fingerprint_from_before_repeats_resumes_as_one_run_a_turn(tiny, done, monkeypatch):
+    path = done / "fingerprint.json"
+    stored = json.loads(path.read_text())
+    assert stored["run"].pop("repeats") == 1
+    path.write_text(json.dumps(stored))
+    spy = GenerateSpy(monkeypatch)
+    run(tiny, done, resume=True)
+    assert spy.calls == 0  # every answer reused
+    with pytest.raises(ConfigError, match=r"repeats: 1 -> 3"):
+        run(tiny, done, resume=True, repeats=3)
 
 
 def test_resume_knows_a_draft_by_its_canonical_spec(tiny, done, monkeypatch):

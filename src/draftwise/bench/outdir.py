@@ -9,7 +9,7 @@ fingerprint (``fingerprint.json``) of:
 
 - the run: the model's identity (its folder name, which for a converted GGUF holds the file's
   hash; a hash of ``config.json``; the weight files' names and sizes; the runtime), dtype,
-  sampling (temperature, top-k, top-p, seed) and ``max_new_tokens``;
+  sampling (temperature, top-k, top-p, seed), ``max_new_tokens`` and ``repeats``;
 - each method: its canonical draft spec and k, the layers a self draft runs, the peer's
   settings, and for ``auto`` a digest of the plan's choices;
 - each question: a hash of its category and turns, so another questions file whose
@@ -124,6 +124,10 @@ def question_digest(q: Question) -> str:
     return _digest({"category": q.category, "turns": list(q.turns)})
 
 
+#: run settings added after schema 1, and the value a fingerprint without them had
+_ADDED_RUN_SETTINGS = {"repeats": 1}
+
+
 def fingerprint(
     model: Any,
     sampling: SamplingConfig,
@@ -131,6 +135,7 @@ def fingerprint(
     methods: Sequence[Method],
     questions: Sequence[Question],
     plan: Any = None,
+    repeats: int = 1,
 ) -> dict[str, Any]:
     """The fingerprint of a run (see the module docstring)."""
     return {
@@ -143,6 +148,7 @@ def fingerprint(
             "top_k": sampling.top_k,
             "top_p": sampling.top_p,
             "seed": sampling.seed,
+            "repeats": repeats,
         },
         "methods": {m.name: method_fingerprint(m, plan) for m in methods},
         "questions": {question_key(q): question_digest(q) for q in questions},
@@ -155,11 +161,9 @@ def differences(before: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
         return [f"its {FINGERPRINT} has schema {before.get('schema')!r}, not {SCHEMA!r}"]
     diff = []
     for key, value in now["run"].items():
-        if before["run"].get(key) != value:
-            if key == "model":
-                diff.append(f"model: {before['run'].get(key)} -> {value}")
-            else:
-                diff.append(f"{key}: {before['run'].get(key)!r} -> {value!r}")
+        was = before["run"].get(key, _ADDED_RUN_SETTINGS.get(key))
+        if was != value:
+            diff.append(f"model: {was} -> {value}" if key == "model" else f"{key}: {was!r} -> {value!r}")
     for name, fp in now["methods"].items():
         old = before["methods"].get(name)
         if old is not None and old != fp:

@@ -79,6 +79,17 @@ def _check(max_new_tokens: int, time_budget: float | None) -> None:
         raise ConfigError(f"time_budget={time_budget!r} must be a number of seconds >= 0")
 
 
+def check_repeats(repeats: int, sampling: SamplingConfig) -> int:
+    """``repeats`` if it is a whole number >= 1 whose runs decode the same tokens, else a
+    :class:`~draftwise.errors.ConfigError`: repeats of a sampled turn need a seed."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1 (runs of each turn, the fastest kept)")
+    if repeats > 1 and not sampling.greedy and sampling.seed is None:
+        raise ConfigError(f"repeats={repeats} with sampling needs a seed (--seed), so that every run of a turn "
+                          "decodes the same tokens and only the time differs")
+    return repeats
+
+
 def _warm_up(runner: Runner, methods: Sequence[Method], answers: Answers, qs: Sequence[Question]) -> None:
     """First calls pay for lazy initialisation; keep that out of the timing."""
     saved, runner.max_new_tokens = runner.max_new_tokens, min(4, runner.max_new_tokens)
@@ -181,6 +192,7 @@ def run_bench(
     dtype: str = "float32",
     warmup: bool = True,
     batch: int = 1,
+    repeats: int = 1,
 ) -> dict[str, Any]:
     """Benchmark plain decoding (``none``), each draft and each peer on a workload.
 
@@ -199,7 +211,9 @@ def run_bench(
     question during which it ran out. On Ctrl-C the summary of the finished questions is written
     and KeyboardInterrupt re-raised. ``batch`` > 1 (native runtime only) then runs the finished
     questions again ``batch`` at a time on the batched engine (:mod:`draftwise.bench.batched`):
-    the summary's ``batched`` part.
+    the summary's ``batched`` part. ``repeats`` > 1 runs every turn that many times back to back
+    and keeps the fastest (a timing with less of a shared machine's noise in it; sampling needs a
+    seed), each run decoding the same tokens: only the last teaches a draft that learns.
 
     Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
     "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
@@ -209,6 +223,7 @@ def run_bench(
     started = time.perf_counter()
     sampling = sampling or SamplingConfig()
     _check(max_new_tokens, time_budget)
+    repeats = check_repeats(repeats, sampling)
     batch = check_batch_option(batch)
     k = parse_k(k)
     peer_names = parse_peers(peers)
@@ -225,15 +240,15 @@ def run_bench(
     check_batch_runtime(model, batch, qs, max_new_tokens)
     methods = build_methods(model, drafts, k, peer_names)
     names = [m.name for m in methods]
-    config = _config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
-                     plan)
+    config = {**_config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
+                        plan), "repeats": repeats}
     answers: Answers = {m.name: {} for m in methods}
     files: dict[str, Any] = {}
     if out is not None:
-        now = fingerprint(model, sampling, max_new_tokens, methods, qs, plan_obj)
+        now = fingerprint(model, sampling, max_new_tokens, methods, qs, plan_obj, repeats)
         answers, files = start_run(out, now, methods, qs, resume)
     reused = sum(len(a) for a in answers.values())
-    runner = Runner(model, max_new_tokens, sampling, plan_obj)
+    runner = Runner(model, max_new_tokens, sampling, plan_obj, repeats)
     state: dict[str, Any] = {"started": started, "skipped": [], "stopped": None, "reused": reused}
     try:
         if warmup and any(question_key(q) not in answers[n] for q in qs for n in names):

@@ -81,11 +81,13 @@ class Runner:
     """Runs methods on questions; keeps the drafters ``auto`` builds (its own, apart from every
     other method's) and the HF peer."""
 
-    def __init__(self, model: Any, max_new_tokens: int, sampling: SamplingConfig, plan: Any = None) -> None:
+    def __init__(self, model: Any, max_new_tokens: int, sampling: SamplingConfig, plan: Any = None,
+                 repeats: int = 1) -> None:
         self.model = model
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.plan = plan
+        self.repeats = repeats
         self.auto_drafters: dict[tuple[str, str], Any] = {}  # (method, spec) -> drafter
         self.peer: HFPeer | None = None
 
@@ -159,12 +161,27 @@ class Runner:
         }
         return TurnResult(res.text, list(res.token_ids), res.seconds, stats, list(st.accept_lengths))
 
+    def fastest_turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
+        """:meth:`turn` run ``repeats`` times back to back; the fastest is kept, its stats carry
+        every run's ``repeat_seconds``. Only the last run teaches the drafts that learn across
+        generations, so every run starts from the same cache and decodes the same tokens (greedy,
+        or seeded sampling); a run that decodes other tokens is an error, not a timing."""
+        runs = [self.turn(method, prompt_ids, category, learn=i == self.repeats - 1) for i in range(self.repeats)]
+        for i, r in enumerate(runs[1:], start=2):
+            if r.token_ids != runs[0].token_ids:
+                raise RuntimeError(f"{method.name}: run {i} of {self.repeats} of one turn decoded other tokens "
+                                   "than run 1, so their times are not of the same work")
+        best = min(runs, key=lambda r: r.seconds)
+        if self.repeats > 1:
+            best.stats["repeat_seconds"] = [r.seconds for r in runs]
+        return best
+
     def question(self, method: Method, q: Question) -> list[TurnResult]:
         """All turns of ``q``, each answer going into the next turn's history."""
         answers: list[str] = []
         results: list[TurnResult] = []
         for i in range(len(q.turns)):
-            r = self.turn(method, build_prompt(self.model, q.turns[: i + 1], answers), q.category)
+            r = self.fastest_turn(method, build_prompt(self.model, q.turns[: i + 1], answers), q.category)
             answers.append(r.text)
             results.append(r)
         return results

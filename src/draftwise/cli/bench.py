@@ -12,6 +12,7 @@ from ..bench import render_markdown, run_bench
 from ..bench.batched import check_batch_option
 from ..bench.methods import parse_methods, parse_peers
 from ..bench.outdir import prepare_out
+from ..bench.run import check_repeats
 from ..bench.runner import load_plan_for_auto
 from ..cost.defaults import DEFAULT_DRAFTS
 from ..drafters.spec import SPEC_HELP, parse_k
@@ -83,6 +84,11 @@ def bench(
         typer.Option("--time-budget", min=0, help="Seconds; stop after the question that exceeds it."),
     ] = None,
     batch: BatchOpt = 1,
+    repeats: Annotated[
+        int,
+        typer.Option("--repeats", help="Run every turn N times back to back and keep the fastest: less of a shared "
+                     "machine's noise, N times the run time. Sampling needs --seed."),
+    ] = 1,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
     with user_errors():
@@ -90,6 +96,7 @@ def bench(
         sampling = SamplingConfig(temperature=temperature, seed=seed)
         parsed_k = parse_k(k)
         check_batch_option(batch)
+        check_repeats(repeats, sampling)
         methods = parse_methods(drafts, parsed_k)
         peer_list = parse_peers(peers or "")
         read_questions(questions)
@@ -114,7 +121,7 @@ def bench(
                 overwrite=overwrite,
                 time_budget=time_budget,
                 plan=plan,
-                progress=True, batch=batch,
+                progress=True, batch=batch, repeats=repeats,
             )
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted[/]: the summary of the finished questions is in {plain(out_dir)}",
