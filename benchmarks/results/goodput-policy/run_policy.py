@@ -16,7 +16,9 @@ questions the plan did not trace, spread over the categories: a unit is a questi
 turn, or with ``--turns all`` every turn of it, one after the other with the earlier answers in
 its history (the plan's workload); every answer is compared with the same conversation decoded
 alone. Goals: goodput >= 0.97x plain at every
-N, >= 1.3x plain at N = 1, and >= 1.05x the best fixed k at some N.
+N, >= 1.3x plain at N = 1, and >= 1.05x the best fixed k at some N. After each phase the
+server's ``/metrics`` is saved as ``metrics-nN-POLICY.txt`` (the k's the policy chose are
+``draftwise:spec_decode_chosen_k``; the counts include the one warm-up request).
 
 Needs a batch profile for the goodput policy at N > 1 (``draftwise plan --concurrency
 1,2,4,8,16 --out DIR`` measures one, about a minute, cached beside the model's profile).
@@ -193,6 +195,8 @@ def main() -> int:
                 asyncio.run(phase(url, [warm], lambda p: first, 1, 1, 8))
                 recs, wall = asyncio.run(phase(url, prompts[: n * args.requests], spec_of, n, args.requests,
                                                args.max_tokens))
+                # the k the policy chose each step (draftwise:spec_decode_chosen_k) and the rest
+                (out / f"metrics-n{n}-{name}.txt").write_text(httpx.get(f"{url}/metrics", timeout=30).text)
             finally:
                 proc.terminate()
                 proc.wait(30)
