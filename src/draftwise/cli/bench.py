@@ -30,6 +30,12 @@ BatchOpt = Annotated[
                  "and report aggregate and per-request tok/s beside the one-at-a-time rows."),
 ]
 
+RepeatsOpt = Annotated[
+    int,
+    typer.Option("--repeats", help="Run every turn N times back to back and keep the fastest: less of a shared "
+                 "machine's noise, N times the run time. Sampling needs --seed."),
+]
+
 
 def bench(
     questions: Annotated[
@@ -84,11 +90,7 @@ def bench(
         typer.Option("--time-budget", min=0, help="Seconds; stop after the question that exceeds it."),
     ] = None,
     batch: BatchOpt = 1,
-    repeats: Annotated[
-        int,
-        typer.Option("--repeats", help="Run every turn N times back to back and keep the fastest: less of a shared "
-                     "machine's noise, N times the run time. Sampling needs --seed."),
-    ] = 1,
+    repeats: RepeatsOpt = 1,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
     with user_errors():
@@ -117,10 +119,8 @@ def bench(
                 sampling=sampling,
                 peers=peer_list,
                 out_dir=out_dir,
-                resume=resume,
-                overwrite=overwrite,
-                time_budget=time_budget,
-                plan=plan,
+                resume=resume, overwrite=overwrite,
+                time_budget=time_budget, plan=plan,
                 progress=True, batch=batch, repeats=repeats,
             )
         except KeyboardInterrupt:

@@ -67,8 +67,10 @@ from .replay import Trace, answer, answer_text, expected_steps, predict_seconds,
 __all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "check_samples", "load_plan",
            "make_plan", "spread_note", "warm_up"]
 
-#: continuations per prompt with sampling (greedy decoding has one); see docs/planner.md
-DEFAULT_SAMPLES = 4
+#: continuations per prompt with sampling (greedy decoding has one); see docs/planner.md. At 4
+#: the 95% intervals measured a median width of 0.50 on unseen questions, at 8 0.35 (and every
+#: category inside): a useful interval needs 8, for twice the sampled traces.
+DEFAULT_SAMPLES = 8
 
 
 def as_questions(rows: Sequence[Question | dict[str, Any]]) -> list[Question]:
