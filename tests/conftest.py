@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import os
+from pathlib import Path
 
 import draftwise  # noqa: F401  first: it sets the OpenMP defaults before torch loads (docs/runtime.md)
 import pytest

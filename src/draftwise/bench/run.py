@@ -148,7 +148,7 @@ def _loop(
 
 def _config(model: Any, questions: Any, qs: Sequence[Question], methods: Sequence[Method],
             sampling: SamplingConfig, k: KValue, max_new_tokens: int, peer_names: Sequence[str],
-            limit_per_category: int | None, plan: Any) -> dict[str, Any]:
+            limit_per_category: int | None, plan: Any, repeats: int) -> dict[str, Any]:
     """The summary's ``config``: what the run was."""
     names = [m.name for m in methods]
     return {
@@ -168,6 +168,7 @@ def _config(model: Any, questions: Any, qs: Sequence[Question], methods: Sequenc
         "limit_per_category": limit_per_category,
         "questions": str(questions) if isinstance(questions, (str, Path)) else f"{len(qs)} given",
         "plan": str(plan) if plan is not None and not hasattr(plan, "choose") else None,
+        "repeats": repeats,
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -240,8 +241,8 @@ def run_bench(
     check_batch_runtime(model, batch, qs, max_new_tokens)
     methods = build_methods(model, drafts, k, peer_names)
     names = [m.name for m in methods]
-    config = {**_config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
-                        plan), "repeats": repeats}
+    config = _config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
+                     plan, repeats)
     answers: Answers = {m.name: {} for m in methods}
     files: dict[str, Any] = {}
     if out is not None:
