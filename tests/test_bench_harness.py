@@ -182,7 +182,7 @@ def test_ctrl_c_writes_the_summary_of_finished_questions(tiny, qfile, tmp_path, 
     assert summary["run"]["questions_finished"] == 1
     lines = (tmp_path / "answers" / "none.jsonl").read_text().splitlines()
     lines += (tmp_path / "answers" / "lookup.jsonl").read_text().splitlines()
-    assert len(lines) == 3  # both answers of question 1 and the one finished of question 2
+    assert len(lines) == 2  # both answers of question 1; question 2's methods run turn by turn, so none finished
 
 
 # -- methods and bad options -----------------------------------------------------------------
@@ -321,15 +321,17 @@ def test_a_question_too_long_for_the_context_is_skipped(tiny, tmp_path):
 
 
 def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, qfile, tmp_path, monkeypatch):
-    """Each turn runs 3 times back to back: the fastest is kept, and all 3 decode the same steps,
-    because a draft that learns across generations (suffix's cache) learns only from the last."""
+    """Each turn runs 3 times, the methods alternating run by run: the fastest is kept, and all 3
+    decode the same steps, because a draft that learns across generations (suffix's cache) learns
+    only from the last."""
     import draftwise.bench.runner as runner_module
 
     real, calls = runner_module.api.generate, []
 
     def spy(*args, **kw):
         res = real(*args, **kw)
-        calls.append((kw["learn"], res.stats.accepted, res.stats.target_passes, list(res.token_ids)))
+        method = "none" if kw["draft"] is None else "suffix"
+        calls.append((method, kw["learn"], res.stats.accepted, res.stats.target_passes, list(res.token_ids)))
         return res
 
     one = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
@@ -338,10 +340,15 @@ def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, 
     three = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "three",
                       progress=False, warmup=False, repeats=3)
     assert len(calls) == 3 * 4 * 2  # 4 turns, 2 methods (none and suffix), 3 runs each
-    for i in range(0, len(calls), 3):
-        runs = calls[i:i + 3]
-        assert [learn for learn, *_ in runs] == [False, False, True]
-        assert all(r[1:] == runs[0][1:] for r in runs), "a later run decoded other steps: it learned from an earlier"
+    for i in range(0, len(calls), 6):  # one turn: 3 rounds of both methods
+        turn = calls[i:i + 6]
+        rounds = [turn[j:j + 2] for j in range(0, 6, 2)]
+        assert all({c[0] for c in r} == {"none", "suffix"} for r in rounds), "a round left a method out"
+        assert [r[0][0] for r in rounds][:2] in (["none", "suffix"], ["suffix", "none"]), "the order did not rotate"
+        for method in ("none", "suffix"):
+            runs = [c[1:] for c in turn if c[0] == method]
+            assert [learn for learn, *_ in runs] == [False, False, True]
+            assert all(r[1:] == runs[0][1:] for r in runs), "a later run decoded other steps: it learned from an earlier"
     assert three["config"]["repeats"] == 3 and three["equality"]["mismatches"] == []
     for name in ("none", "suffix"):
         for key, rec in read_answers(tmp_path / "three" / "answers" / method_filename(name)).items():

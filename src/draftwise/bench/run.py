@@ -112,27 +112,29 @@ def _loop(
     progress: bool,
     time_budget: float | None,
 ) -> None:
-    """Every pending (question, method), the method order rotating per question; each answer
-    is written and flushed as soon as it is made. ``state`` collects ``skipped`` and ``stopped``."""
+    """Every pending (question, method): a question's methods run turn by turn, alternating
+    (:meth:`Runner.questions`), their order rotating per question; each answer is written and
+    flushed as soon as its question is done. ``state`` collects ``skipped`` and ``stopped``."""
     todo = sum(1 for q in qs for m in methods if question_key(q) not in answers[m.name])
     with _progress(progress) as bar:
         task = bar.add_task("bench", total=todo)
         for qi, q in enumerate(qs):
             key = question_key(q)
             pending = [m for m in methods if key not in answers[m.name]]
-            if pending and not runner.fits(q):
+            if not pending:
+                continue
+            if not runner.fits(q):
                 state["skipped"].append({"question_id": q.question_id, "reason": "context"})
                 bar.update(task, advance=len(pending))
                 continue
-            shift = qi % len(methods)
-            for m in [*methods[shift:], *methods[:shift]]:
-                if key in answers[m.name]:
-                    continue
-                try:
-                    turns = runner.question(m, q)
-                except ContextLengthError:
-                    state["skipped"].append({"question_id": q.question_id, "reason": "context"})
-                    break
+            try:
+                by_method = runner.questions(pending, q, shift=qi % len(methods))
+            except ContextLengthError:
+                state["skipped"].append({"question_id": q.question_id, "reason": "context"})
+                bar.update(task, advance=len(pending))
+                continue
+            for m in pending:
+                turns = by_method[m.name]
                 record = answer_record(runner.model.name, m, q, turns)
                 answers[m.name][key] = record
                 if m.name in files:
@@ -212,8 +214,8 @@ def run_bench(
     question during which it ran out. On Ctrl-C the summary of the finished questions is written
     and KeyboardInterrupt re-raised. ``batch`` > 1 (native runtime only) then runs the finished
     questions again ``batch`` at a time on the batched engine (:mod:`draftwise.bench.batched`):
-    the summary's ``batched`` part. ``repeats`` > 1 runs every turn that many times back to back
-    and keeps the fastest (a timing with less of a shared machine's noise in it; sampling needs a
+    the summary's ``batched`` part. ``repeats`` > 1 runs every turn that many times, the methods
+    alternating run by run, and keeps the fastest (a timing with less of a shared machine's noise in it; sampling needs a
     seed), each run decoding the same tokens: only the last teaches a draft that learns.
 
     Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",

@@ -161,12 +161,9 @@ class Runner:
         }
         return TurnResult(res.text, list(res.token_ids), res.seconds, stats, list(st.accept_lengths))
 
-    def fastest_turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
-        """:meth:`turn` run ``repeats`` times back to back; the fastest is kept, its stats carry
-        every run's ``repeat_seconds``. Only the last run teaches the drafts that learn across
-        generations, so every run starts from the same cache and decodes the same tokens (greedy,
-        or seeded sampling); a run that decodes other tokens is an error, not a timing."""
-        runs = [self.turn(method, prompt_ids, category, learn=i == self.repeats - 1) for i in range(self.repeats)]
+    def _fastest(self, method: Method, runs: Sequence[TurnResult]) -> TurnResult:
+        """The fastest of one turn's runs; its stats carry every run's ``repeat_seconds``. Runs
+        that decoded other tokens are an error, not a timing."""
         for i, r in enumerate(runs[1:], start=2):
             if r.token_ids != runs[0].token_ids:
                 raise RuntimeError(f"{method.name}: run {i} of {self.repeats} of one turn decoded other tokens "
@@ -176,14 +173,26 @@ class Runner:
             best.stats["repeat_seconds"] = [r.seconds for r in runs]
         return best
 
-    def question(self, method: Method, q: Question) -> list[TurnResult]:
-        """All turns of ``q``, each answer going into the next turn's history."""
-        answers: list[str] = []
-        results: list[TurnResult] = []
+    def questions(self, methods: Sequence[Method], q: Question, shift: int = 0) -> dict[str, list[TurnResult]]:
+        """All turns of ``q`` for each of ``methods`` (each method's answers go into its own next
+        turn), by method name. Turn by turn, ``repeats`` rounds each run every method's turn once,
+        the order rotating by ``shift`` and the round, so methods alternate within seconds and the
+        machine's drift falls on all of them alike; the fastest run of each counts. Only the last
+        round teaches the drafts that learn across generations, so every run of a turn starts
+        from the same cache and decodes the same tokens (greedy, or seeded sampling)."""
+        history: dict[str, list[str]] = {m.name: [] for m in methods}
+        results: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
         for i in range(len(q.turns)):
-            r = self.fastest_turn(method, build_prompt(self.model, q.turns[: i + 1], answers), q.category)
-            answers.append(r.text)
-            results.append(r)
+            prompts = {m.name: build_prompt(self.model, q.turns[: i + 1], history[m.name]) for m in methods}
+            runs: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
+            for r in range(self.repeats):
+                s = (shift + r) % len(methods)
+                for m in [*methods[s:], *methods[:s]]:
+                    runs[m.name].append(self.turn(m, prompts[m.name], q.category, learn=r == self.repeats - 1))
+            for m in methods:
+                best = self._fastest(m, runs[m.name])
+                history[m.name].append(best.text)
+                results[m.name].append(best)
         return results
 
     def fits(self, q: Question) -> bool:

@@ -32,8 +32,8 @@ BatchOpt = Annotated[
 
 RepeatsOpt = Annotated[
     int,
-    typer.Option("--repeats", help="Run every turn N times back to back and keep the fastest: less of a shared "
-                 "machine's noise, N times the run time. Sampling needs --seed."),
+    typer.Option("--repeats", help="Run every turn N times, the drafts alternating run by run, and keep the "
+                 "fastest: less of a shared machine's noise, N times the run time. Sampling needs --seed."),
 ]
 
 
