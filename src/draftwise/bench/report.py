@@ -84,8 +84,9 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         "",
         f"{run['questions_finished']} of {run['questions_total']} questions finished"
         + (f" (stopped: {run['stopped']})" if run["stopped"] else "")
-        + "; methods interleaved question by question"
-        + (f", each turn the fastest of {cfg['repeats']} runs" if cfg.get("repeats", 1) > 1 else "")
+        + "; methods interleaved turn by turn"
+        + (f", each turn the fastest of {cfg['repeats']} runs, the methods alternating run by run"
+           if cfg.get("repeats", 1) > 1 else "")
         + f"; {cfg['date']}.",
         "",
         SPEEDUPS_LEGEND + " #MAT = committed tokens per target pass (bonus included).",
