@@ -40,8 +40,8 @@ FinishReason = Literal["eos", "stop", "length"]
 class GenerationResult:
     """What one generation produced.
 
-    ``token_ids`` are the new tokens (the EOS token that ended a generation is not included);
-    ``seconds`` is wall time with prefill included.
+    ``token_ids`` are the new tokens (the EOS token that ended a generation is not included:
+    it is ``eos_token``); ``seconds`` is wall time with prefill included.
     """
 
     text: str
@@ -53,6 +53,7 @@ class GenerationResult:
     stats: SpecStats = field(default_factory=SpecStats)
     draft: str = "none"
     k: int | str = 0
+    eos_token: int | None = None  # the end-of-sequence token that ended it (finish_reason "eos")
 
     @property
     def new_tokens(self) -> int:
@@ -241,6 +242,7 @@ class Stream:
         assembler = TextAssembler(model.tokenizer, self.stop)
         ids: list[int] = []
         finish: FinishReason | None = None
+        eos_token: int | None = None
         start = time.perf_counter()
         prefill_s = 0.0
         steps = decode_steps(
@@ -259,6 +261,8 @@ class Stream:
                 if not prefill_s:
                     prefill_s = time.perf_counter() - start
                 pieces, kept, finish = self._commit(step.verdict.tokens, ids, assembler)
+                if finish == "eos":
+                    eos_token = int(step.verdict.tokens[kept - 1])
                 stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks, depth=step.positions)
                 if finish is not None:
                     break
@@ -281,6 +285,7 @@ class Stream:
             stats=stats,
             draft=getattr(self.drafter, "name", "none"),
             k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
+            eos_token=eos_token,
         )
         yield pieces
 

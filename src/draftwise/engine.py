@@ -314,14 +314,17 @@ class Engine:
         drafters: Sequence[Drafter | None] | None = None,
         k: int | Callable[[], KPolicy] = 4,
         progress: Callable[[int], None] | None = None,
+        on_result: Callable[[int, GenerationResult], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate a completion of every prompt (token ids), ``max_batch`` at a time, each as
         :func:`draftwise.decode.generate` would alone; results in prompt order. ``drafters``
-        (one per slot, or None) are reused slot by slot; ``k`` a number or a policy factory."""
+        (one per slot, or None) are reused slot by slot; ``k`` a number or a policy factory.
+        ``progress(done)`` after every step; ``on_result(i, result)`` as soon as prompt ``i``'s
+        generation ends (to save it before the others finish)."""
         n = len(prompts)
         configs = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingConfig()] * n
         results: list[GenerationResult | None] = [None] * n
-        todo = deque(range(n))
+        todo, running = deque(range(n)), set()
         while todo or self._live:
             while todo and self._free:
                 i = todo.popleft()
@@ -329,7 +332,12 @@ class Engine:
                 drafter = drafters[slot] if drafters is not None else None
                 kk = k if isinstance(k, int) else k()
                 self.start(self._job(i, list(prompts[i]), max_new_tokens, configs[i], stop, drafter, kk, results))
+                running.add(i)
             self.step()
+            for i in [i for i in running if results[i] is not None]:
+                running.discard(i)
+                if on_result is not None and isinstance(results[i], GenerationResult):
+                    on_result(i, results[i])
             if progress is not None:
                 progress(sum(r is not None for r in results))
         for seq_error in (r for r in results if isinstance(r, BaseException)):

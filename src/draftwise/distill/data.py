@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ..errors import ConfigError
 from ..questions import Question, spread_questions
 
 HOLDOUT_EVERY = 4
@@ -112,6 +113,58 @@ def _generate_batch(
     return [_cut_at_eos(row[width:].tolist(), eos) for row in out]
 
 
+#: sequences decoding together when the batched engine makes the continuations (native runtime),
+#: and the prompt tokens each feeds per pass: throughput, not latency, is what counts here
+ENGINE_BATCH = 32
+ENGINE_PREFILL_CHUNK = 128
+BACKENDS = ("auto", "engine", "hf")
+
+Job = tuple[str, list[int], float, int, int]  # key, prompt ids, temperature, question id, seed
+
+
+def _generate_engine(target: Any, jobs: Sequence[Job], *, gen_tokens: int,
+                     save: Callable[[Job, list[int]], None]) -> None:
+    """Every job's continuation on the batched engine, each a generation of its own seeded as
+    its key says: the tokens it gets alone (:mod:`draftwise.engine`), whatever shares its pass.
+    ``save(job, continuation)`` as each one ends; the runtime is back to one sequence after."""
+    from ..engine import Engine, memory_available
+    from ..sampling import SamplingConfig
+
+    rt = target.runtime
+    context = min(rt.max_context, max(len(job[1]) for job in jobs) + gen_tokens)
+    batch, have = min(ENGINE_BATCH, len(jobs)), memory_available()
+    if have is not None:  # a batch whose cache takes at most half of what is free
+        batch = max(1, min(batch, int(have * 0.5 // rt.cache_bytes(1, context))))
+    engine = Engine(target, max_batch=batch, context=context, prefill_chunk=ENGINE_PREFILL_CHUNK)
+    try:
+        engine.generate_all(
+            [job[1] for job in jobs], max_new_tokens=gen_tokens,
+            sampling=[SamplingConfig(temperature=job[2], seed=job[4]) for job in jobs],
+            on_result=lambda i, r: save(jobs[i], r.token_ids + ([] if r.eos_token is None else [r.eos_token])),
+        )
+    finally:
+        rt.allocate_slots(1)
+
+
+def _generate_hf(target: Any, jobs: Sequence[Job], *, gen_tokens: int, seed: int,
+                 save: Callable[[Job, list[int]], None]) -> None:
+    """Every job's continuation with ``transformers``, :data:`GEN_BATCH` left-padded prompts of
+    one temperature a call, seeded per call (``jobs`` sorted by temperature and length)."""
+    eos = set(int(t) for t in target.eos_token_ids)
+    pad_id = target.tokenizer.pad_token_id
+    pad_id = int(pad_id) if pad_id is not None else min(eos)
+    hf_model = load_hf(target, getattr(target.runtime, "device", "cpu"))
+    for start in range(0, len(jobs), GEN_BATCH):
+        groups: dict[float, list[Job]] = {}
+        for job in jobs[start : start + GEN_BATCH]:
+            groups.setdefault(job[2], []).append(job)
+        for temp, group in groups.items():
+            outs = _generate_batch(hf_model, [job[1] for job in group], gen_tokens=gen_tokens, temperature=temp,
+                                   seed=seed * 1_000_003 + start, eos=eos, pad_id=pad_id)
+            for job, out in zip(group, outs):
+                save(job, out)
+
+
 def make_sequences(
     target: Any,
     prompts: Sequence[Question],
@@ -121,18 +174,27 @@ def make_sequences(
     gen_temperatures: Sequence[float] = (0.0,),
     seed: int = 0,
     on_progress: Callable[[int, int], None] | None = None,
+    backend: str = "auto",
 ) -> list[list[int]]:
     """prompt + target continuation token ids, one per prompt and temperature, cached.
 
     For each prompt there is one continuation per entry of ``gen_temperatures``: greedy for
     0, else sampled (full distribution at that temperature) with a seed derived from ``seed``.
-    Continuations are decoded in batches of :data:`GEN_BATCH` with ``transformers`` on the
-    target's weights, which is several times faster on a CPU than one at a time. They stop
-    after an end-of-sequence token. A prompt with no room in the target's context for
-    ``gen_tokens`` more tokens is used without a continuation. The result is ordered prompt by
-    prompt, temperatures inner; sequences already in ``DIR/sequences.jsonl`` are not
-    generated again.
+    ``backend`` "engine" decodes them on the batched engine (:data:`ENGINE_BATCH` at a time,
+    each exactly what it gets alone, sampled with its own seed); "hf" in left-padded batches of
+    :data:`GEN_BATCH` with ``transformers`` on the target's weights; "auto" (the default) the
+    engine where the target's runtime batches (the native one), else ``transformers``. Both are
+    several times faster on a CPU than one at a time (docs/eagle.md gives the rates). They stop
+    after an end-of-sequence token, which they keep. A prompt with no room in the target's
+    context for ``gen_tokens`` more tokens is used without a continuation. The result is ordered
+    prompt by prompt, temperatures inner; sequences already in ``DIR/sequences.jsonl`` (by
+    either backend) are not generated again, and each is saved as soon as it is made.
     """
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend={backend!r} must be one of {', '.join(BACKENDS)}")
+    if backend == "engine" and not hasattr(target.runtime, "forward_batch"):
+        raise ConfigError(f"backend='engine' needs the native runtime; {target.name} runs on "
+                          f"{type(target.runtime).__name__}: use backend='hf'")
     data_dir.mkdir(parents=True, exist_ok=True)
     cache_path = data_dir / "sequences.jsonl"
     cached: dict[str, list[int]] = {}
@@ -143,48 +205,40 @@ def make_sequences(
                 cached[row["key"]] = row["ids"]
             except (json.JSONDecodeError, KeyError, TypeError):
                 continue  # a line cut short by an interruption: generate it again
-    jobs = []  # (key, prompt ids, temperature, question id) of every sequence
+    jobs: list[Job] = []
     for i, prompt in enumerate(prompts):
         prompt_ids = list(target.encode_prompt(prompt.prompt))
         for j, temp in enumerate(gen_temperatures):
-            key = _key(target.name, prompt.prompt, gen_tokens, float(temp), seed + i + 100_003 * j)
-            jobs.append((key, prompt_ids, float(temp), prompt.question_id))
+            job_seed = seed + i + 100_003 * j
+            key = _key(target.name, prompt.prompt, gen_tokens, float(temp), job_seed)
+            jobs.append((key, prompt_ids, float(temp), prompt.question_id, job_seed))
     todo = [job for job in jobs if job[0] not in cached]
     total, done = len(jobs), len(jobs) - len(todo)
     if on_progress:
         on_progress(done, total)
     if todo:
-        eos = set(int(t) for t in target.eos_token_ids)
-        pad_id = target.tokenizer.pad_token_id
-        pad_id = int(pad_id) if pad_id is not None else min(eos)
         room = target.runtime.max_context - gen_tokens
-        hf_model = None
-        # same temperature together, similar lengths together (less padding)
+        # same temperature together, similar lengths together (less padding, fewer attention groups)
         todo.sort(key=lambda job: (job[2], len(job[1])))
         with cache_path.open("a", encoding="utf-8") as f:
-            for start in range(0, len(todo), GEN_BATCH):
-                chunk = todo[start : start + GEN_BATCH]
-                groups: dict[float, list[Any]] = {}
-                for job in chunk:
-                    groups.setdefault(job[2], []).append(job)
-                for temp, group in groups.items():
-                    fits = [job for job in group if len(job[1]) <= room]
-                    news: dict[str, list[int]] = {job[0]: [] for job in group}
-                    if fits:
-                        if hf_model is None:
-                            hf_model = load_hf(target, getattr(target.runtime, "device", "cpu"))
-                        outs = _generate_batch(
-                            hf_model, [job[1] for job in fits], gen_tokens=gen_tokens, temperature=temp,
-                            seed=seed * 1_000_003 + start, eos=eos, pad_id=pad_id,
-                        )
-                        news.update({job[0]: o for job, o in zip(fits, outs)})
-                    for key, prompt_ids, _, qid in group:
-                        cached[key] = prompt_ids + news[key]
-                        f.write(json.dumps({"key": key, "question_id": qid, "ids": cached[key]}) + "\n")
-                    f.flush()
-                done += len(chunk)
+
+            def save(job: Job, continuation: list[int]) -> None:
+                nonlocal done
+                cached[job[0]] = job[1] + list(continuation)
+                f.write(json.dumps({"key": job[0], "question_id": job[3], "ids": cached[job[0]]}) + "\n")
+                f.flush()
+                done += 1
                 if on_progress:
                     on_progress(done, total)
+
+            fits = [job for job in todo if len(job[1]) <= room]
+            for job in todo:
+                if len(job[1]) > room:
+                    save(job, [])
+            if fits and (backend == "engine" or (backend == "auto" and hasattr(target.runtime, "forward_batch"))):
+                _generate_engine(target, fits, gen_tokens=gen_tokens, save=save)
+            elif fits:
+                _generate_hf(target, fits, gen_tokens=gen_tokens, seed=seed, save=save)
     return [cached[job[0]] for job in jobs]
 
 
