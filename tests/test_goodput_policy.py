@@ -42,6 +42,8 @@ class Fake:
     def __init__(self, rate: float = 0.7, *, trees: bool = False, shadow: bool = True, alone_k: int = 5) -> None:
         self.rate, self.trees, self.shadow, self.alone_k = rate, trees, shadow, alone_k
         self.trimmed: list[int] = []
+        self.sizes: list[int | None] = []  # the proposed tree's size each calibration was asked for
+        self.skipped: list[int] = []
 
     def rates(self) -> list[float]:
         return [self.rate] * 8
@@ -49,12 +51,18 @@ class Fake:
     def choose(self, context_len: int) -> int:
         return self.k_max if self.trees else self.alone_k
 
-    def calibration(self) -> float:
+    def calibration(self, size: int | None = None) -> float:
+        self.sizes.append(size)
         return 1.0
 
-    def trim(self, draft: Draft, context_len: int) -> Draft:
+    def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
         self.trimmed.append(len(draft))
+        self.sizes.append(size)
         return draft
+
+    def skip(self, draft: Draft) -> Draft:
+        self.skipped.append(len(draft))
+        return draft.prefix(0)
 
     def observe(self, positions: int, accepted: int) -> None:
         pass
@@ -148,6 +156,20 @@ def test_a_tree_is_trimmed_to_its_best_response() -> None:
     kept = alone.trim(tree(scores), 200)  # 16 in a pass where every row costs: two nodes pay
     assert 0 < len(kept) < 8 and alone.adaptive.trimmed[-1] == len(kept)
     assert coord.goodput.last[0] == len(kept)
+    assert alone.adaptive.sizes[-2:] == [8, 8]  # calibrated, and trimmed, as the 8-node tree it was
+
+
+def test_a_tree_the_batch_keeps_none_of_still_teaches_its_calibration() -> None:
+    epoch = [0]
+    coord = coordinator(LINEAR, epoch)
+    weak = coord.policy(Fake(trees=True), "suffix")
+    crowd = [coord.policy(Fake(rate=0.5), "lookup") for _ in range(15)]
+    for e in (1, 2):
+        epoch[0] = e
+        for p in [weak, *crowd]:
+            p.choose(200)
+    kept = weak.trim(tree([0.05, 0.04, 0.03, 0.02]), 200)  # no node pays in a crowded pass
+    assert kept.tokens == [] and weak.adaptive.skipped == [4] and weak.adaptive.trimmed == []
 
 
 # -- on the tiny model's batched engine -------------------------------------------------------

@@ -85,6 +85,37 @@ def test_scores_that_overpromise_are_calibrated_down():
     assert len(policy.trim(_tree([0.95, 0.9, 0.2, 0.1]), 100)) >= 2
 
 
+def _chain(scores):
+    tokens = list(range(10, 10 + len(scores)))
+    return Draft(tokens, tree=TokenTree(tokens, list(range(len(scores)))), scores=tuple(scores))
+
+
+def test_each_size_of_tree_is_calibrated_on_its_own():
+    """Short trees that over-promise are trimmed while long ones that deliver are kept: one
+    ratio for both (the old calibration) would keep the short ones or cut the long ones."""
+    policy = AdaptiveK(_Costs(lambda n: 0.010 * (1 + 0.25 * (n - 1))), "suffix")
+    for _ in range(40):
+        short = policy.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)  # from a short match: always wrong
+        if short.tokens:
+            policy.observe(len(short), 0)
+        else:
+            policy.observe_shadow([10], [99])
+        long = policy.trim(_chain([0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.89, 0.88]), 100)
+        policy.observe(len(long), len(long))  # from a long match: always right
+    assert policy.calibration(4) < 0.2 < 0.8 < policy.calibration(8)
+    assert len(policy.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)) == 0
+    assert len(policy.trim(_chain([0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.89, 0.88]), 100)) == 8
+
+
+def test_a_tree_the_batch_skips_still_teaches_its_size():
+    policy = AdaptiveK(_Costs(lambda n: 0.010), "suffix")
+    before = policy.calibration(4)
+    for _ in range(10):
+        assert policy.skip(_chain([0.9, 0.8, 0.7, 0.6])).tokens == []
+        policy.observe_shadow([10], [99])  # its best node was wrong each time
+    assert policy.calibration(4) < 0.5 * before and policy.calibration(8) < before
+
+
 def test_the_suffix_draft_scores_its_tree_best_first():
     d = SuffixDrafter(nodes=8, depth=4)
     text = [5, 6, 7, 8, 5, 6, 9, 5, 6, 7, 8, 5, 6]

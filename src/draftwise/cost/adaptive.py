@@ -20,9 +20,14 @@ then keeps the prefix of its nodes (:meth:`AdaptiveK.trim`) that maximises::
 
 (the expected committed tokens of a tree are 1 plus the sum over its nodes of the probability
 that the node's path is accepted). ``lam`` calibrates the draft's scores on this generation:
-the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1. A
-tree trimmed to nothing still teaches it: its best node is compared with the token the plain
-step commits, for free, so trees come back when the draft turns right again.
+the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1, and
+kept apart for each size of proposed tree (shrunk towards the ratio over all sizes). A draft's
+trees of one size over-promise more than another's: suffix decoding's budget grows with its
+match, and its 4-node trees from short matches got 0.15-0.18 of their scores where its 8-node
+trees got 0.33-0.39 (the default model at 8 requests a pass, `benchmarks/tree_calibration.py`),
+so one ratio for both kept short trees the batch did not pay for. A tree trimmed to nothing
+still teaches it: its best node is compared with the token the plain step commits, for free, so
+trees come back when the draft turns right again.
 
 When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
 draft still proposes in the *shadow*: its first token is compared with the token the plain step
@@ -99,6 +104,10 @@ class AdaptiveK:
         self.tested = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
         self.predicted, self.got, self._pending, self._shadow = 0.0, 0.0, 0.0, 0.0
+        # the same counts for each size of proposed tree (index: nodes proposed, capped at k_max)
+        self.predicted_by = [0.0] * (self.k_max + 1)
+        self.got_by = [0.0] * (self.k_max + 1)
+        self._size = 0
         self.draft_cost = [profile.draft_time(draft, k) for k in range(1, self.k_max + 1)]
         self.shadow = self.draft_cost[0] < 0.02 * profile.step_time(1)
         self.probe_every = probe_every
@@ -145,16 +154,24 @@ class AdaptiveK:
             self._plain_run = 0
         return best_k
 
-    def calibration(self) -> float:
-        """lam: tokens accepted per token the kept trees' scores predicted (decayed; prior 1)."""
-        return (self.got + PRIOR_TOKENS) / (self.predicted + PRIOR_TOKENS)
+    def calibration(self, size: int | None = None) -> float:
+        """lam: tokens accepted per token the kept trees' scores predicted (decayed; prior 1); for
+        trees of ``size`` proposed nodes, that size's own ratio, shrunk towards the overall one
+        by :data:`PRIOR_TOKENS` tokens' worth."""
+        overall = (self.got + PRIOR_TOKENS) / (self.predicted + PRIOR_TOKENS)
+        if size is None:
+            return overall
+        b = min(max(size, 0), self.k_max)
+        return (self.got_by[b] + PRIOR_TOKENS * overall) / (self.predicted_by[b] + PRIOR_TOKENS)
 
-    def trim(self, draft: Draft, context_len: int) -> Draft:
+    def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
         """The prefix of a scored tree with the most expected tokens per second (no node kept:
-        a plain step); a draft without scores is returned as it is."""
+        a plain step); a draft without scores is returned as it is. ``size``: the nodes the
+        draft proposed, when ``draft`` is already a prefix of its proposal (its calibration's)."""
         if not self.trees or draft.scores is None or not draft.tokens:
             return draft
-        lam = self.calibration()
+        self._size = len(draft.tokens) if size is None else size
+        lam = self.calibration(self._size)
         best_n, best, total = 0, 1.0 / self.profile.step_time(1, context_len), 0.0
         for n, score in enumerate(draft.scores[: self.k_max], 1):
             total += min(1.0, lam * score)
@@ -164,6 +181,14 @@ class AdaptiveK:
         self._pending = sum(draft.scores[:best_n])
         self._shadow = draft.scores[0] if not best_n else 0.0
         return draft.prefix(best_n)
+
+    def skip(self, draft: Draft) -> Draft:
+        """A scored tree of which none is kept (the batch did not pay for it): a plain step,
+        whose committed token still checks the tree's best node, as :meth:`trim` does when it
+        keeps nothing, so the calibration for its size keeps learning."""
+        if self.trees and draft.scores and draft.tokens:
+            self._size, self._pending, self._shadow = len(draft.tokens), 0.0, draft.scores[0]
+        return draft.prefix(0)
 
     def _update(self, positions: int, accepted: int) -> None:
         for j in range(self.k_max):
@@ -186,6 +211,9 @@ class AdaptiveK:
     def _calibrate(self, predicted: float, got: float) -> None:
         self.predicted = self.predicted * self.decay + predicted
         self.got = self.got * self.decay + got
+        b = min(self._size, self.k_max)
+        self.predicted_by[b] = self.predicted_by[b] * self.decay + predicted
+        self.got_by[b] = self.got_by[b] * self.decay + got
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         """A plain step with a shadow proposal: did its first token match what was committed?"""

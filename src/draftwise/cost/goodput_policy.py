@@ -258,12 +258,12 @@ class BatchSlotPolicy:
         if self.coordinator.alone:
             kept = self.adaptive.trim(draft, context_len)
         else:
-            lam = self.adaptive.calibration()
+            lam = self.adaptive.calibration(len(draft.tokens))
             tokens = [1.0]
             for score in draft.scores[: self.k_max]:
                 tokens.append(tokens[-1] + min(1.0, lam * score))
             n = self.coordinator.respond(self, tokens, context_len)
-            kept = self.adaptive.trim(draft.prefix(n), context_len) if n else draft.prefix(0)
+            kept = self.adaptive.trim(draft.prefix(n), context_len, size=len(draft.tokens)) if n else self.adaptive.skip(draft)
             if len(kept) < n:
                 self.coordinator.settle(self, len(kept), tokens[len(kept)], context_len)
         self.coordinator.on_k(self.draft, len(kept))
