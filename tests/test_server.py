@@ -180,6 +180,24 @@ def test_k_auto_runs_an_adaptive_policy(tiny, monkeypatch):
     assert r.choices[0].token_ids == generate(tiny, TEXT, max_new_tokens=30).token_ids
 
 
+def test_requests_of_one_draft_share_what_k_auto_learns_of_tree_sizes(tiny, monkeypatch):
+    class Costs:
+        max_n = 9
+
+        def step_time(self, n, context=None):
+            return 0.01 + 0.001 * n
+
+        def draft_time(self, draft, k):
+            return 1e-6
+
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
+    spec = Speculation(tiny, draft="suffix", k="auto", plan=None, allow=["lookup"])
+    spec.warm_up()
+    (_, a), (_, b) = spec.build(spec.choose(None)), spec.build(spec.choose(None))
+    (_, other) = spec.build(spec.choose(Speculative(draft="lookup")))
+    assert a is not b and a.tree_sizes is b.tree_sizes and other.tree_sizes is not a.tree_sizes
+
+
 def test_api_key_guards_every_endpoint_but_health(tiny):
     _, server = start(tiny, api_key="s3cret")
     with server:

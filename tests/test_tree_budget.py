@@ -65,7 +65,7 @@ def test_trim_keeps_the_nodes_that_pay_for_their_place_in_the_pass():
 def test_scores_that_overpromise_are_calibrated_down():
     # each node costs a quarter of a plain step: rate(n) at lam = 1 is 0.100, 0.156, 0.190, 0.174, ...
     policy = AdaptiveK(_Costs(lambda n: 0.010 * (1 + 0.25 * (n - 1))), "suffix")
-    assert policy.calibration() == 1.0
+    assert policy.calibration() == policy.calibration(4) == 1.0
     kept = []
     for _ in range(30):  # the draft promises ~1.85 tokens a step, the target accepts none
         d = policy.trim(_tree([0.95, 0.9, 0.2, 0.1]), 100)
@@ -74,7 +74,7 @@ def test_scores_that_overpromise_are_calibrated_down():
             policy.observe(len(d), 0)
         else:  # trimmed to nothing: its best node is checked against the plain step's token
             policy.observe_shadow([10], [99])
-    assert policy.calibration() < 0.25  # then a node (0.95 lam) no longer pays a quarter step
+    assert policy.calibration(4) < 0.25  # then a node (0.95 lam) no longer pays a quarter step
     assert kept[0] == 2 and kept[-1] == 0
     for _ in range(30):  # the draft turns right again: the shadow checks bring the trees back
         d = policy.trim(_tree([0.95, 0.9, 0.2, 0.1]), 100)
@@ -105,6 +105,27 @@ def test_each_size_of_tree_is_calibrated_on_its_own():
     assert policy.calibration(4) < 0.2 < 0.8 < policy.calibration(8)
     assert len(policy.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)) == 0
     assert len(policy.trim(_chain([0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.89, 0.88]), 100)) == 8
+
+
+def test_what_one_generation_learns_of_a_size_the_next_starts_from():
+    from draftwise.cost.adaptive import TreeSizes
+
+    costs = _Costs(lambda n: 0.010 * (1 + 0.25 * (n - 1)))
+    shared = TreeSizes()
+    first = AdaptiveK(costs, "suffix", tree_sizes=shared)
+    for _ in range(40):
+        short = first.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)
+        if short.tokens:
+            first.observe(len(short), 0)
+        else:
+            first.observe_shadow([10], [99])
+        long = first.trim(_chain([0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.89, 0.88]), 100)
+        first.observe(len(long), len(long))
+    fresh_alone = AdaptiveK(costs, "suffix")
+    fresh_shared = AdaptiveK(costs, "suffix", tree_sizes=shared)
+    assert len(fresh_alone.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)) > 0  # knows nothing yet
+    assert len(fresh_shared.trim(_chain([0.95, 0.9, 0.85, 0.8]), 100)) == 0  # knows short trees fail
+    assert len(fresh_shared.trim(_chain([0.95, 0.94, 0.93, 0.92, 0.91, 0.9, 0.89, 0.88]), 100)) == 8
 
 
 def test_a_tree_the_batch_skips_still_teaches_its_size():

@@ -20,12 +20,13 @@ then keeps the prefix of its nodes (:meth:`AdaptiveK.trim`) that maximises::
 
 (the expected committed tokens of a tree are 1 plus the sum over its nodes of the probability
 that the node's path is accepted). ``lam`` calibrates the draft's scores on this generation:
-the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1, and
-kept apart for each size of proposed tree (shrunk towards the ratio over all sizes). A draft's
-trees of one size over-promise more than another's: suffix decoding's budget grows with its
-match, and its 4-node trees from short matches got 0.15-0.18 of their scores where its 8-node
-trees got 0.33-0.39 (the default model at 8 requests a pass, `benchmarks/tree_calibration.py`),
-so one ratio for both kept short trees the batch did not pay for. A tree trimmed to nothing
+the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1,
+times the bias of the tree's size (:class:`TreeSizes`, which the server shares between the
+requests of a draft). A draft's trees of one size over-promise more than another's: suffix
+decoding's budget grows with its match, and its 4-node trees from short matches got 0.18-0.19
+of their scores where its 8-node trees got 0.39-0.49 (the default model at 8 and 16 requests a
+pass, `benchmarks/tree_calibration.py`), so one ratio for both kept short trees the batch did
+not pay for. A tree trimmed to nothing
 still teaches it: its best node is compared with the token the plain step commits, for free, so
 trees come back when the draft turns right again.
 
@@ -74,6 +75,37 @@ class StepCosts(Protocol):
     def draft_time(self, draft: str, k: int) -> float: ...
 
 
+class TreeSizes:
+    """How much of its scores a scored tree delivers, by the number of nodes it proposed,
+    relative to trees of every size: decayed counts of the draft tokens accepted against the
+    scores the kept nodes predicted. One object may serve many generations of one draft (the
+    server's requests), since a size's bias is the draft's, not one text's, and one generation
+    sees too few trees of a size to learn it."""
+
+    def __init__(self, sizes: int = 8, decay: float = 0.99) -> None:
+        if not 0 < decay <= 1:
+            raise ConfigError(f"decay={decay} must be in (0, 1]")
+        self.decay = decay
+        self.predicted = [0.0] * (sizes + 1)
+        self.got = [0.0] * (sizes + 1)
+
+    def overall(self) -> float:
+        """Draft tokens accepted per token the scores predicted, over every size (prior 1)."""
+        return (sum(self.got) + PRIOR_TOKENS) / (sum(self.predicted) + PRIOR_TOKENS)
+
+    def factor(self, size: int) -> float:
+        """How much more (> 1) or less (< 1) than trees of every size trees of ``size`` deliver
+        of their scores; 1 until they have been seen (a prior of :data:`PRIOR_TOKENS` tokens)."""
+        b = min(max(size, 0), len(self.got) - 1)
+        overall = self.overall()
+        return (self.got[b] + PRIOR_TOKENS * overall) / (self.predicted[b] + PRIOR_TOKENS) / overall
+
+    def record(self, size: int, predicted: float, got: float) -> None:
+        b = min(max(size, 0), len(self.got) - 1)
+        self.predicted[b] = self.predicted[b] * self.decay + predicted
+        self.got[b] = self.got[b] * self.decay + got
+
+
 class AdaptiveK:
     """Chooses k per step to maximise expected tokens per second (see the module docstring)."""
 
@@ -87,6 +119,7 @@ class AdaptiveK:
         decay: float = 0.95,
         prior: tuple[float, float] = (1.0, 2.0),
         probe_every: int = 16,
+        tree_sizes: TreeSizes | None = None,
     ) -> None:
         if k_max < 1:
             raise ConfigError(f"k_max={k_max} must be >= 1")
@@ -104,9 +137,8 @@ class AdaptiveK:
         self.tested = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
         self.predicted, self.got, self._pending, self._shadow = 0.0, 0.0, 0.0, 0.0
-        # the same counts for each size of proposed tree (index: nodes proposed, capped at k_max)
-        self.predicted_by = [0.0] * (self.k_max + 1)
-        self.got_by = [0.0] * (self.k_max + 1)
+        #: each size of proposed tree's bias (shared between generations when given)
+        self.tree_sizes = tree_sizes if tree_sizes is not None else TreeSizes(self.k_max)
         self._size = 0
         self.draft_cost = [profile.draft_time(draft, k) for k in range(1, self.k_max + 1)]
         self.shadow = self.draft_cost[0] < 0.02 * profile.step_time(1)
@@ -155,14 +187,12 @@ class AdaptiveK:
         return best_k
 
     def calibration(self, size: int | None = None) -> float:
-        """lam: tokens accepted per token the kept trees' scores predicted (decayed; prior 1); for
-        trees of ``size`` proposed nodes, that size's own ratio, shrunk towards the overall one
-        by :data:`PRIOR_TOKENS` tokens' worth."""
-        overall = (self.got + PRIOR_TOKENS) / (self.predicted + PRIOR_TOKENS)
-        if size is None:
-            return overall
-        b = min(max(size, 0), self.k_max)
-        return (self.got_by[b] + PRIOR_TOKENS * overall) / (self.predicted_by[b] + PRIOR_TOKENS)
+        """lam: tokens accepted per token the kept trees' scores predicted on this generation,
+        net of each size's bias (decayed; its prior is the draft's ratio over the generations its
+        :class:`TreeSizes` has seen, 1 before any), times, for trees of ``size`` proposed nodes,
+        that size's bias."""
+        lam = (self.got + PRIOR_TOKENS * self.tree_sizes.overall()) / (self.predicted + PRIOR_TOKENS)
+        return lam if size is None else lam * self.tree_sizes.factor(size)
 
     def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
         """The prefix of a scored tree with the most expected tokens per second (no node kept:
@@ -209,11 +239,12 @@ class AdaptiveK:
             self._pending = 0.0
 
     def _calibrate(self, predicted: float, got: float) -> None:
-        self.predicted = self.predicted * self.decay + predicted
+        """A kept tree's scores predicted ``predicted`` draft tokens and ``got`` were accepted.
+        This generation's ratio counts the prediction net of its size's bias, which the
+        size's own counts learn, so that the two multiply without counting the bias twice."""
+        self.predicted = self.predicted * self.decay + predicted * self.tree_sizes.factor(self._size)
         self.got = self.got * self.decay + got
-        b = min(self._size, self.k_max)
-        self.predicted_by[b] = self.predicted_by[b] * self.decay + predicted
-        self.got_by[b] = self.got_by[b] * self.decay + got
+        self.tree_sizes.record(self._size, predicted, got)
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         """A plain step with a shadow proposal: did its first token match what was committed?"""

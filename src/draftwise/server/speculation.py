@@ -40,7 +40,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost.adaptive import AdaptiveK, resolve_profile
+from ..cost.adaptive import AdaptiveK, TreeSizes, resolve_profile
 from ..cost.batch_profile import BatchProfile, default_batch_profile_path
 from ..cost.defaults import DEFAULT_DRAFTS
 from ..cost.goodput_policy import BatchGoodput, BatchKCoordinator
@@ -108,6 +108,7 @@ class Speculation:
         self._profile: Any = None  # one profile covering every allowed draft, when k may be auto
         #: k auto on a batched worker with a batch profile: the per-step goodput policy
         self.coordinator: BatchKCoordinator | None = None
+        self._tree_sizes: dict[str, TreeSizes] = {}  # per allowed draft, shared by its requests
         self._warm = False
 
     def warm_up(self, slot_models: Sequence[Any] = ()) -> None:
@@ -218,7 +219,10 @@ class Speculation:
         drafter = drafters[str(choice.draft)]
         if choice.k == AUTO:
             # the start-up profile, never one measured in a request; the drafter's own statement
-            adaptive = AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities)
+            # one TreeSizes per draft: what a request learns of its tree sizes, the next starts from
+            sizes = self._tree_sizes.setdefault(str(choice.draft), TreeSizes())
+            adaptive = AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities,
+                                 tree_sizes=sizes)
             if slot is not None and self.coordinator is not None:  # k from the batch, each step
                 return drafter, self.coordinator.policy(adaptive, str(choice.draft))
             return drafter, adaptive

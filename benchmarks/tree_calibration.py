@@ -1,0 +1,136 @@
+"""Do suffix decoding's tree scores promise what the target accepts, under `--k auto` at batch?
+
+N greedy generations of dev first turns decode together on the batched engine, each with its own
+suffix drafter (one shared cache, as ``serve`` runs them) and the goodput policy choosing every
+step from the batch profile (``--mode batch``), or each its own adaptive k as if alone (``--mode
+alone``). For every step that kept part of a scored tree it records: the nodes proposed, the
+nodes kept, the scores' sum over the kept nodes (raw), the same calibrated as the policy
+priced them (``lam`` for that size of tree), and the draft tokens the target accepted. By
+proposed size it reports how much of its scores a tree delivered: a policy that over-prices one
+size keeps trees the batch does not pay for.
+
+    python benchmarks/tree_calibration.py --batch 8 --mode batch --out benchmarks/results/tree-calibration/batch-8
+
+Needs the model's batch profile (``draftwise plan --concurrency ...`` measures it). Writes
+``summary.json`` (every step) and ``summary.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from draftwise.cost.adaptive import AdaptiveK, resolve_profile
+from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
+from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator
+from draftwise.drafters.factory import make_drafter
+from draftwise.engine import Engine
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.loaders import load_model
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions
+
+
+class Recorder:
+    """A k policy that passes everything to ``inner`` and records each kept tree's outcome."""
+
+    def __init__(self, inner: Any, adaptive: AdaptiveK, log: list[dict[str, Any]]) -> None:
+        self.inner, self.adaptive, self.log = inner, adaptive, log
+        self.k_max, self.shadow = inner.k_max, inner.shadow
+        self._open: dict[str, Any] | None = None
+
+    def choose(self, context_len: int) -> int:
+        return self.inner.choose(context_len)
+
+    def trim(self, draft: Any, context_len: int) -> Any:
+        kept = self.inner.trim(draft, context_len)
+        if draft.scores and kept.tokens:
+            size, n = len(draft.tokens), len(kept.tokens)
+            try:
+                lam = self.adaptive.calibration(size)
+            except TypeError:  # before commit 0a8f8ea: one calibration for every size
+                lam = self.adaptive.calibration()
+            self._open = {"proposed": size, "kept": n, "raw": sum(draft.scores[:n]),
+                          "priced": sum(min(1.0, lam * s) for s in draft.scores[:n])}
+        return kept
+
+    def observe(self, positions: int, accepted: int) -> None:
+        if self._open is not None:
+            self.log.append({**self._open, "accepted": accepted})
+            self._open = None
+        self.inner.observe(positions, accepted)
+
+    def observe_shadow(self, proposal: Any, committed: Any) -> None:
+        self.inner.observe_shadow(proposal, committed)
+
+    def release(self) -> None:
+        getattr(self.inner, "release", lambda: None)()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="default")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--mode", choices=("batch", "alone"), default="batch")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args(argv)
+    model = load_model(args.model)
+    profile = resolve_profile(model, ["suffix"])
+    batch = BatchProfile.load(default_batch_profile_path(model))
+    prompts = [model.encode_prompt(q.turns[0]) for q in read_questions(DEFAULT_QUESTIONS)[: args.prompts]]
+    engine = Engine(model, max_batch=args.batch, context=2048)
+    shared = make_drafter("suffix", model)
+    drafters = [make_drafter("suffix", m, share_with=shared) for m in engine.slot_models]
+    coordinator = BatchKCoordinator(BatchGoodput(batch, profile), epoch=lambda: engine.stats.passes)
+    log: list[dict[str, Any]] = []
+    try:  # one TreeSizes for every generation, as the server keeps one per draft
+        from draftwise.cost.adaptive import TreeSizes
+        sizes: dict[str, Any] = {"tree_sizes": TreeSizes()}
+    except ImportError:  # before commit 0a8f8ea's successor: each generation on its own
+        sizes = {}
+
+    def policy() -> Recorder:
+        adaptive = AdaptiveK(profile, "suffix", capabilities=shared.capabilities, **sizes)
+        inner = coordinator.policy(adaptive, "suffix") if args.mode == "batch" else adaptive
+        return Recorder(inner, adaptive, log)
+
+    t0 = time.perf_counter()
+    results = engine.generate_all(prompts, max_new_tokens=args.max_tokens, drafters=drafters, k=policy)
+    wall = time.perf_counter() - t0
+    tokens = sum(len(r.token_ids) for r in results)
+    by: dict[int, list[float]] = collections.defaultdict(lambda: [0, 0.0, 0.0, 0.0])
+    for row in log:
+        b = by[row["proposed"]]
+        b[0] += 1
+        b[1] += row["raw"]
+        b[2] += row["priced"]
+        b[3] += row["accepted"]
+    sizes = [{"proposed": k, "steps": int(v[0]), "raw": v[1] / v[0], "priced": v[2] / v[0], "accepted": v[3] / v[0],
+              "accepted_over_raw": v[3] / v[1] if v[1] else None} for k, v in sorted(by.items())]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    command = "python benchmarks/tree_calibration.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    summary = {"model": model.name, "batch": args.batch, "mode": args.mode, "prompts": len(prompts),
+               "max_tokens": args.max_tokens, "passes": engine.stats.passes, "tokens": tokens, "seconds": wall,
+               "by_size": sizes, "steps": log, "commit": commit, "command": command}
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(args.out / "summary.json", summary)
+    lines = [f"# suffix trees under k auto: {args.mode}, {args.batch} sequences a pass", "",
+             f"{model.name}, {len(prompts)} dev first turns, greedy, {args.max_tokens} tokens; commit {commit}; "
+             f"{tokens} tokens in {engine.stats.passes} passes, {wall:.1f} s.", "", f"    {command}", "",
+             "| nodes proposed | steps | scores kept (raw) | as priced | draft tokens accepted | accepted / raw |",
+             "|---:|---:|---:|---:|---:|---:|",
+             *[f"| {s['proposed']} | {s['steps']} | {s['raw']:.2f} | {s['priced']:.2f} | {s['accepted']:.2f} | "
+               f"{'-' if s['accepted_over_raw'] is None else format(s['accepted_over_raw'], '.2f')} |" for s in sizes]]
+    write_text_atomic(args.out / "summary.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
