@@ -20,15 +20,15 @@ then keeps the prefix of its nodes (:meth:`AdaptiveK.trim`) that maximises::
 
 (the expected committed tokens of a tree are 1 plus the sum over its nodes of the probability
 that the node's path is accepted). ``lam`` calibrates the draft's scores on this generation:
-the decayed ratio of tokens accepted to tokens the kept scores predicted, starting from 1,
-times the bias of the tree's size (:class:`TreeSizes`, which the server shares between the
-requests of a draft). A draft's trees of one size over-promise more than another's: suffix
-decoding's budget grows with its match, and its 4-node trees from short matches got 0.18-0.19
-of their scores where its 8-node trees got 0.39-0.49 (the default model at 8 and 16 requests a
-pass, `benchmarks/tree_calibration.py`), so one ratio for both kept short trees the batch did
-not pay for. A tree trimmed to nothing
-still teaches it: its best node is compared with the token the plain step commits, for free, so
-trees come back when the draft turns right again.
+the decayed ratio of tokens accepted to tokens the kept scores predicted (starting from the
+draft's ratio over earlier generations, or 1), times the bias of the tree's size
+(:class:`TreeSizes`, which the server shares between the requests of a draft). A draft's trees
+of one size over-promise more than another's: suffix decoding's budget grows with its match,
+and its 4-node trees from short matches got 0.18-0.19 of their scores where its 8-node trees got
+0.39-0.49 (the default model at 8 and 16 requests a pass, `benchmarks/tree_calibration.py`), so
+one ratio for both kept short trees the batch did not pay for. A tree trimmed to nothing still
+teaches it: its best node is compared with the token the plain step commits, for free, so trees
+come back when the draft turns right again.
 
 When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
 draft still proposes in the *shadow*: its first token is compared with the token the plain step
