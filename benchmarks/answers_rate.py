@@ -43,12 +43,8 @@ def timed(backend: str, model: Any, hf: Any, jobs: list[Any], gen_tokens: int) -
         out[job[0]] = list(continuation)
 
     t0 = time.perf_counter()
-    if backend == "hf":
-        real, data_module.load_hf = data_module.load_hf, lambda *a, **k: hf  # loaded before the clock
-        try:
-            data_module._generate_hf(model, jobs, gen_tokens=gen_tokens, seed=0, save=save)
-        finally:
-            data_module.load_hf = real
+    if backend == "hf":  # its weights loaded before the clock
+        data_module._generate_hf(model, jobs, gen_tokens=gen_tokens, seed=0, save=save, hf_model=hf)
     else:
         data_module._generate_engine(model, jobs, gen_tokens=gen_tokens, save=save)
     return time.perf_counter() - t0, out

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     try:  # one TreeSizes for every generation, as the server keeps one per draft
         from draftwise.cost.adaptive import TreeSizes
         sizes: dict[str, Any] = {"tree_sizes": TreeSizes()}
-    except ImportError:  # before commit 0a8f8ea's successor: each generation on its own
+    except ImportError:  # before commit 1dbcf47: each generation on its own
         sizes = {}
 
     def policy() -> Recorder:

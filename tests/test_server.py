@@ -24,6 +24,18 @@ MSG = [{"role": "user", "content": "Count to five and back: one two three"}]
 TEXT = MSG[0]["content"]
 
 
+class FlatCosts:
+    """A flat machine profile: the policy's choices, not the timing, are under test."""
+
+    max_n = 9
+
+    def step_time(self, n, context=None):
+        return 0.01 + 0.001 * n
+
+    def draft_time(self, draft, k):
+        return 1e-6
+
+
 def start(model, *, draft="lookup", k=4, plan=None, **settings):
     settings.setdefault("max_tokens_cap", 48)
     app = create_app(model, Speculation(model, draft=draft, k=k, plan=plan),
@@ -162,17 +174,8 @@ def test_draft_auto_routes_by_category_through_the_plan(tiny):
 
 
 def test_k_auto_runs_an_adaptive_policy(tiny, monkeypatch):
-    class Costs:  # a flat machine profile: the policy's choices, not the timing, are under test
-        max_n = 9
-
-        def step_time(self, n, context=None):
-            return 0.01 + 0.001 * n
-
-        def draft_time(self, draft, k):
-            return 1e-6
-
     _, server = start(tiny, k="auto")
-    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: FlatCosts())
     with server:
         r = client(server).chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=30,
                                                    extra_body={"return_token_ids": True})
@@ -181,16 +184,7 @@ def test_k_auto_runs_an_adaptive_policy(tiny, monkeypatch):
 
 
 def test_requests_of_one_draft_share_what_k_auto_learns_of_tree_sizes(tiny, monkeypatch):
-    class Costs:
-        max_n = 9
-
-        def step_time(self, n, context=None):
-            return 0.01 + 0.001 * n
-
-        def draft_time(self, draft, k):
-            return 1e-6
-
-    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: FlatCosts())
     spec = Speculation(tiny, draft="suffix", k="auto", plan=None, allow=["lookup"])
     spec.warm_up()
     (_, a), (_, b) = spec.build(spec.choose(None)), spec.build(spec.choose(None))

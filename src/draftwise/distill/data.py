@@ -147,13 +147,15 @@ def _generate_engine(target: Any, jobs: Sequence[Job], *, gen_tokens: int,
 
 
 def _generate_hf(target: Any, jobs: Sequence[Job], *, gen_tokens: int, seed: int,
-                 save: Callable[[Job, list[int]], None]) -> None:
+                 save: Callable[[Job, list[int]], None], hf_model: Any = None) -> None:
     """Every job's continuation with ``transformers``, :data:`GEN_BATCH` left-padded prompts of
-    one temperature a call, seeded per call (``jobs`` sorted by temperature and length)."""
+    one temperature a call, seeded per call (``jobs`` sorted by temperature and length), on
+    ``hf_model`` (default: the target's weights, loaded now)."""
     eos = set(int(t) for t in target.eos_token_ids)
     pad_id = target.tokenizer.pad_token_id
     pad_id = int(pad_id) if pad_id is not None else min(eos)
-    hf_model = load_hf(target, getattr(target.runtime, "device", "cpu"))
+    if hf_model is None:
+        hf_model = load_hf(target, getattr(target.runtime, "device", "cpu"))
     for start in range(0, len(jobs), GEN_BATCH):
         groups: dict[float, list[Job]] = {}
         for job in jobs[start : start + GEN_BATCH]:
