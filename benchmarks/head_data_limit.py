@@ -25,7 +25,8 @@ from pathlib import Path
 import torch
 
 from draftwise.distill.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from draftwise.distill.head_data import extract_features, heldout_sequences, magpie_prompts, magpie_questions
+from draftwise.distill.feature_store import extract_features
+from draftwise.distill.head_data import heldout_sequences, magpie_prompts, magpie_questions
 from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
 from draftwise.distill.loop import RunProgress
 from draftwise.drafters.eagle_head import default_aux_layers

@@ -21,7 +21,8 @@ import torch
 from safetensors.torch import load_file
 
 from draftwise.decode import decode_steps
-from draftwise.distill.head_data import extract_features, heldout_sequences
+from draftwise.distill.feature_store import extract_features
+from draftwise.distill.head_data import heldout_sequences
 from draftwise.distill.head_export import CONFIG_FILE, WEIGHTS_FILE, export_speculators, validate_speculators_config
 from draftwise.distill.head_run import train_head
 from draftwise.distill.head_train import TTT_DECAY, TargetParts, build_head, head_loss, make_head_batch
@@ -145,17 +146,19 @@ def test_features_store_the_fused_layers_as_the_runtime_records_them(tiny, tmp_p
     seqs = [tiny.encode_prompt(q.prompt) + [5, 6, 7, 2] for q in QUESTIONS[:2]]
     aux = default_aux_layers(int(tiny.runtime.num_layers))
     store = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path, aux_layers=aux)
-    plain = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path)
+    with pytest.raises(ConfigError, match=r"holds features of .*layers \[.*not of .*the last layer"):
+        extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path)  # one store, one layer set
+    plain = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path / "plain")
     rt = tiny.runtime
     rt.capture_features(aux)
     rt.forward(seqs[1])
     want = rt.features(0, len(seqs[1]))
     rt.capture_features(enabled=False)
     rt.rollback(0)
-    s, n = store.starts[1], store.lengths[1]
-    assert store.aux is not None and plain.aux is None
-    assert torch.allclose(store.aux[s : s + n].float(), want, rtol=2e-3, atol=2e-3)
-    assert torch.equal(store.feats, plain.feats)  # the last layer, as an EAGLE-1 head reads it
+    assert store.has_aux and not plain.has_aux
+    assert torch.allclose(store.rows("aux", 1).float(), want, rtol=2e-3, atol=2e-3)
+    for i in range(2):  # the last layer, as an EAGLE-1 head reads it
+        assert torch.equal(store.rows("feats", i), plain.rows("feats", i))
     parts = TargetParts.of(rt, None, torch.device("cpu"))
     batch = make_head_batch(store, [0, 1], parts, window=8, eos={2}, response_only=False, device=torch.device("cpu"))
     assert batch.feats.shape[-1] == 3 * int(tiny.config.hidden_size)

@@ -14,10 +14,9 @@ from typer.testing import CliRunner
 
 from draftwise import ConfigError
 from draftwise.cli import app
-from draftwise.distill import head_data
+from draftwise.distill import feature_store, head_data
+from draftwise.distill.feature_store import FeatureStore, extract_features
 from draftwise.distill.head_data import (
-    FeatureStore,
-    extract_features,
     filter_instructions,
     heldout_sequences,
     magpie_prompts,
@@ -101,17 +100,18 @@ def test_features_match_the_runtime_and_the_cache_resumes(tiny, store, tmp_path,
     want = rt.features(0, len(seqs[1]))
     rt.capture_features(enabled=False)
     rt.rollback(0)
-    s, n = feats.starts[1], feats.lengths[1]
-    assert torch.allclose(feats.feats[s : s + n].float(), want, rtol=2e-3, atol=2e-3)
-    assert torch.allclose(feats.lse[s : s + n], torch.logsumexp(logits, -1), atol=1e-4)
-    assert torch.equal(feats.top[s : s + n], logits.argmax(-1))
+    assert torch.allclose(feats.rows("feats", 1).float(), want, rtol=2e-3, atol=2e-3)
+    assert torch.allclose(feats.rows("lse", 1), torch.logsumexp(logits, -1), atol=1e-4)
+    assert torch.equal(feats.rows("top", 1).long(), logits.argmax(-1))
+    assert torch.equal(feats.ids[1], torch.tensor(seqs[1]))
     # a resumed extraction passes over only the sequences not in the index
     calls = []
-    real = head_data._target_pass
-    monkeypatch.setattr(head_data, "_target_pass", lambda runtime, ids, aux: calls.append(1) or real(runtime, ids, aux))
+    real = feature_store._target_pass
+    monkeypatch.setattr(feature_store, "_target_pass", lambda runtime, ids, aux: calls.append(1) or real(runtime, ids, aux))
     extract_features(tiny, seqs[:2], [1, 1], tmp_path)
     again = extract_features(tiny, seqs, [1] * 4, tmp_path)
-    assert len(calls) == 4 and torch.equal(again.feats, feats.feats)
+    assert len(calls) == 4
+    assert all(torch.equal(again.rows("feats", i), feats.rows("feats", i)) for i in range(4))
     assert not (tmp_path / "features" / "chunk-00002.safetensors").exists()
 
 
@@ -150,8 +150,7 @@ def test_heldout_metric_is_one_for_a_head_that_returns_the_true_feature(tiny, st
 
     class Oracle(torch.nn.Module):  # predicts f_{t+1} exactly, from the stored features
         def forward(self, embeds, f, positions):
-            s = feats.starts[self.i]
-            return feats.feats[s + positions + 1].float()
+            return feats.rows("feats", self.i)[positions + 1].float()
 
         def lift(self, f):
             return f

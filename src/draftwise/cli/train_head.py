@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,6 +12,7 @@ from typing import Annotated, Any
 import typer
 
 from ..distill.head_run import check_out, train_head
+from ..errors import ConfigError
 from ..plots import pyplot, save_figure
 from ..threads import set_threads
 from .common import (
@@ -59,6 +61,23 @@ def _result_json(result: Any) -> str:
         "draft_vocab_size": result.draft_vocab_size, "train_sequences": result.train_sequences,
         "heldout_sequences": result.heldout_sequences, "seconds": result.phase_seconds,
     })
+
+
+_UNITS = {"": 1, "B": 1, "K": 1e3, "KB": 1e3, "M": 1e6, "MB": 1e6, "G": 1e9, "GB": 1e9, "T": 1e12, "TB": 1e12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """A size as a user types it (``40GB``, ``500M``, ``1.5TiB``, ``123456``), in bytes.
+
+    >>> parse_bytes("40GB", "--max-disk"), parse_bytes("2 GiB", "--max-disk")
+    (40000000000, 2147483648)
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else None
+    if m is None or unit not in _UNITS or float(m.group(1)) * _UNITS[unit] < 1:
+        raise ConfigError(f"{option} {text!r} is not a size: write a positive number of bytes, or e.g. 40GB, 500MB, 2GiB")
+    return int(float(m.group(1)) * _UNITS[unit])
 
 
 def _print_result(result: Any, png: Path | None) -> None:
@@ -117,6 +136,10 @@ CorpusOpt = Annotated[str | None, typer.Option(
     "(pip install 'draftwise[corpus]') or a JSONL file in the ShareGPT or OpenAI messages layout.")]
 ConversationsOpt = Annotated[int | None, typer.Option(
     "--conversations", help="With --corpus: training conversations, a seeded sample (default 256).")]
+WeightDecayOpt = Annotated[float | None, typer.Option(
+    "--weight-decay", help="AdamW weight decay (default 0).")]
+MaxDiskOpt = Annotated[str | None, typer.Option(
+    "--max-disk", help="Disk the feature store may take, e.g. 40GB or 500MB; checked before extraction.")]
 SnapshotOpt = Annotated[int, typer.Option(
     "--snapshot-every", min=1, help="Measure held-out acceptance and checkpoint every N steps.")]
 
@@ -136,6 +159,7 @@ def train_head_cmd(
     lr: Annotated[float | None, typer.Option(help="Peak AdamW learning rate (default 1e-3).")] = None,
     reg_weight: RegWeightOpt = None,
     noise: Annotated[float | None, typer.Option(help="Uniform noise on input features, half-width (default 0).")] = None,
+    weight_decay: WeightDecayOpt = None,
     init: InitOpt = None,
     feature_norm: FeatureNormOpt = None,
     arch: ArchOpt = None,
@@ -144,6 +168,7 @@ def train_head_cmd(
     holdout_percent: HoldoutOpt = None,
     corpus: CorpusOpt = None,
     conversations: ConversationsOpt = None,
+    max_disk: MaxDiskOpt = None,
     time_budget: TimeBudgetOpt = None,
     snapshot_every: SnapshotOpt = 50,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the train-head run in --out.")] = False,
@@ -169,12 +194,15 @@ def train_head_cmd(
             "reg_weight": reg_weight, "noise": noise, "init": init.value if init else None,
             "holdout_percent": holdout_percent, "feature_norm": feature_norm, "response_only": response_only,
             "arch": arch.value if arch else None, "ttt": ttt, "corpus": corpus, "conversations": conversations,
+            "weight_decay": weight_decay,
         }
+        disk = parse_bytes(max_disk, "--max-disk") if max_disk is not None else None
         check_out(out_dir.expanduser(), resume=resume, overwrite=overwrite)  # before the model loads
         model = load_with_status(target, "float32", device=device)
         result = _train(
             model, out_dir, options, data_dir=data_dir, steps=steps, time_budget=time_budget,
             snapshot_every=snapshot_every, resume=resume, overwrite=overwrite, device=device, command=command,
+            max_disk=disk,
         )
     png = plot_or_warn(draw_curve, result.out_dir / "train_log.jsonl", result.out_dir / "curve.png", label="curve.png")
     if as_json:

@@ -7,12 +7,7 @@
   the turn. They are deduplicated and filtered (:func:`filter_instructions`) and cached, one line
   per generated batch, in ``DATA/magpie.jsonl``.
 - Answers: :func:`~.data.make_sequences` (cached in ``DATA/sequences.jsonl``).
-- Features: one pass of the target's own runtime per sequence with feature capture on gives
-  ``f`` ``[L, d]`` (the last decoder layer's output before the final norm; stored float16), the
-  log-sum-exp of its full-vocabulary logits ``[L]`` (so p over a reduced vocabulary is exact,
-  ``p(v) = exp(logit_v - lse)``) and its argmax ``[L]``. They are cached in
-  ``DATA/features/chunk-NNNNN.safetensors``, listed in ``index.json`` once a chunk is whole, so
-  an interrupted extraction resumes at the first sequence not listed.
+- Features: :mod:`.feature_store`.
 """
 
 from __future__ import annotations
@@ -21,29 +16,22 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError
-from ..fsutil import atomic_path, write_json_atomic
 from ..questions import Question
 from .data import GEN_BATCH, _cut_at_eos, load_hf
 
 MAGPIE_FILE = "magpie.jsonl"
-FEATURES_DIR = "features"
-INDEX_FILE = "index.json"
-FEATURES_FORMAT = "draftwise-head-features-1"
 #: new tokens per Magpie instruction
 MAGPIE_TOKENS = 64
 #: shortest instruction kept, in words
 MIN_WORDS = 3
 #: an instruction sharing at least this fraction of its word 8-grams with a held-out question is dropped
 OVERLAP_NGRAM, OVERLAP_SHARE = 8, 0.5
-#: sequences per feature chunk
-CHUNK_SEQUENCES = 32
 _SENTINEL = "\x00DRAFTWISE-USER\x00"
 
 Progress = Callable[[int, int], None]
@@ -180,133 +168,6 @@ def magpie_prompts(
 def magpie_questions(texts: Sequence[str]) -> list[Question]:
     """Magpie instructions as questions (category ``magpie``), for :func:`~.data.make_sequences`."""
     return [Question(f"magpie-{i}", "magpie", (t,)) for i, t in enumerate(texts)]
-
-
-def sequence_key(target: Any, ids: Sequence[int], aux_layers: Sequence[int] | None = None) -> str:
-    """What a sequence's features depend on: the target, its mode (dtype, quantisation), the ids,
-    and the extra layers recorded for an EAGLE-3 head."""
-    extra = "" if not aux_layers else "aux=" + ",".join(map(str, aux_layers)) + "|"
-    h = hashlib.sha256(f"{target.name}|{target.mode}|{extra}".encode())
-    h.update(",".join(map(str, ids)).encode())
-    return h.hexdigest()[:24]
-
-
-@dataclass
-class FeatureStore:
-    """Every sequence's tokens and target outputs, end to end (``N`` positions in all).
-
-    ``feats`` ``[N, d]`` float16, ``lse`` ``[N]`` float32, ``top`` ``[N]`` (the target's argmax
-    over its full vocabulary), ``ids`` ``[N]``; sequence ``i`` is rows ``starts[i] ..
-    starts[i] + lengths[i] - 1``, its first ``prompt_lens[i]`` tokens the prompt. ``aux`` ``[N,
-    3d]`` float16: an EAGLE-3 head's input, the outputs of its three layers side by side."""
-
-    feats: torch.Tensor
-    lse: torch.Tensor
-    top: torch.Tensor
-    ids: torch.Tensor
-    starts: list[int]
-    lengths: list[int]
-    prompt_lens: list[int]
-    aux: torch.Tensor | None = None
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-
-def _target_pass(runtime: Any, ids: Sequence[int], aux: int) -> dict[str, torch.Tensor]:
-    """One full pass over ``ids`` from position 0 with capture on: features (the last layer's
-    last, after ``aux`` other layers when asked), lse, argmax."""
-    runtime.rollback(0)
-    logits = runtime.forward(list(ids)).float()  # [L, vocab]
-    recorded = runtime.features(0, len(ids))  # [L, (aux + 1) d]: aux layers, then the last
-    runtime.rollback(0)
-    if not torch.isfinite(recorded).all() or float(recorded.abs().max()) > 6e4:
-        raise ConfigError("the target's features do not fit float16 (|f| > 60000); this target is not supported yet")
-    d = recorded.shape[1] // (aux + 1)
-    out = {
-        "feats": recorded[:, -d:].to(torch.float16).cpu(), "lse": torch.logsumexp(logits, -1).cpu(),
-        "top": logits.argmax(-1).to(torch.int32).cpu(),
-    }
-    if aux:
-        out["aux"] = recorded[:, :-d].to(torch.float16).contiguous().cpu()
-    return out
-
-
-def _read_index(folder: Path) -> dict[str, Any]:
-    path = folder / INDEX_FILE
-    fresh = {"format": FEATURES_FORMAT, "chunks": 0, "sequences": {}}
-    if not path.is_file():
-        return fresh
-    try:
-        index = json.loads(path.read_text(encoding="utf-8"))
-        if index.get("format") != FEATURES_FORMAT or not isinstance(index.get("sequences"), dict):
-            raise ValueError(f"format is not {FEATURES_FORMAT}")
-        return index
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ConfigError(f"{path} is damaged ({exc}); delete {folder} to extract the features again") from None
-
-
-def extract_features(
-    target: Any, sequences: Sequence[Sequence[int]], prompt_lens: Sequence[int], data_dir: Path, *,
-    aux_layers: Sequence[int] | None = None, on_progress: Progress | None = None,
-) -> FeatureStore:
-    """The target's features of every sequence, from ``DATA/features`` or one runtime pass each;
-    with ``aux_layers`` (an EAGLE-3 head's), those layers' outputs too (``FeatureStore.aux``)."""
-    from safetensors.torch import load_file, save_file
-
-    runtime = target.runtime
-    if not hasattr(runtime, "capture_features"):
-        raise ConfigError(f"train-head needs a runtime that records features; {target.name} runs on one that does not")
-    folder = data_dir / FEATURES_DIR
-    folder.mkdir(parents=True, exist_ok=True)
-    index = _read_index(folder)
-    aux = tuple(int(i) for i in aux_layers) if aux_layers else None
-    keys = [sequence_key(target, s, aux) for s in sequences]
-    first_of = {k: keys.index(k) for k in dict.fromkeys(keys)}
-    todo = [first_of[k] for k in dict.fromkeys(keys) if k not in index["sequences"]]
-    done, total = len(set(keys)) - len(todo), len(set(keys))
-    if on_progress:
-        on_progress(done, total)
-    if todo:
-        runtime.capture_features(None if aux is None else (*aux, int(runtime.num_layers) - 1))
-        try:
-            for c in range(0, len(todo), CHUNK_SEQUENCES):
-                part = [_target_pass(runtime, sequences[i], len(aux or ())) for i in todo[c : c + CHUNK_SEQUENCES]]
-                name = f"chunk-{index['chunks']:05d}.safetensors"
-                with atomic_path(folder / name) as tmp:
-                    save_file({k: torch.cat([p[k] for p in part]).contiguous() for k in part[0]}, str(tmp))
-                row = 0
-                for i, p in zip(todo[c : c + CHUNK_SEQUENCES], part):
-                    index["sequences"][keys[i]] = [name, row, len(sequences[i])]
-                    row += len(sequences[i])
-                index["chunks"] += 1
-                write_json_atomic(folder / INDEX_FILE, index, indent=None)
-                done += len(part)
-                if on_progress:
-                    on_progress(done, total)
-        finally:
-            runtime.capture_features(enabled=False)
-    chunks: dict[str, dict[str, torch.Tensor]] = {}
-    parts: dict[str, list[torch.Tensor]] = {"feats": [], "lse": [], "top": [], **({"aux": []} if aux else {})}
-    starts, at = [], 0
-    for key, seq in zip(keys, sequences):
-        name, row, length = index["sequences"][key]
-        if length != len(seq):
-            raise ConfigError(f"{folder / INDEX_FILE} disagrees with the sequences; delete {folder} to extract again")
-        if name not in chunks:
-            try:
-                chunks[name] = load_file(str(folder / name))
-            except (OSError, ValueError, RuntimeError) as exc:
-                raise ConfigError(f"{folder / name} is damaged ({str(exc)[:80]}); delete {folder} to extract again") from None
-        for k in parts:
-            parts[k].append(chunks[name][k][row : row + length])
-        starts.append(at)
-        at += length
-    ids = torch.tensor([t for s in sequences for t in s], dtype=torch.long)
-    return FeatureStore(
-        torch.cat(parts["feats"]), torch.cat(parts["lse"]), torch.cat(parts["top"]).long(), ids, starts,
-        [len(s) for s in sequences], [int(p) for p in prompt_lens], torch.cat(parts["aux"]) if aux else None,
-    )
 
 
 def heldout_sequences(prompts: Sequence[str], percent: float) -> list[bool]:

@@ -40,7 +40,8 @@ from ..questions import DEFAULT_QUESTIONS, Question, read_questions
 from .checkpoint import load_safely, save_checkpoint
 from .corpus import corpus_sequences
 from .data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from .head_data import FeatureStore, extract_features, heldout_sequences, magpie_prompts, magpie_questions
+from .feature_store import FeatureStore, extract_features
+from .head_data import heldout_sequences, magpie_prompts, magpie_questions
 from .head_train import HeadStep, TargetParts, build_head, train_head_loop
 from .loop import RunProgress, resume_from, start_log
 from .options import check_numbers, check_temperatures, resolve_settings
@@ -54,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "magpie": 0, "gen_tokens": 256, "gen_temperatures": [0.0, 0.7], "seed": 0, "vocab_size_draft": 8192,
     "batch": 4, "seq_len": 512, "lr": 1e-3, "reg_weight": 0.0, "noise": 0.0, "init": "layer",
     "holdout_percent": 5.0, "response_only": False, "feature_norm": False, "arch": "eagle1", "ttt": 1,
-    "corpus": None, "conversations": 256,
+    "corpus": None, "conversations": 256, "weight_decay": 0.0,
 }
 DEFAULT_STEPS = 500
 _RULES = {  # name: (minimum, integer, strict)
@@ -63,6 +64,7 @@ _RULES = {  # name: (minimum, integer, strict)
     "lr": (0, False, True), "reg_weight": (0, False, False), "noise": (0, False, False),
     "holdout_percent": (0, False, False), "steps": (1, True, False), "time_budget": (0, False, True),
     "snapshot_every": (1, True, False), "ttt": (1, True, False), "conversations": (1, True, False),
+    "weight_decay": (0, False, False), "max_disk": (1, True, False),
 }
 Status = Callable[[str], None]
 Phase = Callable[[str, int, int], None]
@@ -163,6 +165,7 @@ def train_head(
     resume: bool = False,
     overwrite: bool = False,
     device: str | torch.device = "cpu",
+    max_disk: int | None = None,
     questions: Sequence[Question] | None = None,
     command: str | None = None,
     on_status: Callable[[str], None] | None = None,
@@ -173,7 +176,7 @@ def train_head(
     """Train an EAGLE draft head for ``target`` and save it to ``out_dir`` (see the module doc).
 
     ``options`` are the keys of :data:`DEFAULTS` (None or absent: the default, or on resume the
-    checkpoint's). ``questions`` (default: the shipped dev questions) are split as
+    checkpoint's). ``max_disk``: bytes the feature store may take (checked before extraction). ``questions`` (default: the shipped dev questions) are split as
     :func:`~.data.split_questions` does; only the training part is used. ``on_phase(name, done,
     total)`` reports the data phases (``magpie``, ``answers``, ``features``).
 
@@ -188,7 +191,7 @@ def train_head(
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise ConfigError(f"train_head got unknown options {unknown}; known: {sorted(DEFAULTS)}")
-    _check({**options, "steps": steps, "time_budget": time_budget, "snapshot_every": snapshot_every})
+    _check({**options, "steps": steps, "time_budget": time_budget, "snapshot_every": snapshot_every, "max_disk": max_disk})
     out = Path(out_dir).expanduser()
     data = Path(data_dir).expanduser() if data_dir is not None else out / "data"
     plan = _plan(target, out, data, parse_device(device), options, steps, questions, resume=resume,
@@ -198,7 +201,7 @@ def train_head(
     if not resume:  # from here on, the folder is ours
         claim_output_dir(out, COMMAND, overwrite=overwrite, holds="a train-head run")
 
-    made = _make_data(plan, status, on_phase or (lambda name, done, total: None))
+    made = _make_data(plan, status, on_phase or (lambda name, done, total: None), max_disk)
     draft_tokens = _draft_tokens(plan, made)
     head, opt, run, heldout = _setup_head(plan, status)
     heldout = _train(plan, made, draft_tokens, head, opt, run, status, time_budget=time_budget,
@@ -249,7 +252,7 @@ def _check_against_target(settings: dict[str, Any], target: Any) -> None:
         raise ConfigError(f"--seq-len {settings['seq_len']} must be below the target's context ({target.runtime.max_context})")
 
 
-def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
+def _make_data(plan: _Plan, status: Status, bar: Phase, max_disk: int | None) -> _HeadData:
     """The sequences (the target's answers, or a corpus's conversations) and their features (each
     phase cached and timed), and the split of the sequences into training and held-out ones."""
     target, settings, data = plan.target, plan.settings, plan.data
@@ -274,7 +277,8 @@ def _make_data(plan: _Plan, status: Status, bar: Phase) -> _HeadData:
     status(f"features: one target pass per sequence ({len(sequences)}, cached in {data / 'features'})")
     aux_layers = default_aux_layers(int(target.runtime.num_layers)) if settings["arch"] == "eagle3" else None
     store = timed("features", lambda: extract_features(
-        target, sequences, prompt_lens, data, aux_layers=aux_layers, on_progress=lambda d, t: bar("features", d, t)
+        target, sequences, prompt_lens, data, aux_layers=aux_layers, max_disk=max_disk, on_status=status,
+        on_progress=lambda d, t: bar("features", d, t),
     ))
     train_seqs = [i for i, h in enumerate(held_flags) if not h]
     held_seqs = [i for i, h in enumerate(held_flags) if h]
@@ -334,7 +338,7 @@ def _setup_head(
         plan.target, init=settings["init"], seed=settings["seed"], feature_norm=settings["feature_norm"],
         arch=settings["arch"],
     ).to(plan.device)
-    opt = torch.optim.AdamW(head.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=0.0)
+    opt = torch.optim.AdamW(head.parameters(), lr=settings["lr"], betas=(0.9, 0.95), weight_decay=settings["weight_decay"])
     if ckpt is not None:
         status(f"resuming at step {ckpt['step']}")
     run = resume_from(ckpt, head, opt)

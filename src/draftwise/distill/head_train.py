@@ -35,7 +35,7 @@ from ..drafters.eagle_head import EagleHead, HeadConfig
 from ..errors import ConfigError
 from ..runtime.native import load_state_dict
 from .data import batch_indices
-from .head_data import FeatureStore
+from .feature_store import FeatureStore
 from .loop import GRAD_CLIP, RunProgress, graceful_interrupt, lr_schedule
 
 
@@ -83,34 +83,33 @@ def make_head_batch(
     window ends at the sequence's end and always holds its response."""
     spans = []
     for i in seqs:
-        s, L, P = store.starts[i], store.lengths[i], store.prompt_lens[i]
-        lo = 0 if window is None else max(0, L - 1 - window)
-        spans.append((s, L, P, lo))
+        L = store.lengths[i]
+        spans.append((i, L, store.prompt_lens[i], 0 if window is None else max(0, L - 1 - window)))
     B, n = len(spans), max(1, max(L - 1 - lo for _, L, _, lo in spans))
-    d = store.feats.shape[1]
-    feats = torch.zeros(B, n + 1, d, dtype=torch.float32)
-    aux = None if store.aux is None else torch.zeros(B, n, store.aux.shape[1], dtype=torch.float32)
+    feats = torch.zeros(B, n + 1, store.width, dtype=torch.float32)
+    aux = torch.zeros(B, n, store.aux_width, dtype=torch.float32) if store.has_aux else None
     x_next = torch.zeros(B, n, dtype=torch.long)
     lse = torch.zeros(B, n)
     top = torch.zeros(B, n, dtype=torch.long)
     positions = torch.zeros(B, n, dtype=torch.long)
     valid = torch.zeros(B, n, dtype=torch.bool)
     response = torch.zeros(B, n, dtype=torch.bool)
-    for b, (s, L, P, lo) in enumerate(spans):
+    for b, (i, L, P, lo) in enumerate(spans):
         m = L - 1 - lo
         if m <= 0:
             continue
-        feats[b, : m + 1] = store.feats[s + lo : s + L].float()
+        feats[b, : m + 1] = store.rows("feats", i, lo, L).float()
         if aux is not None:
-            aux[b, :m] = store.aux[s + lo : s + L - 1].float()
-        x_next[b, :m] = store.ids[s + lo + 1 : s + L]
-        lse[b, :m] = store.lse[s + lo + 1 : s + L]
-        top[b, :m] = store.top[s + lo + 1 : s + L]
+            aux[b, :m] = store.rows("aux", i, lo, L - 1).float()
+        ids = store.ids[i]
+        x_next[b, :m] = ids[lo + 1 : L]
+        lse[b, :m] = store.rows("lse", i, lo + 1, L)
+        top[b, :m] = store.rows("top", i, lo + 1, L)
         positions[b, :m] = torch.arange(lo, L - 1)
         valid[b, :m] = True
         j = torch.arange(lo + 1, L)  # the target position each row is scored against
         response[b, :m] = j >= P
-        if int(store.ids[s + L - 1]) in eos:  # after an end-of-sequence token p means nothing
+        if int(ids[L - 1]) in eos:  # after an end-of-sequence token p means nothing
             valid[b, m - 1] = response[b, m - 1] = False
     embeds = parts.embed(x_next.to(device))  # [B, n, d]
     train = response if response_only else valid

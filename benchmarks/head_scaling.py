@@ -1,0 +1,203 @@
+"""How does an EAGLE head's acceptance grow with its training text? A scaling study on fixed
+conversations (issue 29, item 3), sound where ``head_data_limit.py`` was not:
+
+- the sizes are numbers of *conversations* (nested seeded samples of one corpus, one kind of
+  text), not resamples of the same prompts;
+- every size trains for the same number of *passes* over its data (``--passes``, a full cosine
+  schedule each), not the same number of steps, and logs its held-out curve, so the reader sees
+  whether it had flattened;
+- every size is scored on the same held-out conversations (those of the largest pool), and on as
+  many of its own training sequences (the gap is memorisation);
+- ``--seeds``: each size is trained once per seed (initialisation and batch order); the corpus
+  sample is the same for every seed.
+
+Drafting acceptance on held-out MT-bench questions comes from ``draftwise bench`` over the saved
+heads (``--report`` reads its summary). One process trains one list of (size, seed) runs; a
+finished run is skipped, so an interrupted study resumes by running the same command.
+
+    python benchmarks/head_scaling.py train --data-dir out/sg/data --pool 1024 --sizes 256,512,1024 \\
+        --seeds 0 --out benchmarks/results/head-scaling
+    python benchmarks/head_scaling.py report --out benchmarks/results/head-scaling [--bench DIR]
+
+Writes ``runs/NAME.json`` (and ``heads/NAME/``, a head ``eagle:PATH`` loads) per run, then
+``summary.md``, ``result.json`` and ``scaling.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from draftwise.distill.corpus import corpus_sequences
+from draftwise.distill.data import frequent_tokens
+from draftwise.distill.feature_store import extract_features
+from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
+from draftwise.distill.loop import RunProgress
+from draftwise.drafters.eagle_head import default_aux_layers
+from draftwise.drafters.head_files import save_head, target_fingerprint
+from draftwise.loaders import load_model
+from draftwise.threads import set_threads
+
+
+def _name(tag: str, size: int, seed: int) -> str:
+    return f"{tag}-{size}-s{seed}"
+
+
+def train(args: argparse.Namespace) -> None:
+    set_threads(args.threads)
+    target = load_model("default")
+    cpu = torch.device("cpu")
+    seqs, lens, held_flags, stats = corpus_sequences(
+        args.corpus, target.tokenizer, conversations=args.pool, seq_len=args.seq_len, seed=args.corpus_seed,
+        holdout_percent=args.holdout_percent,
+    )
+    aux = default_aux_layers(int(target.runtime.num_layers)) if args.arch == "eagle3" else None
+    store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
+    train_ids = [i for i, h in enumerate(held_flags) if not h]
+    held = [i for i, h in enumerate(held_flags) if h]
+    eos = set(int(t) for t in target.eos_token_ids)
+    d, vocab = int(target.config.hidden_size), int(target.runtime.vocab_size)
+    (args.out / "runs").mkdir(parents=True, exist_ok=True)
+    for size in args.sizes:
+        for seed in args.seeds:
+            name = _name(args.tag, size, seed)
+            path = args.out / "runs" / f"{name}.json"
+            if path.is_file():
+                print(f"{name}: done already", flush=True)
+                continue
+            keep = train_ids[:size]
+            tokens = sum(store.lengths[i] for i in keep)
+            steps = math.ceil(args.passes * len(keep) / args.batch)
+            draft = frequent_tokens([seqs[i] for i in keep], args.vocab, vocab, sorted(eos)) if 0 < args.vocab < vocab else None
+            parts = TargetParts.of(target.runtime, draft, cpu)
+            head = build_head(target, init="layer", seed=seed, arch=args.arch)
+            opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
+            settings = {"batch": args.batch, "seq_len": args.seq_len, "lr": args.lr, "seed": seed, "reg_weight": 0.0,
+                        "noise": args.noise, "response_only": False, "ttt": args.ttt}
+            log = io.StringIO()
+            print(f"{name}: {len(keep)} conversations, {tokens:,} tokens, {steps} steps ({args.passes} passes)", flush=True)
+            t0 = time.perf_counter()
+            train_head_loop(head, opt, parts, store, keep, held, settings, steps, RunProgress(), log, eos=eos,
+                            device=cpu, time_budget=None, snapshot_every=max(1, steps // 6), data_seconds=0.0,
+                            checkpoint=lambda h: None)
+            seconds = time.perf_counter() - t0
+            probe = keep[:: max(1, len(keep) // len(held))][: len(held)]
+            curve = [json.loads(x) for x in log.getvalue().splitlines()]
+            result = {
+                "name": name, "tag": args.tag, "conversations": len(keep), "tokens": tokens, "seed": seed,
+                "passes": args.passes, "steps": steps, "seconds": round(seconds, 1), "heldout_sequences": len(held),
+                "settings": {**settings, "arch": args.arch, "weight_decay": args.weight_decay, "vocab": args.vocab},
+                "heldout": evaluate_head(head, parts, store, held, eos=eos, device=cpu),
+                "train": evaluate_head(head, parts, store, probe, eos=eos, device=cpu),
+                "curve": [{"step": c["step"], "acceptance": round(c["acceptance"], 4)} for c in curve if "acceptance" in c],
+                "corpus": stats["summary"],
+            }
+            save_head(args.out / "heads" / name, head.cpu(), draft_tokens=draft, target={
+                "name": target.name, "fingerprint": target_fingerprint(target.tokenizer, d, vocab), "hidden_size": d,
+                "vocab_size": vocab, "num_layers": int(target.runtime.num_layers),
+            }, extra={"settings": result["settings"], "steps": steps, "scaling_run": name})
+            path.write_text(json.dumps(result, indent=1) + "\n")
+            print(f"{name}: held-out {result['heldout']['acceptance']:.3f}, its training data "
+                  f"{result['train']['acceptance']:.3f}, {seconds / 60:.1f} min", flush=True)
+
+
+def _drafting(bench: Path | None) -> dict[str, float]:
+    """Acceptance at k=1 per head name from a ``draftwise bench`` run over ``eagle:heads/NAME``."""
+    if bench is None or not (bench / "summary.json").is_file():
+        return {}
+    overall = json.loads((bench / "summary.json").read_text())["groups"]["overall"]
+    out = {}
+    for method, row in overall.items():  # "eagle:PATH@k=1"
+        if method.startswith("eagle:") and row.get("acceptance") is not None:
+            out[Path(method.split(":", 1)[1].split("@")[0].split(",")[0]).name] = float(row["acceptance"])
+    return out
+
+
+def report(args: argparse.Namespace) -> None:
+    runs = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*.json"))]
+    drafting = _drafting(args.bench)
+    base = [r for r in runs if r["tag"] == "base"]
+    sizes = sorted({r["conversations"] for r in base})
+    by_size = {n: [r for r in base if r["conversations"] == n] for n in sizes}
+    mean = {n: sum(r["heldout"]["acceptance"] for r in rs) / len(rs) for n, rs in by_size.items()}
+    lines = [
+        "# EAGLE head scaling on fixed conversations (ShareGPT)", "",
+        f"Teacher-forced greedy acceptance at k=1 on {runs[0]['heldout_sequences']} held-out conversations (the same for "
+        "every run), on as many of the run's own training conversations, and while drafting held-out MT-bench "
+        f"(k=1, from `draftwise bench`). Each size trains {runs[0]['passes']} passes over its data (full cosine schedule).",
+        "", "| run | conversations | tokens | steps | minutes | held-out | its training data | drafting MT-bench |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|",
+    ]
+    for r in sorted(runs, key=lambda r: (r["tag"] != "base", r["tag"], r["conversations"], r["seed"])):
+        draft = drafting.get(r["name"])
+        lines.append(f"| {r['name']} | {r['conversations']} | {r['tokens']:,} | {r['steps']} | {r['seconds'] / 60:.1f} | "
+                     f"{r['heldout']['acceptance']:.3f} | {r['train']['acceptance']:.3f} | "
+                     f"{'' if draft is None else f'{draft:.3f}'} |")
+    gains = [(mean[b] - mean[a]) / math.log2(b / a) for a, b in zip(sizes, sizes[1:])]
+    if gains:
+        lines += ["", "Held-out acceptance per doubling of the conversations (mean over seeds): "
+                  + ", ".join(f"{a}->{b}: {g:+.3f}" for (a, b), g in zip(zip(sizes, sizes[1:]), gains)) + "."]
+    (args.out / "result.json").write_text(json.dumps({"runs": runs, "drafting": drafting, "mean_heldout": mean,
+                                                       "per_doubling": gains}, indent=1) + "\n")
+    _plot(args.out / "scaling.png", base, drafting)
+    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def _plot(path: Path, runs: list[dict[str, Any]], drafting: dict[str, float]) -> None:
+    from draftwise.plots import pyplot, save_figure
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label, marker in (("heldout", "held-out (teacher-forced)", "o"), ("train", "own training data", "s")):
+        ax.scatter([r["tokens"] for r in runs], [r[key]["acceptance"] for r in runs], marker=marker, label=label)
+    drafted = [(r["tokens"], drafting[r["name"]]) for r in runs if r["name"] in drafting]
+    if drafted:
+        ax.scatter(*zip(*drafted), marker="^", label="drafting held-out MT-bench")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("training tokens (ShareGPT conversations)")
+    ax.set_ylabel("acceptance at k=1")
+    ax.axhline(0.5, color="grey", lw=0.8, ls="--")
+    ax.legend(fontsize=8)
+    save_figure(fig, path)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    t = sub.add_parser("train")
+    t.add_argument("--data-dir", type=Path, required=True)
+    t.add_argument("--corpus", default="sharegpt")
+    t.add_argument("--pool", type=int, default=1024, help="Conversations sampled (the store's); held-out ones in proportion.")
+    t.add_argument("--corpus-seed", type=int, default=0)
+    t.add_argument("--holdout-percent", type=float, default=5.0)
+    t.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")], default=[256, 512, 1024])
+    t.add_argument("--seeds", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1])
+    t.add_argument("--passes", type=float, default=3.0)
+    t.add_argument("--batch", type=int, default=4)
+    t.add_argument("--seq-len", type=int, default=512)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--arch", default="eagle3")
+    t.add_argument("--ttt", type=int, default=3)
+    t.add_argument("--noise", type=float, default=0.0)
+    t.add_argument("--weight-decay", type=float, default=0.0)
+    t.add_argument("--vocab", type=int, default=8192)
+    t.add_argument("--tag", default="base", help="Name of a setting other than the base one (a sweep).")
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
+    r = sub.add_parser("report")
+    r.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
+    r.add_argument("--bench", type=Path, default=None, help="A `draftwise bench` folder over eagle:OUT/heads/NAME.")
+    args = ap.parse_args()
+    train(args) if args.cmd == "train" else report(args)
+
+
+if __name__ == "__main__":
+    main()
