@@ -152,3 +152,65 @@ def test_the_profile_times_the_hybrids_head_with_real_features(target, monkeypat
     assert len(sizes) >= 5 and all(n == 1 for n in sizes)
     target.capture_features(enabled=False)
     target.rollback(0)
+
+
+def test_fill_and_skip_from_parse_print_and_stay_hybrid_options():
+    spec = DraftSpec.parse("suffix+eagle:default,fill=2,skip_from=4")
+    assert (spec.then.fill, spec.then.skip_from, str(spec)) == (2, 4, "suffix+eagle:default,fill=2,skip_from=4")
+    assert DraftSpec.parse(str(spec)) == spec and DraftSpec.parse("suffix+eagle:default").then.fill == 1
+    with pytest.raises(ConfigError, match="steer a hybrid's head"):
+        DraftSpec.parse("eagle:default,fill=2")
+    with pytest.raises(ConfigError, match="fill= takes a whole number >= 1"):
+        DraftSpec.parse("suffix+eagle:default,fill=0")
+
+
+class _Fixed:
+    """A copy draft that proposes the same chain every step."""
+
+    name, capabilities = "fixed", Capabilities(replay="exact", cost="host")
+
+    def __init__(self, tokens):
+        self.tokens = tokens
+
+    def start(self, *a):
+        pass
+
+    def propose(self, context, k):
+        return Draft(self.tokens[:k])
+
+    def observe(self, n):
+        pass
+
+    def end(self, out):
+        pass
+
+
+class _Head(_Fixed):
+    capabilities = Capabilities(reads_features=True, replay="rates", cost="head")
+
+    def __init__(self):
+        self.asked = []
+
+    def propose_scored(self, context, k):
+        self.asked.append(k)
+        return Draft([7] * k, scores=tuple(0.5**i for i in range(1, k + 1)))
+
+
+def test_the_head_fills_an_empty_copy_draft_and_is_skipped_behind_a_long_one():
+    head = _Head()
+    empty = HybridDrafter(_Fixed([]), head, fill=3, skip_from=3)
+    empty.start([1], SamplingConfig(), torch.Generator())
+    assert empty.propose([1, 2], 8).tokens == [7, 7, 7] and head.asked == [3]
+    short = HybridDrafter(_Fixed([4, 5]), head, fill=3, skip_from=3)
+    assert short.propose([1, 2], 8).tokens == [4, 5, 7] and head.asked == [3, 1]  # one head token beside a copy
+    long = HybridDrafter(_Fixed([4, 5, 6]), head, fill=3, skip_from=3)
+    assert long.propose([1, 2], 8).tokens == [4, 5, 6] and head.asked == [3, 1] and long.skipped == 1
+    assert long.propose([1, 2], 2).tokens == [4, 5, 7][:2] and head.asked == [3, 1, 1]  # k=2 cuts the path to 2
+
+
+def test_greedy_with_fill_and_skip_from_equals_plain_greedy(target):
+    plain = _greedy(target, None, k=1)
+    head = EagleDrafter(target, LoadedHead(_head(target, "eagle3"), None, {}))
+    drafter = HybridDrafter(SuffixDrafter(nodes=6, depth=4), head, fill=3, skip_from=2)
+    assert _greedy(target, drafter, k=6) == plain
+    assert drafter.skipped > 0  # the head's cache caught up after skipped steps, and the output stayed plain's

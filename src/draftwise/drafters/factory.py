@@ -160,7 +160,7 @@ def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any, *, share_wi
         copy = make_drafter(replace(spec, then=None), model)
         head = make_drafter(spec.then, model)
         assert copy is not None and head is not None
-        return HybridDrafter(copy, head, label=str(spec))
+        return HybridDrafter(copy, head, fill=spec.then.fill, skip_from=spec.then.skip_from, label=str(spec))
     if spec.kind == "lookup":
         return PromptLookupDrafter(max_ngram=spec.max_ngram, min_ngram=spec.min_ngram, branches=spec.branches)
     if spec.kind == "suffix":

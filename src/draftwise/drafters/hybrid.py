@@ -12,8 +12,14 @@ both each step:
   frequencies, and for the head's nodes the product of the head's top probabilities along its
   chain; a node both propose keeps the larger. Rows are ordered best first, so every prefix is
   a tree and ``--k auto`` trims the merged tree by those scores as it trims a suffix tree.
-- **sampled**: the copy draft's tree when it proposes one, else the head's chain with its
-  distributions (tree verification of point masses and of distributions are separate schemes;
+- **where the copy draft is sure or has nothing** (``fill``, ``skip_from``; spec options of the
+  head part, ``suffix+eagle:default,fill=2,skip_from=4``): the head proposes ``fill`` tokens
+  where the copy draft proposes none, and is not run at all where the copy draft's path is
+  ``skip_from`` tokens or longer (its cache catches up on the next step it runs). Defaults: 1 and
+  never, the behaviour before these options existed; whether others pay depends on the head's
+  acceptance and cost (docs/eagle.md).
+- **sampled**: the copy draft's tree when it proposes one, else the head's chain (``fill``
+  tokens) with its distributions (tree verification of point masses and of distributions are separate schemes;
   see :mod:`draftwise.verify`). Either way each step is an ordinary lossless step.
 
 The same pairing, suffix decoding in front of a trained speculator, is what ArcticInference
@@ -72,16 +78,27 @@ def merge_chain(draft: Draft, chain: Sequence[int], chain_scores: Sequence[float
     return Draft(list(tree.tokens), None, tree, tuple(scores[j - 1] for j in order))
 
 
+def _path_length(draft: Draft) -> int:
+    """The longest path of a draft (a chain's length, a tree's depth)."""
+    return draft.tree.depth if draft.tree is not None else len(draft.tokens)
+
+
 class HybridDrafter:
     """A copy draft (suffix, lookup) and an EAGLE head in one draft (see the module docstring).
 
     copy:  a drafter that proposes scored trees or chains (point masses).
     head:  an :class:`~draftwise.drafters.eagle.EagleDrafter` (chains; ``propose_scored``).
     extra: head tokens merged into a greedy tree each step.
+    fill: head tokens where the copy draft proposes nothing.
+    skip_from: skip the head where the copy draft's path is at least this long (0: never).
     """
 
-    def __init__(self, copy: Drafter, head: Any, *, extra: int = EXTRA, label: str | None = None) -> None:
-        self.copy, self.head, self.extra = copy, head, int(extra)
+    def __init__(
+        self, copy: Drafter, head: Any, *, extra: int = EXTRA, fill: int = EXTRA, skip_from: int = 0,
+        label: str | None = None,
+    ) -> None:
+        self.copy, self.head, self.extra, self.fill, self.skip_from = copy, head, int(extra), int(fill), int(skip_from)
+        self.skipped = 0  # steps the head was not run
         self.name = label or f"{copy.name}+{head.name}"
         self._greedy = True
         self.capabilities = Capabilities.hybrid(copy.capabilities, head.capabilities)
@@ -96,8 +113,11 @@ class HybridDrafter:
             return Draft([])
         copied = self.copy.propose(context, k)
         if not self._greedy:
-            return copied if copied.tokens else self.head.propose(context, min(k, self.extra))
-        guess = self.head.propose_scored(context, min(k, self.extra))
+            return copied if copied.tokens else self.head.propose(context, min(k, self.fill))
+        if self.skip_from and copied.tokens and _path_length(copied) >= self.skip_from:
+            self.skipped += 1
+            return copied
+        guess = self.head.propose_scored(context, min(k, self.extra if copied.tokens else self.fill))
         if not guess.tokens:
             return copied
         if copied.tokens and copied.scores is None:  # an unscored copy draft: trust it as a chain

@@ -20,7 +20,9 @@ profiles, plans, bench and export accept.
 ``eagle:default``      the head that ships for the target; ``eagle:default,topk=4,depth=6``: greedy
                        steps propose EAGLE-2 token trees (K children per expanded node)
 ``suffix+eagle:PATH``  a hybrid: a copy draft (``suffix`` or ``lookup``, with its options) and an
-                       EAGLE head's guess in one tree (:mod:`draftwise.drafters.hybrid`)
+                       EAGLE head's guess in one tree (:mod:`draftwise.drafters.hybrid`);
+                       ``suffix+eagle:default,fill=2,skip_from=4``: the head drafts 2 tokens
+                       where the copy draft has none, and is skipped behind a copy path of 4
 =====================  =======================================================================
 
 A :class:`DraftSpec` is frozen and validated when built; ``str(spec)`` is its canonical form, the
@@ -47,8 +49,10 @@ from .layer_lists import format_layers, parse_layer_list
 SPEC_HELP = (
     "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
     "self[:exit=L|layers=..|skip=..], model:PATH, model:default, eagle:PATH, eagle:default, "
-    "suffix+eagle:default"
+    "suffix+eagle:default[,fill=N,skip_from=N]"
 )
+#: the options after an eagle spec's path
+_EAGLE_KEYS = ("topk", "depth", "fill", "skip_from")
 #: where a hybrid spec's second part begins: a ``+`` before a draft kind
 _PLUS = re.compile(r"\+\s*(?=(?:none|lookup|suffix|self|model|eagle)\b)")
 KINDS = ("none", "lookup", "suffix", "self", "model", "eagle")
@@ -137,6 +141,8 @@ class DraftSpec:
     factor: float = SUFFIX["factor"]
     min_prob: float = SUFFIX["min_prob"]
     then: DraftSpec | None = None  # a hybrid's EAGLE head (``suffix+eagle:default``)
+    fill: int = 1  # a hybrid's head tokens where the copy draft proposes nothing (eagle part)
+    skip_from: int = 0  # a hybrid skips its head where the copy draft's path is this long (0: never)
 
     def __post_init__(self) -> None:
         if self.then is not None and (
@@ -176,19 +182,30 @@ class DraftSpec:
             raise ConfigError(f"draft={spec!r} is not a draft spec string ({SPEC_HELP})")
         first, *more = _PLUS.split(spec, maxsplit=1)
         if more:
-            return replace(cls.parse(first), then=cls.parse(more[0]))
+            nested = len(_PLUS.split(more[0], maxsplit=1)) > 1  # a third part: refused as a hybrid's head
+            return replace(cls.parse(first), then=cls.parse(more[0]) if nested else cls._part(more[0]))
+        got = cls._part(spec)
+        if got.kind == "eagle" and (got.fill, got.skip_from) != (1, 0):
+            raise ConfigError(f"fill= and skip_from= steer a hybrid's head: write them after a copy draft, "
+                              f"e.g. suffix+{got}")
+        return got
+
+    @classmethod
+    def _part(cls, spec: str) -> DraftSpec:
+        """One part of a spec (a hybrid's copy draft or head, or a whole plain spec)."""
         kind, colon, rest = spec.strip().partition(":")
         kind = kind.strip()
         if kind == "model":
             return cls(kind, source=rest.strip())
-        if kind == "eagle":  # a path, then optional topk=K / depth=D parts
+        if kind == "eagle":  # a path, then optional topk=K / depth=D (and a hybrid's fill / skip_from) parts
             parts = rest.split(",")
             opts: dict[str, int] = {}
-            while len(parts) > 1 and parts[-1].strip().partition("=")[0].strip() in ("topk", "depth"):
+            while len(parts) > 1 and parts[-1].strip().partition("=")[0].strip() in _EAGLE_KEYS:
                 key, _, value = parts.pop().strip().partition("=")
                 opts[key.strip()] = _positive_int("eagle", key.strip(), value.strip())
             return cls("eagle", source=",".join(parts).strip(), branches=opts.get("topk", 1),
-                       depth=opts.get("depth", int(SUFFIX["depth"])))
+                       depth=opts.get("depth", int(SUFFIX["depth"])), fill=opts.get("fill", 1),
+                       skip_from=opts.get("skip_from", 0))
         if kind == "none" and not rest.strip():
             return cls()
         if kind not in _OPTIONS:
@@ -239,9 +256,12 @@ class DraftSpec:
             if self.skip is not None:
                 return f"self:skip={format_layers(self.skip)}"
             return "self"
-        if self.kind == "eagle" and self.branches > 1:
-            depth = f",depth={self.depth}" if self.depth != SUFFIX["depth"] else ""
-            return f"eagle:{self.source.strip() if self.source else ''},topk={self.branches}{depth}"
+        if self.kind == "eagle":
+            opts = [f"topk={self.branches}"] if self.branches > 1 else []
+            opts += [f"depth={self.depth}"] if self.branches > 1 and self.depth != SUFFIX["depth"] else []
+            opts += [f"fill={self.fill}"] if self.fill != 1 else []
+            opts += [f"skip_from={self.skip_from}"] if self.skip_from else []
+            return f"eagle:{self.source.strip() if self.source else ''}" + "".join("," + o for o in opts)
         if self.kind in ("model", "eagle"):
             return f"{self.kind}:{self.source.strip() if self.source else ''}"
         return "none"
