@@ -146,9 +146,9 @@ def test_features_store_the_fused_layers_as_the_runtime_records_them(tiny, tmp_p
     seqs = [tiny.encode_prompt(q.prompt) + [5, 6, 7, 2] for q in QUESTIONS[:2]]
     aux = default_aux_layers(int(tiny.runtime.num_layers))
     store = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path, aux_layers=aux)
-    with pytest.raises(ConfigError, match=r"holds features of .*layers \[.*not of .*the last layer"):
-        extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path)  # one store, one layer set
-    plain = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path / "plain")
+    plain = extract_features(tiny, seqs, [len(s) - 4 for s in seqs], tmp_path)  # one folder, two layer sets
+    index = json.loads((tmp_path / "features" / "index.json").read_text())
+    assert index["layer_sets"] == [list(aux), None] and index["chunks"] == 2
     rt = tiny.runtime
     rt.capture_features(aux)
     rt.forward(seqs[1])

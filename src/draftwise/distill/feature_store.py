@@ -14,12 +14,15 @@ of p that the KL needs). That is :func:`bytes_per_token` = ``2 d (1 + aux layers
 
 The store is ``DATA/features/``: ``chunk-NNNNN.safetensors`` of :data:`CHUNK_SEQUENCES`
 sequences each, written atomically as extraction runs, and ``index.json``, rewritten once a chunk
-is whole, which lists each sequence (by :func:`sequence_key`) and the store's fingerprint (the
-target, its mode and weights, the layers recorded). So
+is whole, which lists each sequence (by :func:`sequence_key`, a hash of the target, its mode, the
+layers recorded and the ids), the store's fingerprint (the target, its mode and weights) and the
+layer sets it holds. So
 
 - an interrupted extraction, or one stopped by a full disk, resumes at the first sequence not
   listed; ``max_disk`` is checked before any pass, and free disk space too;
-- a store of another target or layer set is refused, never mixed;
+- a store of another target is refused, never mixed; an EAGLE-1 and an EAGLE-3 run may share a
+  data folder (its answers cost the most to make): each reads only the sequences keyed by its own
+  layer set, whose chunks hold exactly those layers;
 - :class:`FeatureStore` maps the chunks (``safetensors`` opens them memory-mapped) and copies
   only the rows a training batch reads, so memory stays bounded by the page cache, not the data.
 """
@@ -85,14 +88,11 @@ def human_bytes(n: float) -> str:
     return f"{int(n)} B"
 
 
-def store_fingerprint(target: Any, aux_layers: Sequence[int] | None) -> dict[str, Any]:
-    """What a store's features were computed with: the target (name, mode, tokenizer and shape
-    fingerprint) and the layers recorded (None: the last alone)."""
+def store_fingerprint(target: Any) -> dict[str, Any]:
+    """What a store's features were computed with: the target's name, mode, and tokenizer and
+    shape fingerprint."""
     d, vocab = int(target.config.hidden_size), int(target.runtime.vocab_size)
-    return {
-        "target": target.name, "mode": str(target.mode), "model": target_fingerprint(target.tokenizer, d, vocab),
-        "aux_layers": list(aux_layers) if aux_layers else None,
-    }
+    return {"target": target.name, "mode": str(target.mode), "model": target_fingerprint(target.tokenizer, d, vocab)}
 
 
 @dataclass
@@ -147,18 +147,13 @@ def _target_pass(runtime: Any, ids: Sequence[int], aux: int) -> dict[str, torch.
     return out
 
 
-def _describe(fp: dict[str, Any]) -> str:
-    layers = "the last layer" if not fp.get("aux_layers") else f"layers {fp['aux_layers']} and the last"
-    return f"{fp.get('target')} ({fp.get('mode')}), {layers}"
-
-
 def _read_index(folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
     """The store's index (a fresh one for an empty folder); refuses a damaged one, or one of
-    another target or layer set. An index written before fingerprints existed takes this one:
-    its keys already hash the target, mode and layers, so nothing of another run can match."""
+    another target. An index written before fingerprints existed takes this one: its keys
+    already hash the target, mode and layers, so nothing of another target can match."""
     path = folder / INDEX_FILE
     if not path.is_file():
-        return {"format": FEATURES_FORMAT, "fingerprint": fingerprint, "chunks": 0, "sequences": {}}
+        return {"format": FEATURES_FORMAT, "fingerprint": fingerprint, "layer_sets": [], "chunks": 0, "sequences": {}}
     try:
         index = json.loads(path.read_text(encoding="utf-8"))
         if index.get("format") != FEATURES_FORMAT or not isinstance(index.get("sequences"), dict):
@@ -167,10 +162,10 @@ def _read_index(folder: Path, fingerprint: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"{path} is damaged ({exc}); delete {folder} to extract the features again") from None
     have = index.setdefault("fingerprint", fingerprint)
     if have != fingerprint:
+        was, now = (f"{fp.get('target')} ({fp.get('mode')})" for fp in (have, fingerprint))
         raise ConfigError(
-            f"{folder} holds features of {_describe(have)}, not of {_describe(fingerprint)}"
-            f"{' (other weights)' if _describe(have) == _describe(fingerprint) else ''}: pass another --data-dir, "
-            f"or delete {folder}"
+            f"{folder} holds features of {was}, not of {now}{' (other weights)' if was == now else ''}: "
+            f"pass another --data-dir, or delete {folder}"
         )
     return index
 
@@ -204,7 +199,8 @@ def extract_features(
     folder = data_dir / FEATURES_DIR
     folder.mkdir(parents=True, exist_ok=True)
     aux = tuple(int(i) for i in aux_layers) if aux_layers else None
-    index = _read_index(folder, store_fingerprint(target, aux))
+    index = _read_index(folder, store_fingerprint(target))
+    layers = list(aux) if aux else None
     keys = [sequence_key(target, s, aux) for s in sequences]
     first_of = {k: keys.index(k) for k in dict.fromkeys(keys)}
     todo = [first_of[k] for k in first_of if k not in index["sequences"]]
@@ -216,6 +212,8 @@ def extract_features(
     if on_progress:
         on_progress(done, total)
     if todo:
+        if layers not in index.setdefault("layer_sets", []):
+            index["layer_sets"].append(layers)
         runtime.capture_features(None if aux is None else (*aux, int(runtime.num_layers) - 1))
         try:
             for c in range(0, len(todo), CHUNK_SEQUENCES):
