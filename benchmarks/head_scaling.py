@@ -50,10 +50,10 @@ def _name(tag: str, size: int, seed: int) -> str:
     return f"{tag}-{size}-s{seed}"
 
 
-def train(args: argparse.Namespace) -> None:
+def _data(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]], list[int], list[int], dict[str, Any]]:
+    """``(target, store, sequences, training ids, held-out ids, corpus counts)`` for the pool."""
     set_threads(args.threads)
     target = load_model("default")
-    cpu = torch.device("cpu")
     seqs, lens, held_flags, stats = corpus_sequences(
         args.corpus, target.tokenizer, conversations=args.pool, seq_len=args.seq_len, seed=args.corpus_seed,
         holdout_percent=args.holdout_percent,
@@ -62,6 +62,29 @@ def train(args: argparse.Namespace) -> None:
     store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
     train_ids = [i for i, h in enumerate(held_flags) if not h]
     held = [i for i, h in enumerate(held_flags) if h]
+    return target, store, seqs, train_ids, held, stats
+
+
+def vocab(args: argparse.Namespace) -> None:
+    """How often the target's argmax at a held-out response position is inside the draft
+    vocabulary of the V most frequent tokens of the largest training size: the ceiling the
+    reduced vocabulary puts on acceptance."""
+    target, store, seqs, train_ids, held, _ = _data(args)
+    eos = sorted(int(t) for t in target.eos_token_ids)
+    tops = torch.cat([store.rows("top", i, store.prompt_lens[i], store.lengths[i]).long() for i in held])
+    rows = []
+    for v in args.sizes_v:
+        kept = torch.tensor(frequent_tokens([seqs[i] for i in train_ids[: max(args.sizes)]], v,
+                                            int(target.runtime.vocab_size), eos))
+        rows.append({"vocab": v, "coverage": round(float(torch.isin(tops, kept).float().mean()), 4)})
+        print(json.dumps(rows[-1]), flush=True)
+    (args.out).mkdir(parents=True, exist_ok=True)
+    (args.out / "vocab.json").write_text(json.dumps({"positions": int(tops.numel()), "rows": rows}, indent=1) + "\n")
+
+
+def train(args: argparse.Namespace) -> None:
+    target, store, seqs, train_ids, held, stats = _data(args)
+    cpu = torch.device("cpu")
     eos = set(int(t) for t in target.eos_token_ids)
     d, vocab = int(target.config.hidden_size), int(target.runtime.vocab_size)
     (args.out / "runs").mkdir(parents=True, exist_ok=True)
@@ -173,6 +196,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
     t = sub.add_parser("train")
+    v = sub.add_parser("vocab")
     t.add_argument("--data-dir", type=Path, required=True)
     t.add_argument("--corpus", default="sharegpt")
     t.add_argument("--pool", type=int, default=1024, help="Conversations sampled (the store's); held-out ones in proportion.")
@@ -192,11 +216,14 @@ def main() -> None:
     t.add_argument("--tag", default="base", help="Name of a setting other than the base one (a sweep).")
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
+    for action in t._actions[1:]:  # vocab reads the same data
+        v._add_action(action)
+    v.add_argument("--sizes-v", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
     r = sub.add_parser("report")
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
     r.add_argument("--bench", type=Path, default=None, help="A `draftwise bench` folder over eagle:OUT/heads/NAME.")
     args = ap.parse_args()
-    train(args) if args.cmd == "train" else report(args)
+    {"train": train, "vocab": vocab, "report": report}[args.cmd](args)
 
 
 if __name__ == "__main__":
