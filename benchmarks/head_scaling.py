@@ -131,15 +131,14 @@ def train(args: argparse.Namespace) -> None:
                   f"{result['train']['acceptance']:.3f}, {seconds / 60:.1f} min", flush=True)
 
 
-def _drafting(bench: Path | None) -> dict[str, float]:
-    """Acceptance at k=1 per head name from a ``draftwise bench`` run over ``eagle:heads/NAME``."""
-    if bench is None or not (bench / "summary.json").is_file():
-        return {}
-    overall = json.loads((bench / "summary.json").read_text())["groups"]["overall"]
+def _drafting(benches: list[Path]) -> dict[str, float]:
+    """Acceptance at k=1 per head folder name from ``draftwise bench`` runs over ``eagle:PATH``."""
     out = {}
-    for method, row in overall.items():  # "eagle:PATH@k=1"
-        if method.startswith("eagle:") and row.get("acceptance") is not None:
-            out[Path(method.split(":", 1)[1].split("@")[0].split(",")[0]).name] = float(row["acceptance"])
+    for bench in benches:
+        overall = json.loads((bench / "summary.json").read_text())["groups"]["overall"]
+        for method, row in overall.items():  # "eagle:PATH" or "eagle:PATH@k=1"
+            if method.startswith("eagle:") and row.get("acceptance") is not None:
+                out[Path(method.split(":", 1)[1].split("@")[0].split(",")[0]).name] = float(row["acceptance"])
     return out
 
 
@@ -221,7 +220,7 @@ def main() -> None:
     v.add_argument("--sizes-v", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
     r = sub.add_parser("report")
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
-    r.add_argument("--bench", type=Path, default=None, help="A `draftwise bench` folder over eagle:OUT/heads/NAME.")
+    r.add_argument("--bench", type=Path, nargs="*", default=[], help="`draftwise bench` folders over eagle:OUT/heads/NAME.")
     args = ap.parse_args()
     {"train": train, "vocab": vocab, "report": report}[args.cmd](args)
 
