@@ -257,3 +257,35 @@ def test_token_overhead_arithmetic(monkeypatch, seconds, clocked, new_tokens, wa
 
     monkeypatch.setattr(measure, "generate", fake_generate)
     assert measure._token_overhead(object(), 16) == pytest.approx(want)
+
+
+def test_the_machine_fingerprint_tells_cpu_features_apart(monkeypatch):
+    from draftwise.cost import profile as profile_mod
+
+    here = profile_mod.machine_fingerprint()
+    assert here == profile_mod.machine_fingerprint() and len(here) == 16
+    monkeypatch.setattr(profile_mod, "cpu_flags", lambda: ["avx2", "fma"])
+    avx2 = profile_mod.machine_fingerprint()
+    monkeypatch.setattr(profile_mod, "cpu_flags", lambda: ["avx2", "fma", "avx512f"])
+    assert profile_mod.machine_fingerprint() != avx2  # same model name, another kernel set
+
+
+def test_a_profile_from_another_machine_is_refused_and_a_cached_one_measured_again(tiny, tmp_path, monkeypatch):
+    from draftwise.cost import profile as profile_mod
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    common = dict(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
+                  forward={64: [0.01] * 9}, step={64: [0.01] * 9}, drafts={"lookup": [1e-5] * 8})
+    elsewhere = Profile(**common, machine={"cpu": "other", "fingerprint": "0" * 16})
+    with pytest.raises(ConfigError, match="measured on another machine .*other"):
+        elsewhere.check_model(tiny)
+    elsewhere.check_model(tiny, machine=False)
+    Profile(**common).check_model(tiny)  # written before the fingerprint was recorded: taken as this machine's
+    Profile(**common, machine={"fingerprint": profile_mod.machine_fingerprint()}).check_model(tiny)
+
+    elsewhere.save(adaptive.default_profile_path(tiny, "auto"))
+    measured = []
+    monkeypatch.setattr(adaptive, "measure_profile",
+                        lambda *a, **k: measured.append(1) or Profile(**common))
+    adaptive.resolve_profile(tiny, "lookup")
+    assert measured == [1]  # the other machine's costs were not used

@@ -23,10 +23,11 @@ import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..cost.profile import cpu_flags, cpu_model
 
 MIB = 1 << 20
 
@@ -104,23 +105,13 @@ def measure_bandwidth(size_bytes: int = 512 * MIB, *, repeats: int = 9, warmup: 
 # -- machine ---------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine_info() -> dict[str, Any]:
     """What a reader of a benchmark needs to know about the machine and the libraries."""
     import transformers
 
     info: dict[str, Any] = {
         "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch_interop_threads": torch.get_num_interop_threads(),

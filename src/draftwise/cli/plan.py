@@ -136,6 +136,8 @@ def _profile_for_plan(
     before measuring."""
     path = profile_file.expanduser() if profile_file else default_profile_path(target)
     profile = given if profile_file else (Profile.load(path) if path.exists() else None)
+    if profile is not None and not profile_file and not profile.same_machine():
+        profile = None  # the cache holds another machine's costs (a shared home folder): measure here
     if profile is not None:
         profile.check_model(target)  # its mode: dtype and --quant
         missing = [d for d in keys if not profile.has_draft(d)]

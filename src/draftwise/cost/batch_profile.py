@@ -46,20 +46,20 @@ Example::
 from __future__ import annotations
 
 import bisect
-import hashlib
 import math
-import os
-import platform
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import ConfigError
 from ..fsutil import fields_of, read_json, write_json_atomic
-from .profile import default_profile_path, locked, model_fingerprint
+from .profile import (
+    default_profile_path,
+    locked,
+    machine_fingerprint,
+    model_fingerprint,
+)
 
 SCHEMA = "draftwise.batch-profile/1"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)
@@ -67,20 +67,6 @@ DEFAULT_ROWS = (1, 2, 3, 4, 5, 7, 9)  # a plain step, then k = 1..8 proposals (k
 DEFAULT_CONTEXTS = (128, 1024)
 DEFAULT_SPREAD = 0.5  # a measured batch's contexts run from c/2 to 3c/2 (batch_measure.spread_contexts)
 LINEAR_TOLERANCE = 0.10  # a line in R "holds" while every point is within 10% of it
-
-
-def machine_fingerprint() -> str:
-    """This machine as timing sees it: the CPU model, its core count, the accelerator (if any)
-    and torch's version, hashed. A batch profile from another machine is refused by it."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    text = f"{cpu}\0{os.cpu_count()}\0{device}\0{torch.__version__}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def default_batch_profile_path(model: Any) -> Path:

@@ -14,7 +14,6 @@ Example::
 from __future__ import annotations
 
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,7 +27,7 @@ from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
 from ..passes import verify_pass
-from .profile import Profile, model_fingerprint
+from .profile import Profile, cpu_flags, cpu_model, machine_fingerprint, model_fingerprint
 from .timing import fast_half_mean, time_pass
 
 
@@ -181,9 +180,11 @@ def measure_profile(
             step_sampled={c: t[2] for c, t in timed.items()} if sampled else {},
             machine={
                 "threads": torch.get_num_threads(),
-                "cpu": platform.processor() or platform.machine(),
+                "cpu": cpu_model(),
                 "cores": os.cpu_count(),
                 "torch": torch.__version__,
+                "cpu_flags": cpu_flags(),
+                "fingerprint": machine_fingerprint(),
             },
             created=time.strftime("%Y-%m-%dT%H:%M:%S"),
         )

@@ -38,10 +38,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import os
+import platform
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
@@ -56,6 +60,46 @@ def model_fingerprint(model: Any) -> str:
     folder = Path(model.folder)
     config = (folder / "config.json").read_bytes() if (folder / "config.json").exists() else b""
     return hashlib.sha256(folder.name.encode() + b"\0" + config).hexdigest()[:16]
+
+
+#: the CPU features that decide which kernels torch and oneDNN run (so what a pass costs): two
+#: machines that report the same model name can differ in them (an AMD EPYC with and without
+#: AVX-512 timed a plain decoding step of the default model at about 33 and 60 ms)
+_KERNEL_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+                 "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        name = ""
+    return name or platform.processor() or platform.machine()
+
+
+def cpu_flags() -> list[str]:
+    """The :data:`_KERNEL_FLAGS` this CPU reports (``/proc/cpuinfo``; empty where there is none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
+    except OSError:
+        return []
+    have = set(line.split(":", 1)[-1].split())
+    return [flag for flag in _KERNEL_FLAGS if flag in have]
+
+
+def machine_fingerprint() -> str:
+    """This machine as timing sees it, hashed: the CPU model, its kernel-relevant features
+    (:func:`cpu_flags`, and the vector level torch dispatches to), the core count, the
+    accelerator (if any) and torch's version. A profile measured on another machine is refused
+    (or, for a cached one, measured again) by it."""
+    cpu = cpu_model()
+    level = torch.backends.cpu.get_cpu_capability()
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    text = f"{cpu}\0{level}\0{','.join(cpu_flags())}\0{os.cpu_count()}\0{device}\0{torch.__version__}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _interp(points: dict[int, list[float]], n: int, context: float | None) -> float:
@@ -152,8 +196,19 @@ class Profile:
         step = self.step_time(k + 1, context, sampled=sampled)
         return (self.draft_time(spec, k) + step) / self.step_time(1, context, sampled=sampled)
 
-    def check_model(self, model: Any, dtype: str | None = None) -> None:
-        """Raise unless this profile was made on ``model`` (and ``dtype``)."""
+    def same_machine(self) -> bool:
+        """Whether this profile was measured on this machine (:func:`machine_fingerprint`; a
+        profile from before the fingerprint was recorded is taken as this machine's)."""
+        return self.machine.get("fingerprint") in (None, machine_fingerprint())
+
+    def check_model(self, model: Any, dtype: str | None = None, *, machine: bool = True) -> None:
+        """Raise unless this profile was made on ``model`` (and ``dtype``), on this machine
+        (``machine=False`` skips the machine: reading a profile sent from elsewhere)."""
+        if machine and not self.same_machine():
+            raise ConfigError(
+                f"this profile was measured on another machine ({self.machine.get('cpu', '?')}, fingerprint "
+                f"{self.machine.get('fingerprint')}; this one is {machine_fingerprint()}); run `draftwise profile` here"
+            )
         mine = model_fingerprint(model)
         if mine != self.fingerprint:
             raise ConfigError(
