@@ -17,6 +17,33 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(max(1, torch.get_num_threads() // _workers))
 
 
+def _test_cache() -> None:
+    """Point DRAFTWISE_CACHE at a cache of this test run's own that shares the real one's
+    converted weights (symlinks: no test converts the default model twice) but not its
+    profiles: a profile a test measures, beside another worker on a busy machine, must never
+    become the costs a user's later ``--k auto`` reads. Both xdist workers share it."""
+    import tempfile
+
+    from draftwise.loaders import cache_dir
+
+    real = cache_dir()
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
+    mine = Path(tempfile.gettempdir()) / f"draftwise-test-cache-{run}"
+    mine.mkdir(parents=True, exist_ok=True)
+    for sub in ("converted", "quant", "drafts"):
+        try:
+            (real / sub).mkdir(parents=True, exist_ok=True)
+            (mine / sub).symlink_to(real / sub, target_is_directory=True)
+        except FileExistsError:  # the other worker made it
+            pass
+        except OSError:  # no usable real cache: this run converts into its own
+            pass
+    os.environ["DRAFTWISE_CACHE"] = str(mine)
+
+
+_test_cache()
+
+
 def tiny_llama_config(**overrides):
     from transformers import LlamaConfig
 
