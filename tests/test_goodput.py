@@ -121,6 +121,27 @@ def test_draft_costs_from_the_profile_count() -> None:
     assert free.choose([SeqState("model:tiny", [0.7] * 8, 128)])[0] > 0
 
 
+def test_a_noisy_step_overhead_is_one_value_and_keeps_small_k_on_the_table() -> None:
+    # step - forward as timed apart on a noisy machine: 4 ms at most n, 36 ms at n = 2 and 3
+    # (run 7's profile read 0-36 ms); charged per sequence, the spike priced k = 1-2 out
+    forward = [0.08 + 0.004 * n for n in range(9)]
+    spikes = [0.004, 0.036, 0.036, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004]
+    noisy = Profile(model="m", fingerprint="f" * 16, dtype="float32", runtime="NativeRuntime",
+                    forward={128: forward}, step={128: [f + o for f, o in zip(forward, spikes)]},
+                    drafts={"lookup": [1e-5] * 8})
+    assert {round(noisy.overhead(n, 128), 6) for n in range(1, 10)} == {0.004}  # the median, at every n
+    with pytest.raises(ConfigError, match="1..9 tokens, not 10"):
+        noisy.overhead(10, 128)
+    clean = Profile(model="m", fingerprint="f" * 16, dtype="float32", runtime="NativeRuntime",
+                    forward={128: forward}, step={128: [f + 0.004 for f in forward]}, drafts={"lookup": [1e-5] * 8})
+    picks = []
+    for a in (0.4, 0.5, 0.6, 0.7):
+        states = [SeqState("lookup", [a] * 8, 128)] * 8
+        picks.append(BatchGoodput(STEEP, noisy, k_max=8).choose(states))
+        assert picks[-1] == BatchGoodput(STEEP, clean, k_max=8).choose(states)
+    assert any(1 <= k <= 3 for ks in picks for k in ks)  # the k's the spike had priced out
+
+
 def test_predict_finds_the_crossover_on_a_steep_pass() -> None:
     result = predict(two_kinds(), StepCost(STEEP), [1, 2, 4, 8, 16], requests_per_client=2)
     rows = {r["n"]: r for r in result["rows"]}

@@ -40,6 +40,7 @@ import hashlib
 import math
 import os
 import platform
+import statistics
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -153,8 +154,17 @@ class Profile:
         return _interp(self.step_sampled if sampled and self.step_sampled else self.step, n, context)
 
     def overhead(self, n: int, context: float | None = None) -> float:
-        """Per-step overhead beyond the pass itself."""
-        return max(self.step_time(n, context) - self.forward_time(n, context), 0.0)
+        """Per-step overhead beyond the pass itself (sampling, verification, bookkeeping): one
+        value per context, the median over the measured n of step - forward, for any ``n`` in
+        the profile. The work scarcely depends on n, while step and forward are timed apart, so
+        their difference at each n is mostly noise: on a 2-core AMD EPYC it read 0-36 ms against
+        a median of 5 ms, and the goodput policy, charging it per sequence, kept k = 1-3 (36 ms)
+        off and took plain steps or 4-8 nodes instead (benchmarks.md, goodput-policy run 7)."""
+        if not 1 <= n <= self.max_n:
+            raise ConfigError(f"the profile covers passes of 1..{self.max_n} tokens, not {n}")
+        medians = {c: [statistics.median(max(s - f, 0.0) for f, s in zip(self.forward[c], steps))]
+                   for c, steps in self.step.items()}
+        return _interp(medians, 1, context)
 
     def has_draft(self, spec: DraftSpec | str) -> bool:
         """Whether this profile measured ``spec`` (``none`` costs nothing, so always)."""
