@@ -36,6 +36,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import os
@@ -70,24 +71,26 @@ _KERNEL_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf
                  "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
 
 
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+@functools.cache
+def _cpuinfo_line(*prefixes: str) -> str:
+    """The value of the first /proc/cpuinfo line that starts with one of ``prefixes`` ("" where
+    there is none); read once per process, since every profile check asks."""
     try:
         with open("/proc/cpuinfo") as f:
-            name = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+            line = next((ln for ln in f if ln.startswith(prefixes)), "")
     except OSError:
-        name = ""
-    return name or platform.processor() or platform.machine()
+        return ""
+    return line.split(":", 1)[-1].strip()
+
+
+def cpu_model() -> str:
+    """The CPU's model name (from /proc/cpuinfo where there is one)."""
+    return _cpuinfo_line("model name") or platform.processor() or platform.machine()
 
 
 def cpu_flags() -> list[str]:
     """The :data:`_KERNEL_FLAGS` this CPU reports (``/proc/cpuinfo``; empty where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((ln for ln in f if ln.startswith(("flags", "Features"))), "")
-    except OSError:
-        return []
-    have = set(line.split(":", 1)[-1].split())
+    have = set(_cpuinfo_line("flags", "Features").split())
     return [flag for flag in _KERNEL_FLAGS if flag in have]
 
 
@@ -162,9 +165,14 @@ class Profile:
         off and took plain steps or 4-8 nodes instead (benchmarks.md, goodput-policy run 7)."""
         if not 1 <= n <= self.max_n:
             raise ConfigError(f"the profile covers passes of 1..{self.max_n} tokens, not {n}")
-        medians = {c: [statistics.median(max(s - f, 0.0) for f, s in zip(self.forward[c], steps))]
-                   for c, steps in self.step.items()}
-        return _interp(medians, 1, context)
+        return _interp(self._overheads, 1, context)
+
+    @functools.cached_property
+    def _overheads(self) -> dict[int, list[float]]:
+        """Per context, the median over n of step - forward (computed once: the goodput policy
+        asks for every sequence and k of every step)."""
+        return {c: [statistics.median(max(s - f, 0.0) for f, s in zip(self.forward[c], steps))]
+                for c, steps in self.step.items()}
 
     def has_draft(self, spec: DraftSpec | str) -> bool:
         """Whether this profile measured ``spec`` (``none`` costs nothing, so always)."""
