@@ -13,6 +13,7 @@ import pytest
 from draftwise.cost import batch_profile as bpmod
 from draftwise.cost.batch_measure import measure_batch_profile, smooth
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
+from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.errors import ConfigError
 from draftwise.loaders import Model
 from draftwise.runtime.native import NativeRuntime
@@ -60,6 +61,7 @@ def test_a_tiny_model_gives_a_sane_monotone_grid(tiny: Model) -> None:
     # the runtime gets its slots back, and every slot was rolled back after its passes
     assert (rt.slots, rt.slot_context) == (1, 512) and rt.length == 0
     assert bp.fingerprint and bp.machine_fingerprint == bpmod.machine_fingerprint()
+    assert bp.machine["cpu_flags"] == cpu_flags() and bp.machine["cpu"] == cpu_model()
     bp.check_model(tiny)
 
 
@@ -157,10 +159,14 @@ def test_another_model_or_machine_is_refused(tiny: Model) -> None:
     with pytest.raises(ConfigError, match="measured on model 'm'"):
         synthetic().check_model(tiny)
     mine = bpmod.model_fingerprint(tiny)
-    elsewhere = synthetic(fingerprint=mine, machine_fingerprint="0" * 16, machine={"cpu": "other"})
-    with pytest.raises(ConfigError, match="on another machine"):
+    elsewhere = synthetic(fingerprint=mine, machine_fingerprint="0" * 16, machine={"cpu": "other", "cpu_flags": []})
+    with pytest.raises(ConfigError, match=r"on another machine \(other\)"):
         elsewhere.check_model(tiny)
     elsewhere.check_model(tiny, machine=False)
+    # written before the fingerprint covered the CPU's features (no flags recorded): maybe this machine
+    older = synthetic(fingerprint=mine, machine_fingerprint="0" * 16, machine={"cpu": "x86_64"})
+    with pytest.raises(ConfigError, match="by an older draftwise.*measure it here"):
+        older.check_model(tiny)
     with pytest.raises(ConfigError, match="measured in bfloat16"):
         synthetic(fingerprint=mine, dtype="bfloat16").check_model(tiny)
 

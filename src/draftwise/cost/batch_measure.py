@@ -5,7 +5,6 @@ over B sequences with r new rows each, at each context, timed on this machine.
 from __future__ import annotations
 
 import os
-import platform
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,7 +17,7 @@ from ..runtime.base import Rows
 from .batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
                             machine_fingerprint)
 from .measure import _reporter, monotone
-from .profile import model_fingerprint
+from .profile import cpu_flags, cpu_model, model_fingerprint
 from .timing import fast_half_mean
 
 # -- measuring -------------------------------------------------------------------------------
@@ -136,8 +135,8 @@ def measure_batch_profile(
         model=model.name, fingerprint=model_fingerprint(model), machine_fingerprint=machine_fingerprint(),
         dtype=model.mode, runtime=type(rt).__name__, batches=batches, rows=rows_per_seq, contexts=contexts,
         times={c: smooth(g) for c, g in raw.items()}, raw=raw, repeats=repeats, spread=float(spread),
-        machine={"threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
-                 "cores": os.cpu_count(), "torch": torch.__version__},
+        machine={"threads": torch.get_num_threads(), "cpu": cpu_model(),
+                 "cpu_flags": cpu_flags(), "cores": os.cpu_count(), "torch": torch.__version__},
         created=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
 

@@ -202,9 +202,13 @@ class BatchProfile:
                               "measure it with the same --dtype and --quant")
         here = machine_fingerprint()
         if machine and here != self.machine_fingerprint:
+            # a profile written before the fingerprint covered the CPU's features records no flags:
+            # it may be this very machine's, and "another machine" would send the user looking
+            where = ("by an older draftwise, whose machine fingerprint did not yet cover the CPU's features"
+                     if "cpu_flags" not in self.machine else f"on another machine ({self.machine.get('cpu', '?')})")
             raise ConfigError(
-                f"this batch profile was measured on another machine (fingerprint {self.machine_fingerprint}, "
-                f"this one is {here}: {self.machine.get('cpu', '?')}); measure it here"
+                f"this batch profile was measured {where} (fingerprint {self.machine_fingerprint}, "
+                f"this one is {here}); measure it here"
             )
 
     # -- files ---------------------------------------------------------------------------
