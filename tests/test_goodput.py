@@ -142,6 +142,23 @@ def test_a_noisy_step_overhead_is_one_value_and_keeps_small_k_on_the_table() -> 
     assert any(1 <= k <= 3 for ks in picks for k in ks)  # the k's the spike had priced out
 
 
+def test_the_step_cost_gives_the_profiles_overhead_for_every_k_and_context() -> None:
+    # StepCost keeps the last context's overhead (the policy asks for each sequence's k's in a
+    # row): a new context must be looked up again, never the kept value reused
+    profile = Profile(model="m", fingerprint="f" * 16, dtype="float32", runtime="NativeRuntime",
+                      forward={128: [0.01] * 9, 1024: [0.02] * 9},
+                      step={128: [0.012] * 9, 1024: [0.03] * 9}, drafts={"lookup": [1e-5] * 8})
+    cost = StepCost(STEEP, profile)
+    for context in (128, 1024, 576, 128, 128.5):
+        want = profile.overhead(1, context)
+        assert [cost.overhead(k, context) for k in range(12)] == [want] * 12
+    assert cost.overhead(0, 128) == pytest.approx(0.002) and cost.overhead(3, 1024) == pytest.approx(0.01)
+    assert cost.overhead(0, 576) == pytest.approx(0.006)  # halfway
+    with pytest.raises(ConfigError, match="k=-1"):
+        cost.overhead(-1, 128)
+    assert StepCost(STEEP).overhead(5, 128) == 0.0  # no profile: a test's synthetic costs
+
+
 def test_predict_finds_the_crossover_on_a_steep_pass() -> None:
     result = predict(two_kinds(), StepCost(STEEP), [1, 2, 4, 8, 16], requests_per_client=2)
     rows = {r["n"]: r for r in result["rows"]}

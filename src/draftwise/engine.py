@@ -44,7 +44,7 @@ from .runtime.base import Rows
 from .sampling import SamplingConfig
 
 DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
-DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: T(16) = 1.76 T(1) here, so 16 streams give ~9x one's tokens/s
+DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: how chosen, with the measured T(n): docs/serving.md
 DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
 
 

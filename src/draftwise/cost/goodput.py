@@ -178,6 +178,7 @@ class StepCost:
     batch: BatchProfile
     profile: Profile | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
+    _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked
 
     def draft(self, draft: str, k: int) -> float:
         """D(k) of ``draft`` (0 for k = 0, plain, or no profile)."""
@@ -189,10 +190,18 @@ class StepCost:
         return self._draft[key]
 
     def overhead(self, k: int, context: float) -> float:
-        """A sequence's verification overhead beyond the pass, for k proposals."""
+        """A sequence's verification overhead beyond the pass, for k proposals: one value per
+        context whatever k (:meth:`Profile.overhead <draftwise.cost.profile.Profile.overhead>`).
+        The policy asks for every k of every sequence before each pass, one sequence's k's
+        in a row, so the last context's value is kept."""
         if self.profile is None:
             return 0.0
-        return self.profile.overhead(min(k + 1, self.profile.max_n), context)
+        if k < 0:
+            raise ConfigError(f"k={k} must be >= 0")
+        last = self._overhead
+        if last is None or last[0] != context:
+            last = self._overhead = (context, self.profile.overhead(1, context))
+        return last[1]
 
     @property
     def token_overhead(self) -> float:
@@ -239,36 +248,48 @@ def choose_ks(
     floor = fixed_rows + sum(c.outcomes[0].rows for c in choices)
     base = cost.batch.rows_curve(n, context)(n) - curve(floor)  # the decode-only plain pass, less the chunk
 
-    def value(rows: float, tokens: float, extra: float) -> float:
-        seconds = base + curve(rows) + extra + tau * tokens
-        return tokens / seconds
+    # The server runs this on the model's thread before every pass, so its cost is the policy's
+    # own overhead: each sequence's options are flattened once, and the pass's price of a row
+    # total, which the rounds ask for again and again, is looked up once per total. Same
+    # arithmetic, same k's. (With StepCost's overhead kept per context, a policy's choice for 16
+    # sequences went from 8.0 to 1.4 ms on a 2-core Xeon; docs/benchmarks.md, goodput run 9.)
+    options = [[(k, o.rows, o.at(scenario), c.extra[k]) for k, o in c.outcomes.items()] for c in choices]
+    priced: dict[float, float] = {}
+
+    def seconds(rows: float, tokens: float, extra: float) -> float:
+        pass_time = priced.get(rows)
+        if pass_time is None:
+            pass_time = priced[rows] = curve(rows)
+        return base + pass_time + extra + tau * tokens
 
     ks = [0] * n
-    tokens = sum(c.outcomes[0].at(scenario) for c in choices)
-    rows = fixed_rows + sum(c.outcomes[0].rows for c in choices)
-    extra = sum(c.extra[0] for c in choices)
-    best = value(rows, tokens, extra)
+    cur = [next(o for o in opts if o[0] == 0) for opts in options]  # each sequence's option now
+    tokens = sum(o[2] for o in cur)
+    rows = fixed_rows + sum(o[1] for o in cur)
+    extra = sum(o[3] for o in cur)
+    best = tokens / seconds(rows, tokens, extra)
     for _ in range(n * max(len(c.outcomes) for c in choices)):  # bounded: every round raises some k
         move = None
-        for i, c in enumerate(choices):
-            now = c.outcomes[ks[i]]
-            for k, o in c.outcomes.items():
-                if k <= ks[i]:
+        for i, opts in enumerate(options):
+            k0, r0, t0, x0 = cur[i]
+            for o in opts:
+                if o[0] <= k0:
                     continue
-                r = rows - now.rows + o.rows
+                r = rows - r0 + o[1]
                 if r > budget + 1e-9:
                     continue
-                v = value(r, tokens - now.at(scenario) + o.at(scenario), extra - c.extra[ks[i]] + c.extra[k])
+                t = tokens - t0 + o[2]
+                v = t / seconds(r, t, extra - x0 + o[3])
                 if v > best + 1e-12 * abs(best):
-                    best, move = v, (i, k)
+                    best, move = v, (i, o)
         if move is None:
             break
-        i, k = move
-        c, now, new = choices[i], choices[i].outcomes[ks[i]], choices[i].outcomes[k]
-        tokens += new.at(scenario) - now.at(scenario)
-        rows += new.rows - now.rows
-        extra += c.extra[k] - c.extra[ks[i]]
-        ks[i] = k
+        i, o = move
+        k0, r0, t0, x0 = cur[i]
+        tokens += o[2] - t0
+        rows += o[1] - r0
+        extra += o[3] - x0
+        cur[i], ks[i] = o, o[0]
     return ks
 
 
