@@ -64,6 +64,48 @@ def test_packed_float32_linear_matches_plain_and_is_batch_invariant() -> None:
         assert torch.equal(lin(x[:n]), alone[:n]), n
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1728, 576), (576, 1536)])  # the default model's gate+up and down
+def test_a_packed_row_is_the_same_at_any_row_count(dtype: torch.dtype, shape: tuple[int, int]) -> None:
+    """A row's result, alone or among up to 300 rows. On an Intel Xeon with AMX, oneDNN's
+    bfloat16 kernel changed its summation order above 32 rows (and again at some larger
+    counts) until the runtime ran such calls in blocks of 32."""
+    g = torch.Generator().manual_seed(4)
+    w = (torch.randn(*shape, generator=g) * 0.05).to(dtype)
+    x = torch.randn(300, shape[1], generator=g).to(dtype)
+    lin = Linear(w)
+    if lin.kind == "dense":
+        pytest.skip("this torch build packs no weight of this dtype")
+    with torch.inference_mode():
+        alone = torch.cat([lin(x[i : i + 1]) for i in range(300)])
+        for n in (2, 7, 32, 33, 64, 65, 200, 256, 300):
+            y = lin(x[:n])
+            assert torch.equal(y, alone[:n]), f"{n} rows: {int((y != alone[:n]).any(1).sum())} differ"
+
+
+def test_row_behaviour_blocks_a_kernel_that_changes_order_above_some_count() -> None:
+    """A kernel whose order changes above 32 rows (simulated: a last-bit change there) runs in
+    blocks of 32; one whose lone row differs runs it as two; one that never changes runs as is."""
+    from draftwise.runtime import quant
+
+    class Fake:
+        kind, bias = "fake", None
+
+        def __init__(self, above: int | None, lone: bool) -> None:
+            self.above, self.lone = above, lone
+
+        def _run(self, x: torch.Tensor) -> torch.Tensor:
+            y = x[:, :8].clone()
+            if (self.above is not None and x.shape[0] > self.above) or (self.lone and x.shape[0] == 1):
+                y = torch.nextafter(y, torch.full_like(y, float("inf")))
+            return y
+
+    for above, lone, want in [(32, False, (False, 32)), (8, True, (True, 8)), (None, False, (False, None)),
+                              (40, False, (False, 32))]:
+        w = torch.zeros(8, 64 + (above or 0) + int(lone))  # a shape of its own: behaviours are cached by shape
+        assert quant._row_behaviour(Fake(above, lone), w) == want, (above, lone)  # type: ignore[arg-type]
+
+
 def test_int4_refuses_a_shape_it_cannot_take() -> None:
     q4 = Q4Weight(torch.zeros(3, 32, dtype=torch.uint8), torch.ones(3, 1), torch.zeros(3, 1))
     with pytest.raises(ConfigError, match="cannot take"):

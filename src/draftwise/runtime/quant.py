@@ -108,20 +108,22 @@ class Linear:
       on a 2-core AMD EPYC: 4 tokens 126 ms with MKL, 74 ms with oneDNN; 1 token 59 vs 57 ms;
       T(8)/T(1) 2.40 vs 1.43;
     - batch invariance: with oneDNN a row's result is bit-identical whatever the number of
-      rows beside it (``tests/test_quant.py`` checks it); MKL's packed kernel changes its
-      summation order with more rows (seen at 4, 16 and 17). (The whole pass still differs
+      rows beside it, once the few row counts where its kernel changes order are run padded or
+      in blocks (:func:`_row_behaviour`; ``tests/test_quant.py`` checks it); MKL's packed kernel
+      changes its summation order with more rows (seen at 4, 16 and 17). (The whole pass still differs
       from one-token passes in the last bits: torch's attention kernel is not invariant to the
       number of queries. Greedy equality with plain decoding stays a measured property, tested
       on the real models.)
     """
 
-    __slots__ = ("weight", "bias", "packed", "kind", "pad_one")
+    __slots__ = ("weight", "bias", "packed", "kind", "pad_one", "max_rows")
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, pack: bool = True) -> None:
         self.weight, self.bias = weight, bias
         self.packed: torch.Tensor | None = None
         self.kind = "dense"
-        self.pad_one = False  # run one row as two: see _one_row_differs
+        self.pad_one = False  # run one row as two: see _row_behaviour
+        self.max_rows: int | None = None  # run more rows in blocks of this many: see _row_behaviour
         if not pack or weight.device.type != "cpu":
             return
         if weight.dtype == torch.float32 and kernel_works("mkldnn_fp32"):
@@ -133,8 +135,8 @@ class Linear:
         elif weight.dtype == torch.bfloat16 and kernel_works("mkldnn_bf16"):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH)
             self.kind = "mkldnn"
-        if self.kind != "dense":  # K > 1024: seen to differ at one row even where a random check missed it
-            self.pad_one = weight.shape[1] > 1024 or _one_row_differs(self, weight)
+        if self.kind != "dense":
+            self.pad_one, self.max_rows = _row_behaviour(self, weight)
 
     @property
     def nbytes(self) -> int:
@@ -142,6 +144,11 @@ class Linear:
         return _nbytes(self.weight) + _nbytes(self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.max_rows is not None and x.shape[0] > self.max_rows:
+            return torch.cat([self._rows(x[i : i + self.max_rows]) for i in range(0, x.shape[0], self.max_rows)])
+        return self._rows(x)
+
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         if self.pad_one and x.shape[0] == 1:
             return self._run(x.expand(2, -1))[:1]
         return self._run(x)
@@ -154,22 +161,52 @@ class Linear:
         return F.linear(x, self.weight, self.bias)
 
 
-def _one_row_differs(linear: Linear, weight: torch.Tensor) -> bool:
-    """Whether ``linear`` computes a row alone in another summation order than beside others.
+# Row counts a packed kernel is tried at: powers of two, where kernels change their blocking,
+# and one more than each, the first count of the next block
+_PROBE_ROWS = (3, 4, 5, 8, 9, 16, 17, 32, 33, 64, 65)
+_ROW_BEHAVIOUR: dict[tuple[object, ...], tuple[bool, int | None]] = {}
 
-    Row invariance (DESIGN.md section 11) needs a row's result not to depend on the rows beside
-    it. On a 2-core AMD EPYC (AVX-512), oneDNN's one-row path reduces over K > 1024 in another
-    order than its path for 2 or more rows, which all agree; other CPUs may differ elsewhere.
-    So each packed weight is checked once at load, on random rows; where one row differs, a
-    one-row call runs as two identical rows (about 10% more for that matmul). In bfloat16 the
-    output's rounding hides most order differences from a random check (the default model's
-    down projections differed on real activations and passed it), so K > 1024 always pads."""
+
+def _row_behaviour(linear: Linear, weight: torch.Tensor) -> tuple[bool, int | None]:
+    """``(pad_one, max_rows)``: how ``linear`` must be called for a row's result not to depend
+    on the rows beside it (DESIGN.md section 11).
+
+    A packed kernel may reduce over K in one order for some row counts and in another for
+    others. Seen so far: on a 2-core AMD EPYC (AVX-512), oneDNN's one-row path reduces over
+    K > 1024 in another order than its path for 2 or more rows, which all agree; on a 2-core
+    Intel Xeon with AMX, oneDNN's bfloat16 kernel agrees from 1 to 32 rows and switches to
+    another order above 32 (and to yet others at some larger counts). So each kernel is tried
+    once per weight shape, dtype and thread count, on random rows, against the same rows run
+    two at a time:
+
+    - ``pad_one``: one row alone differs, so a one-row call runs as two identical rows (about
+      10% more for that matmul). K > 1024 always pads: in bfloat16 the output's rounding
+      hides most order differences from a random check (the default model's down projections
+      differed on real activations and passed it).
+    - ``max_rows``: the first row count found to differ is above some power of two; calls of
+      more rows than that power run in blocks of it (``None``: no count up to 65 differs).
+      Blocks cost time where the kernel for more rows is faster (Intel AMX, bfloat16: about 2x
+      for a matmul over 256 rows); the runtime pays it rather than let a row's tokens depend
+      on the batch it shares."""
+    key = (linear.kind, weight.dtype, tuple(weight.shape), linear.bias is None, torch.get_num_threads())
+    if key in _ROW_BEHAVIOUR:
+        return _ROW_BEHAVIOUR[key]
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(32, weight.shape[1], generator=gen).to(weight.dtype)
+    n = _PROBE_ROWS[-1] + 1
+    x = torch.randn(n, weight.shape[1], generator=gen).to(weight.dtype)
     with torch.inference_mode():
-        together = linear._run(x)
+        pairs = torch.cat([linear._run(x[i : i + 2]) for i in range(0, n, 2)])
         # every row: in bfloat16 the output's rounding hides most order differences, so few rows show one
-        return not all(torch.equal(linear._run(x[i : i + 1]), together[i : i + 1]) for i in range(len(x)))
+        pad_one = weight.shape[1] > 1024 or not all(
+            torch.equal(linear._run(x[i : i + 1]), pairs[i : i + 1]) for i in range(32)
+        )
+        max_rows = None
+        for m in _PROBE_ROWS:
+            if not torch.equal(linear._run(x[:m]), pairs[:m]):
+                max_rows = 1 << ((m - 1).bit_length() - 1)  # the largest power of two below m
+                break
+    _ROW_BEHAVIOUR[key] = (pad_one, max_rows)
+    return pad_one, max_rows
 
 
 class Int8Linear:
