@@ -38,10 +38,13 @@ from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 class Recorder:
     """A k policy that passes everything to ``inner`` and records each kept tree's outcome."""
 
-    def __init__(self, inner: Any, adaptive: AdaptiveK, log: list[dict[str, Any]]) -> None:
+    def __init__(self, inner: Any, adaptive: AdaptiveK, log: list[dict[str, Any]],
+                 firsts: list[dict[str, Any]] | None = None) -> None:
         self.inner, self.adaptive, self.log = inner, adaptive, log
+        self.firsts = firsts if firsts is not None else []
         self.k_max, self.shadow = inner.k_max, inner.shadow
         self._open: dict[str, Any] | None = None
+        self._first: dict[str, Any] | None = None
 
     def choose(self, context_len: int) -> int:
         return self.inner.choose(context_len)
@@ -55,16 +58,36 @@ class Recorder:
             except TypeError:  # before commit 0a8f8ea: one calibration for every size
                 lam = self.adaptive.calibration()
             self._open = {"proposed": size, "kept": n, "raw": sum(draft.scores[:n]),
-                          "priced": sum(min(1.0, lam * s) for s in draft.scores[:n])}
+                          "priced": sum(self._priced(draft.scores[:n], size, lam))}
+        if draft.scores and draft.tokens:  # every proposed tree: its best node, priced and checked
+            size = len(draft.tokens)
+            try:
+                lam = self.adaptive.calibration(size)
+            except TypeError:
+                lam = self.adaptive.calibration()
+            self._first = {"proposed": size, "kept": len(kept.tokens), "score": draft.scores[0],
+                           "priced": self._priced(draft.scores[:1], size, lam)[0]}
         return kept
+
+    def _priced(self, scores: Any, size: int, lam: float) -> list[float]:
+        """The nodes' expected tokens as the policy priced them (before the best node was
+        priced apart, every node at lam times its score)."""
+        node_tokens = getattr(self.adaptive, "node_tokens", None)
+        return node_tokens(scores, size) if node_tokens else [min(1.0, lam * s) for s in scores]
 
     def observe(self, positions: int, accepted: int) -> None:
         if self._open is not None:
             self.log.append({**self._open, "accepted": accepted})
             self._open = None
+        if self._first is not None and self._first["kept"]:
+            self.firsts.append({**self._first, "accepted": int(accepted > 0)})
+            self._first = None
         self.inner.observe(positions, accepted)
 
     def observe_shadow(self, proposal: Any, committed: Any) -> None:
+        if self._first is not None and not self._first["kept"] and proposal and committed:
+            self.firsts.append({**self._first, "accepted": int(proposal[0] == committed[0])})
+            self._first = None
         self.inner.observe_shadow(proposal, committed)
 
     def release(self) -> None:
@@ -89,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     drafters = [make_drafter("suffix", m, share_with=shared) for m in engine.slot_models]
     coordinator = BatchKCoordinator(BatchGoodput(batch, profile), epoch=lambda: engine.stats.passes)
     log: list[dict[str, Any]] = []
+    firsts: list[dict[str, Any]] = []  # every proposed tree's best node: priced, and whether the target took it
     try:  # one TreeSizes for every generation, as the server keeps one per draft
         from draftwise.cost.adaptive import TreeSizes
         sizes: dict[str, Any] = {"tree_sizes": TreeSizes()}
@@ -98,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     def policy() -> Recorder:
         adaptive = AdaptiveK(profile, "suffix", capabilities=shared.capabilities, **sizes)
         inner = coordinator.policy(adaptive, "suffix") if args.mode == "batch" else adaptive
-        return Recorder(inner, adaptive, log)
+        return Recorder(inner, adaptive, log, firsts)
 
     t0 = time.perf_counter()
     results = engine.generate_all(prompts, max_new_tokens=args.max_tokens, drafters=drafters, k=policy)
@@ -113,11 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         b[3] += row["accepted"]
     sizes = [{"proposed": k, "steps": int(v[0]), "raw": v[1] / v[0], "priced": v[2] / v[0], "accepted": v[3] / v[0],
               "accepted_over_raw": v[3] / v[1] if v[1] else None} for k, v in sorted(by.items())]
+    first_rows = []
+    for kept in (False, True):
+        rows = [r for r in firsts if bool(r["kept"]) == kept]
+        if rows:
+            first_rows.append({"kept": kept, "steps": len(rows), "score": sum(r["score"] for r in rows) / len(rows),
+                               "priced": sum(r["priced"] for r in rows) / len(rows),
+                               "accepted": sum(r["accepted"] for r in rows) / len(rows)})
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     command = "python benchmarks/tree_calibration.py " + " ".join(sys.argv[1:] if argv is None else argv)
     summary = {"model": model.name, "batch": args.batch, "mode": args.mode, "prompts": len(prompts),
                "max_tokens": args.max_tokens, "passes": engine.stats.passes, "tokens": tokens, "seconds": wall,
-               "by_size": sizes, "steps": log, "commit": commit, "command": command}
+               "by_size": sizes, "first_node": first_rows, "steps": log,
+               "first_nodes": firsts, "commit": commit, "command": command}
     args.out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(args.out / "summary.json", summary)
     lines = [f"# suffix trees under k auto: {args.mode}, {args.batch} sequences a pass", "",
@@ -126,7 +158,13 @@ def main(argv: list[str] | None = None) -> int:
              "| nodes proposed | steps | scores kept (raw) | as priced | draft tokens accepted | accepted / raw |",
              "|---:|---:|---:|---:|---:|---:|",
              *[f"| {s['proposed']} | {s['steps']} | {s['raw']:.2f} | {s['priced']:.2f} | {s['accepted']:.2f} | "
-               f"{'-' if s['accepted_over_raw'] is None else format(s['accepted_over_raw'], '.2f')} |" for s in sizes]]
+               f"{'-' if s['accepted_over_raw'] is None else format(s['accepted_over_raw'], '.2f')} |" for s in sizes],
+             "", "Each proposed tree's best node (its first draft token): as the policy priced it, and how often the "
+             "target took it (kept: the first draft token was accepted; not kept, a plain step: the committed "
+             "token equals it).", "",
+             "| tree kept | steps | score | as priced | taken |", "|---|---:|---:|---:|---:|",
+             *[f"| {'yes' if r['kept'] else 'no'} | {r['steps']} | {r['score']:.2f} | {r['priced']:.2f} | "
+               f"{r['accepted']:.2f} |" for r in first_rows]]
     write_text_atomic(args.out / "summary.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -5,6 +5,7 @@ tiny model's batched engine, where greedy outputs stay those of each prompt alon
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -54,6 +55,10 @@ class Fake:
     def calibration(self, size: int | None = None) -> float:
         self.sizes.append(size)
         return 1.0
+
+    def node_tokens(self, scores: Sequence[float], size: int) -> list[float]:
+        lam = self.calibration(size)
+        return [min(1.0, lam * s) for s in scores]
 
     def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
         self.trimmed.append(len(draft))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.cost.adaptive import PRIOR_TOKENS, AdaptiveK
 from draftwise.drafters.base import Draft
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.sampling import SamplingConfig
@@ -145,3 +145,26 @@ def test_the_suffix_draft_scores_its_tree_best_first():
     assert draft.tree is not None and draft.scores is not None and len(draft.scores) == len(draft)
     assert list(draft.scores) == sorted(draft.scores, reverse=True) and 0 < draft.scores[-1] <= draft.scores[0] <= 1
     assert sum(draft.scores) == pytest.approx(d.last.score)
+
+
+def test_the_best_node_is_priced_apart_from_the_rest():
+    """Trees whose best node the target always takes and whose deeper nodes it never does: the
+    best node's price rises to 1 and the others' fall, so the policy keeps that one node (one
+    ratio for every node priced it at a third and kept three nodes, two of which never deliver).
+    The two factors average 1 as priced: lam alone carries the level."""
+    policy = AdaptiveK(_Costs(lambda n: 0.010 * (1 + 0.25 * (n - 1))), "suffix")
+    scores = [0.9, 0.85, 0.8, 0.75]
+    for _ in range(60):
+        d = policy.trim(_chain(scores), 100)
+        if d.tokens:
+            policy.observe(len(d), 1)
+        else:
+            policy.observe_shadow([10], [10])
+    sizes = policy.tree_sizes
+    first, rest = sizes.rank_factors()
+    assert first > 1.1 and rest < 0.5
+    weights = [p + PRIOR_TOKENS for p in sizes.ranks_priced]
+    assert abs((weights[0] * first + weights[1] * rest) / sum(weights) - 1) < 1e-9
+    nodes = policy.node_tokens(scores, 4)
+    assert nodes[0] > 0.95 and max(nodes[1:]) < 0.4
+    assert len(policy.trim(_chain(scores), 100)) == 1

@@ -26,7 +26,10 @@ draft's ratio over earlier generations, or 1), times the bias of the tree's size
 of one size over-promise more than another's: suffix decoding's budget grows with its match,
 and its 4-node trees from short matches got 0.18-0.19 of their scores where its 8-node trees got
 0.39-0.49 (the default model at 8 and 16 requests a pass, `benchmarks/tree_calibration.py`), so
-one ratio for both kept short trees the batch did not pay for. A tree trimmed to nothing still
+one ratio for both kept short trees the batch did not pay for. Within a tree, the best node is
+priced apart from the others (:meth:`TreeSizes.rank_factors`): one ratio for every node priced
+the best node at about 0.6 of what the target took and the deeper ones above it, which kept the
+batch plain where one node paid. A tree trimmed to nothing still
 teaches it: its best node is compared with the token the plain step commits, for free, so trees
 come back when the draft turns right again.
 
@@ -88,6 +91,9 @@ class TreeSizes:
         self.decay = decay
         self.predicted = [0.0] * (sizes + 1)
         self.got = [0.0] * (sizes + 1)
+        # the best node against the rest, each as priced before this correction and as taken
+        self.ranks_priced = [0.0, 0.0]
+        self.ranks_got = [0.0, 0.0]
 
     def overall(self) -> float:
         """Draft tokens accepted per token the scores predicted, over every size (prior 1)."""
@@ -104,6 +110,29 @@ class TreeSizes:
         b = min(max(size, 0), len(self.got) - 1)
         self.predicted[b] = self.predicted[b] * self.decay + predicted
         self.got[b] = self.got[b] * self.decay + got
+
+    def rank_factors(self) -> tuple[float, float]:
+        """How much more (> 1) or less (< 1) than the tree's nodes overall a tree's best node
+        delivers of its price, and its other nodes (1 and 1 until seen, a prior of
+        :data:`PRIOR_TOKENS` tokens each). The price is ``lam`` times the score, the same for
+        every node; the target takes the best node more often than its score says, relative to
+        the deeper ones: at 16 requests a pass suffix's best node was priced 0.13 and taken 0.23
+        of the times the batch kept its tree out, 0.38 and 0.57 when kept, while its 8-node
+        trees as a whole were priced 2.67 and delivered 2.28 (``benchmarks/tree_calibration.py``).
+        Relative to the overall ratio, which ``lam`` already carries: the two factors move
+        expected tokens between the best node and the rest, and do not scale them again."""
+        overall = (sum(self.ranks_got) + PRIOR_TOKENS) / (sum(self.ranks_priced) + PRIOR_TOKENS)
+        weights = [priced + PRIOR_TOKENS for priced in self.ranks_priced]
+        ratios = [(got + PRIOR_TOKENS * overall) / w for got, w in zip(self.ranks_got, weights)]
+        mean = sum(w * r for w, r in zip(weights, ratios)) / sum(weights)  # as priced: the factors average 1
+        return ratios[0] / mean, ratios[1] / mean
+
+    def record_ranks(self, first: tuple[float, float], rest: tuple[float, float] = (0.0, 0.0)) -> None:
+        """A tree's best node (``first``) and its other kept nodes (``rest``), each as
+        ``(priced, got)``: priced by ``lam`` alone, got in draft tokens accepted."""
+        for i, (priced, got) in enumerate((first, rest)):
+            self.ranks_priced[i] = self.ranks_priced[i] * self.decay + priced
+            self.ranks_got[i] = self.ranks_got[i] * self.decay + got
 
 
 class AdaptiveK:
@@ -137,6 +166,7 @@ class AdaptiveK:
         self.tested = [0.0] * self.k_max
         self.hits = [0.0] * self.k_max
         self.predicted, self.got, self._pending, self._shadow = 0.0, 0.0, 0.0, 0.0
+        self._ranks: tuple[float, float] | None = None  # the kept tree's best node and rest, priced by lam
         #: each size of proposed tree's bias (shared between generations when given)
         self.tree_sizes = tree_sizes if tree_sizes is not None else TreeSizes(self.k_max)
         self._size = 0
@@ -194,6 +224,15 @@ class AdaptiveK:
         lam = (self.got + PRIOR_TOKENS * self.tree_sizes.overall()) / (self.predicted + PRIOR_TOKENS)
         return lam if size is None else lam * self.tree_sizes.factor(size)
 
+    def node_tokens(self, scores: Sequence[float], size: int) -> list[float]:
+        """Each node's expected accepted draft tokens, for the best ``len(scores)`` nodes of a
+        scored tree that proposed ``size``: ``min(1, lam s_i)`` with ``lam`` for that size,
+        times the draft's correction for its best node or for the others
+        (:meth:`TreeSizes.rank_factors`)."""
+        lam = self.calibration(size)
+        first, rest = self.tree_sizes.rank_factors()
+        return [min(1.0, lam * s * (first if i == 0 else rest)) for i, s in enumerate(scores)]
+
     def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
         """The prefix of a scored tree with the most expected tokens per second (no node kept:
         a plain step); a draft without scores is returned as it is. ``size``: the nodes the
@@ -201,15 +240,14 @@ class AdaptiveK:
         if not self.trees or draft.scores is None or not draft.tokens:
             return draft
         self._size = len(draft.tokens) if size is None else size
-        lam = self.calibration(self._size)
         best_n, best, total = 0, 1.0 / self.profile.step_time(1, context_len), 0.0
-        for n, score in enumerate(draft.scores[: self.k_max], 1):
-            total += min(1.0, lam * score)
+        for n, tokens in enumerate(self.node_tokens(draft.scores[: self.k_max], self._size), 1):
+            total += tokens
             rate = (1.0 + total) / self.profile.step_time(n + 1, context_len)
             if rate > best:
                 best_n, best = n, rate
         self._pending = sum(draft.scores[:best_n])
-        self._shadow = draft.scores[0] if not best_n else 0.0
+        self._note_ranks(draft.scores[:best_n] if best_n else draft.scores[:1], kept=bool(best_n))
         return draft.prefix(best_n)
 
     def skip(self, draft: Draft) -> Draft:
@@ -217,8 +255,18 @@ class AdaptiveK:
         whose committed token still checks the tree's best node, as :meth:`trim` does when it
         keeps nothing, so the calibration for its size keeps learning."""
         if self.trees and draft.scores and draft.tokens:
-            self._size, self._pending, self._shadow = len(draft.tokens), 0.0, draft.scores[0]
+            self._size, self._pending = len(draft.tokens), 0.0
+            self._note_ranks(draft.scores[:1], kept=False)
         return draft.prefix(0)
+
+    def _note_ranks(self, scores: Sequence[float], *, kept: bool) -> None:
+        """What the step will check: the kept nodes' scores (their best node and the rest,
+        priced by ``lam`` alone, for :meth:`TreeSizes.record_ranks`), or, kept none, the best
+        node's score for the shadow check."""
+        lam = self.calibration(self._size)
+        priced = [min(1.0, lam * s) for s in scores]
+        self._ranks = (priced[0], sum(priced[1:])) if scores else None
+        self._shadow = scores[0] if scores and not kept else 0.0
 
     def _update(self, positions: int, accepted: int) -> None:
         for j in range(self.k_max):
@@ -237,6 +285,10 @@ class AdaptiveK:
         if self._pending:
             self._calibrate(self._pending, accepted)
             self._pending = 0.0
+            if self._ranks is not None:
+                first = min(accepted, 1)
+                self.tree_sizes.record_ranks((self._ranks[0], first), (self._ranks[1], accepted - first))
+                self._ranks = None
 
     def _calibrate(self, predicted: float, got: float) -> None:
         """A kept tree's scores predicted ``predicted`` draft tokens and ``got`` were accepted.
@@ -251,7 +303,11 @@ class AdaptiveK:
         if proposal and committed:
             self._update(1, int(proposal[0] == committed[0]))
             if self._shadow:  # a tree trimmed to nothing: its best node against the committed token
-                self._calibrate(self._shadow, int(proposal[0] == committed[0]))
+                hit = int(proposal[0] == committed[0])
+                self._calibrate(self._shadow, hit)
+                if self._ranks is not None:
+                    self.tree_sizes.record_ranks((self._ranks[0], hit))
+                    self._ranks = None
                 self._shadow = 0.0
 
 

@@ -258,10 +258,9 @@ class BatchSlotPolicy:
         if self.coordinator.alone:
             kept = self.adaptive.trim(draft, context_len)
         else:
-            lam = self.adaptive.calibration(len(draft.tokens))
             tokens = [1.0]
-            for score in draft.scores[: self.k_max]:
-                tokens.append(tokens[-1] + min(1.0, lam * score))
+            for node in self.adaptive.node_tokens(draft.scores[: self.k_max], len(draft.tokens)):
+                tokens.append(tokens[-1] + node)
             n = self.coordinator.respond(self, tokens, context_len)
             kept = self.adaptive.trim(draft.prefix(n), context_len, size=len(draft.tokens)) if n else self.adaptive.skip(draft)
             if len(kept) < n:
