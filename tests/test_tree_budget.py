@@ -161,9 +161,10 @@ def test_the_best_node_is_priced_apart_from_the_rest():
         else:
             policy.observe_shadow([10], [10])
     sizes = policy.tree_sizes
-    first, rest = sizes.rank_factors()
+    first, rest = sizes.rank_factors(4)
     assert first > 1.1 and rest < 0.5
-    weights = [p + PRIOR_TOKENS for p in sizes.ranks_priced]
+    assert sizes.rank_factors(8) == (1.0, 1.0)  # another size: nothing seen
+    weights = [p + PRIOR_TOKENS for p in sizes.ranks_priced[4]]
     assert abs((weights[0] * first + weights[1] * rest) / sum(weights) - 1) < 1e-9
     nodes = policy.node_tokens(scores, 4)
     assert nodes[0] > 0.95 and max(nodes[1:]) < 0.4

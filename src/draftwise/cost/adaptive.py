@@ -27,7 +27,7 @@ of one size over-promise more than another's: suffix decoding's budget grows wit
 and its 4-node trees from short matches got 0.18-0.19 of their scores where its 8-node trees got
 0.39-0.49 (the default model at 8 and 16 requests a pass, `benchmarks/tree_calibration.py`), so
 one ratio for both kept short trees the batch did not pay for. Within a tree, the best node is
-priced apart from the others (:meth:`TreeSizes.rank_factors`): one ratio for every node priced
+priced apart from the others, for each size (:meth:`TreeSizes.rank_factors`): one ratio for every node priced
 the best node at about 0.6 of what the target took and the deeper ones above it, which kept the
 batch plain where one node paid. A tree trimmed to nothing still
 teaches it: its best node is compared with the token the plain step commits, for free, so trees
@@ -91,9 +91,9 @@ class TreeSizes:
         self.decay = decay
         self.predicted = [0.0] * (sizes + 1)
         self.got = [0.0] * (sizes + 1)
-        # the best node against the rest, each as priced before this correction and as taken
-        self.ranks_priced = [0.0, 0.0]
-        self.ranks_got = [0.0, 0.0]
+        # per size: the best node against the rest, each as priced before this correction and as taken
+        self.ranks_priced = [[0.0, 0.0] for _ in range(sizes + 1)]
+        self.ranks_got = [[0.0, 0.0] for _ in range(sizes + 1)]
 
     def overall(self) -> float:
         """Draft tokens accepted per token the scores predicted, over every size (prior 1)."""
@@ -111,28 +111,33 @@ class TreeSizes:
         self.predicted[b] = self.predicted[b] * self.decay + predicted
         self.got[b] = self.got[b] * self.decay + got
 
-    def rank_factors(self) -> tuple[float, float]:
-        """How much more (> 1) or less (< 1) than the tree's nodes overall a tree's best node
-        delivers of its price, and its other nodes (1 and 1 until seen, a prior of
-        :data:`PRIOR_TOKENS` tokens each). The price is ``lam`` times the score, the same for
-        every node; the target takes the best node more often than its score says, relative to
-        the deeper ones: at 16 requests a pass suffix's best node was priced 0.13 and taken 0.23
-        of the times the batch kept its tree out, 0.38 and 0.57 when kept, while its 8-node
-        trees as a whole were priced 2.67 and delivered 2.28 (``benchmarks/tree_calibration.py``).
-        Relative to the overall ratio, which ``lam`` already carries: the two factors move
-        expected tokens between the best node and the rest, and do not scale them again."""
-        overall = (sum(self.ranks_got) + PRIOR_TOKENS) / (sum(self.ranks_priced) + PRIOR_TOKENS)
-        weights = [priced + PRIOR_TOKENS for priced in self.ranks_priced]
-        ratios = [(got + PRIOR_TOKENS * overall) / w for got, w in zip(self.ranks_got, weights)]
+    def rank_factors(self, size: int) -> tuple[float, float]:
+        """How much more (> 1) or less (< 1) than a tree of ``size`` proposed nodes delivers of
+        its price overall its best node delivers, and its other nodes (1 and 1 until seen, a
+        prior of :data:`PRIOR_TOKENS` tokens each). The price is ``lam`` times the score, the
+        same for every node; the target takes the best node more often than its score says,
+        relative to the deeper ones: at 16 requests a pass suffix's best node was priced 0.13
+        and taken 0.23 of the times the batch kept its tree out, 0.38 and 0.57 when kept, while
+        its 8-node trees as a whole were priced 2.67 and delivered 2.28
+        (``benchmarks/tree_calibration.py``). Relative to the size's overall ratio, which
+        ``lam`` and :meth:`factor` already carry: the two factors move expected tokens between
+        the best node and the rest, and do not scale them again. By size, because a short
+        tree's deep nodes (from a short match) deliver less than a long tree's."""
+        b = min(max(size, 0), len(self.got) - 1)
+        got, priced = self.ranks_got[b], self.ranks_priced[b]
+        overall = (sum(got) + PRIOR_TOKENS) / (sum(priced) + PRIOR_TOKENS)
+        weights = [p + PRIOR_TOKENS for p in priced]
+        ratios = [(g + PRIOR_TOKENS * overall) / w for g, w in zip(got, weights)]
         mean = sum(w * r for w, r in zip(weights, ratios)) / sum(weights)  # as priced: the factors average 1
         return ratios[0] / mean, ratios[1] / mean
 
-    def record_ranks(self, first: tuple[float, float], rest: tuple[float, float] = (0.0, 0.0)) -> None:
-        """A tree's best node (``first``) and its other kept nodes (``rest``), each as
-        ``(priced, got)``: priced by ``lam`` alone, got in draft tokens accepted."""
+    def record_ranks(self, size: int, first: tuple[float, float], rest: tuple[float, float] = (0.0, 0.0)) -> None:
+        """A tree of ``size`` proposed nodes: its best node (``first``) and its other kept nodes
+        (``rest``), each as ``(priced, got)``: priced by ``lam`` alone, got in tokens accepted."""
+        b = min(max(size, 0), len(self.got) - 1)
         for i, (priced, got) in enumerate((first, rest)):
-            self.ranks_priced[i] = self.ranks_priced[i] * self.decay + priced
-            self.ranks_got[i] = self.ranks_got[i] * self.decay + got
+            self.ranks_priced[b][i] = self.ranks_priced[b][i] * self.decay + priced
+            self.ranks_got[b][i] = self.ranks_got[b][i] * self.decay + got
 
 
 class AdaptiveK:
@@ -230,7 +235,7 @@ class AdaptiveK:
         times the draft's correction for its best node or for the others
         (:meth:`TreeSizes.rank_factors`)."""
         lam = self.calibration(size)
-        first, rest = self.tree_sizes.rank_factors()
+        first, rest = self.tree_sizes.rank_factors(size)
         return [min(1.0, lam * s * (first if i == 0 else rest)) for i, s in enumerate(scores)]
 
     def trim(self, draft: Draft, context_len: int, size: int | None = None) -> Draft:
@@ -287,7 +292,7 @@ class AdaptiveK:
             self._pending = 0.0
             if self._ranks is not None:
                 first = min(accepted, 1)
-                self.tree_sizes.record_ranks((self._ranks[0], first), (self._ranks[1], accepted - first))
+                self.tree_sizes.record_ranks(self._size, (self._ranks[0], first), (self._ranks[1], accepted - first))
                 self._ranks = None
 
     def _calibrate(self, predicted: float, got: float) -> None:
@@ -306,7 +311,7 @@ class AdaptiveK:
                 hit = int(proposal[0] == committed[0])
                 self._calibrate(self._shadow, hit)
                 if self._ranks is not None:
-                    self.tree_sizes.record_ranks((self._ranks[0], hit))
+                    self.tree_sizes.record_ranks(self._size, (self._ranks[0], hit))
                     self._ranks = None
                 self._shadow = 0.0
 
