@@ -26,12 +26,12 @@ draft's ratio over earlier generations, or 1), times the bias of the tree's size
 of one size over-promise more than another's: suffix decoding's budget grows with its match,
 and its 4-node trees from short matches got 0.18-0.19 of their scores where its 8-node trees got
 0.39-0.49 (the default model at 8 and 16 requests a pass, `benchmarks/tree_calibration.py`), so
-one ratio for both kept short trees the batch did not pay for. Within a tree, the best node is
-priced apart from the others, for each size (:meth:`TreeSizes.rank_factors`): one ratio for every node priced
-the best node at about 0.6 of what the target took and the deeper ones above it, which kept the
-batch plain where one node paid. A tree trimmed to nothing still
-teaches it: its best node is compared with the token the plain step commits, for free, so trees
-come back when the draft turns right again.
+one ratio for both kept short trees the batch did not pay for. Within a tree of each size, the
+best node is priced apart from the others (:meth:`TreeSizes.rank_factors`): one ratio for every
+node priced the best node at about 0.6 of what the target took and the deeper ones above it,
+which kept the batch plain where one node paid. A tree trimmed to nothing still teaches it: its
+best node is compared with the token the plain step commits, for free, so trees come back when
+the draft turns right again.
 
 When a draft costs next to nothing (prompt lookup) and the policy chose not to speculate, the
 draft still proposes in the *shadow*: its first token is compared with the token the plain step
@@ -232,7 +232,7 @@ class AdaptiveK:
     def node_tokens(self, scores: Sequence[float], size: int) -> list[float]:
         """Each node's expected accepted draft tokens, for the best ``len(scores)`` nodes of a
         scored tree that proposed ``size``: ``min(1, lam s_i)`` with ``lam`` for that size,
-        times the draft's correction for its best node or for the others
+        times that size's correction for its best node or for the others
         (:meth:`TreeSizes.rank_factors`)."""
         lam = self.calibration(size)
         first, rest = self.tree_sizes.rank_factors(size)
