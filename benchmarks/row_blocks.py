@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
+from draftwise.cost.profile import cpu_model
 from draftwise.loaders import load_model
 from draftwise.runtime import quant
-from draftwise.cost.profile import cpu_model
 
 
 def main() -> None:

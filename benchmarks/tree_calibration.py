@@ -51,29 +51,28 @@ class Recorder:
 
     def trim(self, draft: Any, context_len: int) -> Any:
         kept = self.inner.trim(draft, context_len)
-        if draft.scores and kept.tokens:
-            size, n = len(draft.tokens), len(kept.tokens)
-            try:
-                lam = self.adaptive.calibration(size)
-            except TypeError:  # before commit 0a8f8ea: one calibration for every size
-                lam = self.adaptive.calibration()
-            self._open = {"proposed": size, "kept": n, "raw": sum(draft.scores[:n]),
-                          "priced": sum(self._priced(draft.scores[:n], size, lam))}
-        if draft.scores and draft.tokens:  # every proposed tree: its best node, priced and checked
-            size = len(draft.tokens)
-            try:
-                lam = self.adaptive.calibration(size)
-            except TypeError:
-                lam = self.adaptive.calibration()
-            self._first = {"proposed": size, "kept": len(kept.tokens), "score": draft.scores[0],
-                           "priced": self._priced(draft.scores[:1], size, lam)[0]}
+        if not draft.scores or not draft.tokens:
+            return kept
+        size, n = len(draft.tokens), len(kept.tokens)
+        priced = self._priced(draft.scores[: max(n, 1)], size)
+        if n:
+            self._open = {"proposed": size, "kept": n, "raw": sum(draft.scores[:n]), "priced": sum(priced)}
+        # every proposed tree: its best node, priced and checked
+        self._first = {"proposed": size, "kept": n, "score": draft.scores[0], "priced": priced[0]}
         return kept
 
-    def _priced(self, scores: Any, size: int, lam: float) -> list[float]:
+    def _priced(self, scores: Any, size: int) -> list[float]:
         """The nodes' expected tokens as the policy priced them (before the best node was
-        priced apart, every node at lam times its score)."""
+        priced apart, every node at lam times its score; before commit 0a8f8ea, one lam for
+        every size)."""
         node_tokens = getattr(self.adaptive, "node_tokens", None)
-        return node_tokens(scores, size) if node_tokens else [min(1.0, lam * s) for s in scores]
+        if node_tokens:
+            return node_tokens(scores, size)
+        try:
+            lam = self.adaptive.calibration(size)
+        except TypeError:
+            lam = self.adaptive.calibration()
+        return [min(1.0, lam * s) for s in scores]
 
     def observe(self, positions: int, accepted: int) -> None:
         if self._open is not None:
