@@ -27,7 +27,7 @@ import torch
 
 from draftwise.bench.runner import build_prompt
 from draftwise.cost.profile import Profile, default_profile_path
-from draftwise.cost.replay import accepted_along
+from draftwise.cost.replay import accepted_along, answer
 from draftwise.drafters import make_drafter
 from draftwise.drafters.spec import split_draft_list
 from draftwise.loaders import load_model
@@ -47,7 +47,7 @@ def main() -> None:
     prof = Profile.load(args.profile or default_profile_path(model))
     questions = {q.question_id: q for q in read_questions(DEFAULT_QUESTIONS)}
     drafts = split_draft_list(args.drafts)
-    drafters = {d: make_drafter(d, model, shared_cache=False) for d in drafts}  # a private cache, grown in bench order
+    drafters = {d: make_drafter(d, model) for d in drafts}  # each its own cache, grown in bench order
 
     def step_time(n: int, context: float) -> float:
         top = prof.max_n
@@ -77,6 +77,7 @@ def main() -> None:
                     passes += 1
                     context.extend(tokens[pos : pos + a + 1])
                     pos += a + 1
+                drafter.end(answer(tokens, model.eos_token_ids))
                 for group in (category_group(row["category"]), "overall"):
                     acc[group][f"{name} seconds"] += seconds
                     acc[group][f"{name} passes"] += passes

@@ -51,8 +51,8 @@ def _head(rt: NativeRuntime, seed: int = 0) -> EagleHead:
     return head.eval().requires_grad_(False)
 
 
-def _drafter(rt: NativeRuntime, rows: torch.Tensor | None = None, seed: int = 0) -> EagleDrafter:
-    return EagleDrafter(rt, LoadedHead(_head(rt, seed), rows, {}))
+def _drafter(rt: NativeRuntime, rows: torch.Tensor | None = None, seed: int = 0, weights: str = "float32") -> EagleDrafter:
+    return EagleDrafter(rt, LoadedHead(_head(rt, seed), rows, {}), weights=weights)  # type: ignore[arg-type]
 
 
 def test_specs_parse_and_print():
@@ -125,12 +125,13 @@ def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: 
     return out
 
 
-@pytest.mark.parametrize("rows", [None, "reduced"])
-def test_incremental_drafting_equals_drafting_from_scratch(target, rows):
+@pytest.mark.parametrize("rows,weights", [(None, "float32"), ("reduced", "float32"), (None, "int8"), ("reduced", "int8")])
+def test_incremental_drafting_equals_drafting_from_scratch(target, rows, weights):
     """Across steps with rejections (rollback of the head's cache and the target's), every
-    proposal equals the one computed from scratch for the same context."""
+    proposal equals the one computed from scratch for the same context, with the head as
+    trained and in int8."""
     index = torch.tensor([1, 2, 3, 5, 8, 13, 21, 34, 7, 9, 11]) if rows else None
-    drafter = _drafter(target, index)
+    drafter = _drafter(target, index, weights=weights)
     prompt = [3, 14, 15, 9, 26, 5, 35, 8, 9, 7]
     generator = torch.Generator().manual_seed(0)
     seen = []
@@ -145,7 +146,7 @@ def test_incremental_drafting_equals_drafting_from_scratch(target, rows):
     steps.close()
     assert len(seen) >= 5
     for context, proposal in seen[-3:]:
-        ref_drafter = _drafter(target, index)
+        ref_drafter = _drafter(target, index, weights=weights)
         assert _reference(target, ref_drafter, context, 3) == proposal
         if index is not None:
             assert set(proposal) <= set(index.tolist())
@@ -166,8 +167,40 @@ def _greedy(rt: NativeRuntime, drafter: EagleDrafter | None, k: int, n: int = 40
     return out[:n]
 
 
-def test_greedy_with_the_head_equals_plain_greedy(target):
-    assert _greedy(target, _drafter(target), k=4) == _greedy(target, None, k=1)
+@pytest.mark.parametrize("weights", ["float32", "int8"])
+def test_greedy_with_the_head_equals_plain_greedy(target, weights):
+    assert _greedy(target, _drafter(target, weights=weights), k=4) == _greedy(target, None, k=1)
+
+
+def test_int8_drafting_copies_the_head_and_stays_close_to_it(target):
+    """int8 drafting leaves the trained head as it is (training keeps float32), quantizes the
+    decoder layer's matmuls but not fc, and each int8 layer stays within a few percent of it."""
+    loaded = LoadedHead(_head(target), None, {})
+    before = {name: p.clone() for name, p in loaded.head.state_dict().items()}
+    drafter = EagleDrafter(target, loaded, weights="int8")
+    assert all(torch.equal(before[n], p) for n, p in loaded.head.state_dict().items())
+    assert type(loaded.head.q_proj) is torch.nn.Linear and drafter.head.q_proj is not loaded.head.q_proj
+    assert drafter.head.fc is not loaded.head.fc and type(drafter.head.fc) is torch.nn.Linear
+    x = torch.randn(3, 5, loaded.head.q_proj.in_features)
+    want, got = loaded.head.q_proj(x), drafter.head.q_proj(x)
+    assert got.shape == want.shape
+    assert float((got - want).abs().max()) <= 0.05 * float(want.abs().max())
+    h = torch.randn(4, 32)
+    float_scores = TargetParts(target, None).scores(h)
+    int8_scores = drafter.parts.scores(h)
+    assert float((int8_scores - float_scores).abs().max()) <= 0.05 * float(float_scores.abs().max())
+    with pytest.raises(ConfigError, match="float32 or int8"):
+        EagleDrafter(target, loaded, weights="int4")  # type: ignore[arg-type]
+
+
+def test_eagle_specs_draft_in_int8_on_a_cpu_whose_kernel_works(monkeypatch):
+    from draftwise.drafters import eagle
+
+    monkeypatch.setattr(eagle, "kernel_works", lambda kind: kind == "int8")
+    assert eagle.default_head_weights() == "int8"
+    assert eagle.default_head_weights("meta") == "float32"
+    monkeypatch.setattr(eagle, "kernel_works", lambda kind: False)
+    assert eagle.default_head_weights() == "float32"
 
 
 def test_a_runtime_without_feature_capture_is_refused():

@@ -4,7 +4,12 @@ Each step it first feeds the head the target's features of the positions committ
 last proposal (``runtime.features``: recorded by the verification pass that just ran, so no
 extra target pass), paired with the tokens that followed them; the head's last row guesses the
 target's feature at the last committed token, and the target's final norm and LM head turn the
-guess into q. It then drafts on from its own guesses, one head row per token. The head keeps
+guess into q. A drafting step reads every weight of the head and of the LM head's rows once per
+token (about 40 MB in float32 for the default model's head): :func:`eagle_drafter` runs the
+decoder layer's matmuls and the LM head in per-channel int8 on a CPU where the kernel works
+(:func:`int8_head`), which keeps the head's guesses and cuts its time by a third (measured:
+docs/eagle.md, "What a head step costs"). Only the draft changes; verification keeps every
+output exact. It then drafts on from its own guesses, one head row per token. The head keeps
 its own KV cache; rows written while drafting are rolled back and rewritten from the target's
 real features at the next step, so the cache never holds a guess for a committed position.
 
@@ -24,14 +29,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import copy
+from typing import Literal
+
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from ..errors import ConfigError
+from ..runtime.quant import Int8Linear, kernel_works
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from .base import Capabilities, Draft, draft_autoregressive
-from .eagle_head import HeadCache
+from .eagle_head import EagleHead, HeadCache
 from .head_files import LoadedHead, load_head, target_fingerprint
 
 #: heads that ship with draftwise, one folder per target (named like its converted folder)
@@ -75,13 +85,49 @@ def fingerprint_of(model: Any) -> str:
     return target_fingerprint(model.tokenizer, hidden_size(model.runtime), int(model.runtime.vocab_size))
 
 
+HeadWeights = Literal["float32", "int8"]
+#: the decoder layer's matmuls :func:`int8_head` runs in int8; ``fc`` stays float32 (it fuses
+#: three layers' features and its rows hold outliers ~60x their mean: int8 rounds its output
+#: by ~6% where these layers lose 1-4%)
+INT8_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class _Int8Layer(nn.Module):
+    """A head's ``nn.Linear`` as :class:`~draftwise.runtime.quant.Int8Linear`, for drafting."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        bias = None if linear.bias is None else linear.bias.detach().float()
+        self.linear = Int8Linear(linear.weight.detach(), bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
+
+
+def int8_head(head: EagleHead) -> EagleHead:
+    """A copy of ``head`` for drafting, its decoder layer's matmuls (:data:`INT8_LAYERS`) in
+    per-channel int8; ``head`` itself is left as it is (training keeps float32)."""
+    out = copy.deepcopy(head)
+    for name in INT8_LAYERS:
+        setattr(out, name, _Int8Layer(getattr(head, name)))
+    return out
+
+
+def default_head_weights(device: torch.device | str = "cpu") -> HeadWeights:
+    """int8 on a CPU whose int8 kernel works (see the module docstring), else float32."""
+    return "int8" if torch.device(device).type == "cpu" and kernel_works("int8") else "float32"
+
+
 class TargetParts:
     """The target's embedding, final norm and LM head rows, which a head borrows (float32).
 
     ``rows``: the head rows a reduced-vocabulary head scores (FR-Spec), or None for all.
-    Training (``draftwise train-head``) and drafting use the same object."""
+    ``int8``: score with the LM head rows in per-channel int8 (drafting only; training's
+    targets need float32). Training (``draftwise train-head``) and drafting use the same class."""
 
-    def __init__(self, runtime: Any, rows: torch.Tensor | None, device: torch.device | str = "cpu") -> None:
+    def __init__(
+        self, runtime: Any, rows: torch.Tensor | None, device: torch.device | str = "cpu", *, int8: bool = False
+    ) -> None:
         self.vocab_size = int(runtime.vocab_size)
         self.device = torch.device(device)
         self.rows = None if rows is None else rows.to(self.device)
@@ -101,11 +147,13 @@ class TargetParts:
             head = model.get_output_embeddings().weight.float()
         head = head if rows is None else head[rows.to(head.device)]
         self.head = head.to(self.device).contiguous()  # [V', d]
+        self._int8 = Int8Linear(self.head) if int8 else None
 
     @classmethod
-    def of(cls, runtime: Any, draft_tokens: Sequence[int] | None, device: torch.device | str = "cpu") -> TargetParts:
+    def of(cls, runtime: Any, draft_tokens: Sequence[int] | None, device: torch.device | str = "cpu",
+           *, int8: bool = False) -> TargetParts:
         rows = None if draft_tokens is None else torch.as_tensor(list(draft_tokens), dtype=torch.long)
-        return cls(runtime, rows, device)
+        return cls(runtime, rows, device, int8=int8)
 
     def embed(self, ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
         """``[..., d]`` float32 embeddings of token ids (a list, or a tensor of any shape)."""
@@ -118,7 +166,10 @@ class TargetParts:
 
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., V']``: the final norm and the head rows on predicted features ``[..., d]``."""
-        return F.linear(self._norm(hidden), self.head)
+        normed = self._norm(hidden)
+        if self._int8 is None:
+            return F.linear(normed, self.head)
+        return self._int8(normed.reshape(-1, normed.shape[-1])).reshape(*normed.shape[:-1], -1)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., vocab]`` scores over the whole vocabulary: -inf outside a reduced one."""
@@ -130,13 +181,19 @@ class TargetParts:
 
 
 class EagleDrafter:
-    """Drafts with an EAGLE head over the target runtime's features (chains of k tokens)."""
+    """Drafts with an EAGLE head over the target runtime's features (chains of k tokens).
+
+    ``weights``: ``int8`` drafts with :func:`int8_head` and int8 LM head rows (a CPU's int8
+    kernel); ``float32`` with the head as trained."""
 
     name = "eagle"
 
     def __init__(
-        self, runtime: Any, loaded: LoadedHead, *, label: str = "eagle", topk: int = 1, depth: int = 8
+        self, runtime: Any, loaded: LoadedHead, *, label: str = "eagle", topk: int = 1, depth: int = 8,
+        weights: HeadWeights = "float32",
     ) -> None:
+        if weights not in ("float32", "int8"):
+            raise ConfigError(f"head weights {weights!r}: use float32 or int8")
         capture = getattr(runtime, "capture_features", None)
         if capture is None:
             raise ConfigError(f"the {type(runtime).__name__} runtime cannot record features; EAGLE needs them")
@@ -155,10 +212,11 @@ class EagleDrafter:
             )
         capture(loaded.head.cfg.feature_layers)
         self.rt = runtime
-        self.head = loaded.head
+        self.weights = weights
+        self.head = int8_head(loaded.head) if weights == "int8" else loaded.head
         self.meta = loaded.meta
         self.name = label
-        self.parts = TargetParts(runtime, loaded.draft_tokens)
+        self.parts = TargetParts.of(runtime, loaded.draft_tokens, int8=weights == "int8")
         self.cache = HeadCache(loaded.head.cfg, int(runtime.max_context))
         self._sampling = SamplingConfig()
         self._generator = torch.Generator()
@@ -285,8 +343,9 @@ class EagleDrafter:
 
 
 def eagle_drafter(source: str, model: Any, *, topk: int = 1, depth: int = 8) -> EagleDrafter:
-    """The drafter ``eagle:SOURCE`` names for target ``model`` (a :class:`draftwise.Model`)."""
+    """The drafter ``eagle:SOURCE`` names for target ``model`` (a :class:`draftwise.Model`), with
+    :func:`default_head_weights` for the device the head drafts on (the CPU)."""
     folder = default_head_folder(model) if source.strip() == "default" else Path(source.strip()).expanduser()
     loaded = load_head(folder, fingerprint=fingerprint_of(model))
     label = "eagle:default" if source.strip() == "default" else f"eagle:{folder.name}"
-    return EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth)
+    return EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth, weights=default_head_weights())
