@@ -55,6 +55,7 @@ from draftwise.drafters.hybrid import merge_chain
 from draftwise.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
 from draftwise.sampling import SamplingConfig
+from tree_oracle import extrapolated_step_time  # benchmarks/, this script's folder
 
 TIME_EVERY = 8  # time the head's calls at every 8th position
 
@@ -116,13 +117,7 @@ def main() -> None:
     call_seconds: dict[int, list[float]] = defaultdict(list)
     turns: list[dict[str, Any]] = []  # per turn: category, prompt length, per-position records
 
-    def step_time(n: int, context: float) -> float:
-        top = prof.max_n
-        if n <= top:
-            return prof.step_time(n, context)
-        slope = (prof.step_time(top, context) - prof.step_time(8, context)) / (top - 8)
-        return prof.step_time(top, context) + (n - top) * slope
-
+    step_time = extrapolated_step_time(prof)
     t0 = time.perf_counter()
     for line in (args.bench / "answers" / "none.jsonl").read_text().splitlines():
         row = json.loads(line)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -33,6 +34,20 @@ from draftwise.drafters.spec import split_draft_list
 from draftwise.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
 from draftwise.sampling import SamplingConfig
+
+
+def extrapolated_step_time(prof: Profile) -> Callable[[int, float], float]:
+    """The profile's step time for n tokens at a context; beyond its widest pass, growing with
+    the slope of its 8..max passes (also used by ``hybrid_oracle.py``)."""
+
+    def step_time(n: int, context: float) -> float:
+        top = prof.max_n
+        if n <= top:
+            return prof.step_time(n, context)
+        slope = (prof.step_time(top, context) - prof.step_time(8, context)) / (top - 8)
+        return prof.step_time(top, context) + (n - top) * slope
+
+    return step_time
 
 
 def main() -> None:
@@ -49,13 +64,7 @@ def main() -> None:
     drafts = split_draft_list(args.drafts)
     drafters = {d: make_drafter(d, model) for d in drafts}  # each its own cache, grown in bench order
 
-    def step_time(n: int, context: float) -> float:
-        top = prof.max_n
-        if n <= top:
-            return prof.step_time(n, context)
-        slope = (prof.step_time(top, context) - prof.step_time(8, context)) / (top - 8)
-        return prof.step_time(top, context) + (n - top) * slope
-
+    step_time = extrapolated_step_time(prof)
     acc: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for line in (args.bench / "answers" / "none.jsonl").read_text().splitlines():
         row = json.loads(line)

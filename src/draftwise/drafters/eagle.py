@@ -7,8 +7,8 @@ target's feature at the last committed token, and the target's final norm and LM
 guess into q. A drafting step reads every weight of the head and of the LM head's rows once per
 token (about 40 MB in float32 for the default model's head): :func:`eagle_drafter` runs the
 decoder layer's matmuls and the LM head in per-channel int8 on a CPU where the kernel works
-(:func:`int8_head`), which keeps the head's guesses and cuts its time by a third (measured:
-docs/eagle.md, "What a head step costs"). Only the draft changes; verification keeps every
+(:func:`int8_head`), which keeps the head's guesses and cuts a call's time by 25-31%
+(measured: docs/eagle.md, "What a head step costs"). Only the draft changes; verification keeps every
 output exact. It then drafts on from its own guesses, one head row per token. The head keeps
 its own KV cache; rows written while drafting are rolled back and rewritten from the target's
 real features at the next step, so the cache never holds a guess for a committed position.
