@@ -4,12 +4,7 @@ Each step it first feeds the head the target's features of the positions committ
 last proposal (``runtime.features``: recorded by the verification pass that just ran, so no
 extra target pass), paired with the tokens that followed them; the head's last row guesses the
 target's feature at the last committed token, and the target's final norm and LM head turn the
-guess into q. A drafting step reads every weight of the head and of the LM head's rows once per
-token (about 40 MB in float32 for the default model's head): :func:`eagle_drafter` runs the
-decoder layer's matmuls and the LM head in per-channel int8 on a CPU where the kernel works
-(:func:`int8_head`), which keeps the head's guesses and cuts a call's time by 25-31%
-(measured: docs/eagle.md, "What a head step costs"). Only the draft changes; verification keeps every
-output exact. It then drafts on from its own guesses, one head row per token. The head keeps
+guess into q. It then drafts on from its own guesses, one head row per token. The head keeps
 its own KV cache; rows written while drafting are rolled back and rewritten from the target's
 real features at the next step, so the cache never holds a guess for a committed position.
 
@@ -21,16 +16,21 @@ along the path, a proxy for the chance the whole path is accepted) are scored in
 and the ``k`` best nodes of all levels form the tree (ancestors always score at least as well as
 their descendants, so the chosen set is a tree). Sampling keeps proposing chains. The head, its files and its training live in :mod:`.eagle_head` and
 ``draftwise train-head``.
+
+A drafted token reads every weight of the head and of the LM head's rows once (about 40 MB in
+float32 for the default model's head), and the call's time follows those bytes. So
+:func:`eagle_drafter` runs the decoder layer's matmuls and the LM head rows in per-channel int8
+on a CPU where the kernel works (:func:`int8_head`): the same guesses, a call 25-31% shorter
+(measured: docs/eagle.md, "What a head step costs"). Only the draft changes; verification keeps
+every output exact.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-import copy
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn as nn
