@@ -48,10 +48,9 @@ from draftwise.bench.runner import build_prompt
 from draftwise.cost.profile import Profile, default_profile_path
 from draftwise.cost.replay import accepted_along, answer
 from draftwise.drafters import make_drafter
-from draftwise.drafters.base import Draft
 from draftwise.drafters.eagle import EagleDrafter, default_head_folder, default_head_weights, fingerprint_of
 from draftwise.drafters.head_files import load_head
-from draftwise.drafters.hybrid import merge_chain
+from draftwise.drafters.hybrid import merge_chain, path_length, trusted
 from draftwise.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
 from draftwise.sampling import SamplingConfig
@@ -83,12 +82,6 @@ class AtLength:
         with torch.inference_mode():
             self._rt.prefill(ids)
         self._feats = self._rt.features(0, len(ids)).clone()
-
-
-def path_length(draft: Draft) -> int:
-    if not draft.tokens:
-        return 0
-    return draft.tree.depth if draft.tree is not None else len(draft.tokens)
 
 
 def main() -> None:
@@ -147,17 +140,15 @@ def main() -> None:
                     if tok != true:
                         break
                     hits += 1
-                union, union_nodes = [], []
+                union, union_nodes, base = [], [], trusted(drafted)
                 for m in range(1, M + 1):
                     chain, scores = guess.tokens[:m], (guess.scores or ())[:m]
-                    base = drafted if drafted.scores is not None or not drafted.tokens else Draft(
-                        drafted.tokens, None, drafted.tree, tuple(1.0 for _ in drafted.tokens))
                     merged = merge_chain(base, chain, scores) if chain else base
                     union.append(accepted_along(merged, truth) if merged.tokens else 0)
                     union_nodes.append(len(merged.tokens))
                 recs.append({
                     "copy": accepted_along(drafted, truth) if drafted.tokens else 0,
-                    "nodes": len(drafted.tokens), "path": path_length(drafted),
+                    "nodes": len(drafted.tokens), "path": path_length(drafted) if drafted.tokens else 0,
                     "head": [min(hits, m) for m in range(1, M + 1)], "union": union, "union_nodes": union_nodes,
                 })
             copy.end(answer(tokens, model.eos_token_ids))

@@ -93,12 +93,13 @@ INT8_LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 
 class _Int8Layer(nn.Module):
-    """A head's ``nn.Linear`` as :class:`~draftwise.runtime.quant.Int8Linear`, for drafting."""
+    """``x W^T + b`` over ``x`` of any leading shape with
+    :class:`~draftwise.runtime.quant.Int8Linear` weights (a head's layer or LM head rows), for
+    drafting."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
-        bias = None if linear.bias is None else linear.bias.detach().float()
-        self.linear = Int8Linear(linear.weight.detach(), bias)
+        self.linear = Int8Linear(weight.detach(), None if bias is None else bias.detach().float())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x.reshape(-1, x.shape[-1])).reshape(*x.shape[:-1], -1)
@@ -109,7 +110,8 @@ def int8_head(head: EagleHead) -> EagleHead:
     per-channel int8; ``head`` itself is left as it is (training keeps float32)."""
     out = copy.deepcopy(head)
     for name in INT8_LAYERS:
-        setattr(out, name, _Int8Layer(getattr(head, name)))
+        layer = getattr(head, name)
+        setattr(out, name, _Int8Layer(layer.weight, layer.bias))
     return out
 
 
@@ -147,7 +149,7 @@ class TargetParts:
             head = model.get_output_embeddings().weight.float()
         head = head if rows is None else head[rows.to(head.device)]
         self.head = head.to(self.device).contiguous()  # [V', d]
-        self._int8 = Int8Linear(self.head) if int8 else None
+        self._int8 = _Int8Layer(self.head) if int8 else None
 
     @classmethod
     def of(cls, runtime: Any, draft_tokens: Sequence[int] | None, device: torch.device | str = "cpu",
@@ -170,9 +172,7 @@ class TargetParts:
     def scores(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., V']``: the final norm and the head rows on predicted features ``[..., d]``."""
         normed = self._norm(hidden)
-        if self._int8 is None:
-            return F.linear(normed, self.head)
-        return self._int8(normed.reshape(-1, normed.shape[-1])).reshape(*normed.shape[:-1], -1)
+        return F.linear(normed, self.head) if self._int8 is None else self._int8(normed)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., vocab]`` scores over the whole vocabulary: -inf outside a reduced one."""

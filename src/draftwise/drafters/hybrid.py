@@ -78,9 +78,17 @@ def merge_chain(draft: Draft, chain: Sequence[int], chain_scores: Sequence[float
     return Draft(list(tree.tokens), None, tree, tuple(scores[j - 1] for j in order))
 
 
-def _path_length(draft: Draft) -> int:
+def path_length(draft: Draft) -> int:
     """The longest path of a draft (a chain's length, a tree's depth)."""
     return draft.tree.depth if draft.tree is not None else len(draft.tokens)
+
+
+def trusted(draft: Draft) -> Draft:
+    """``draft`` with scores to merge by: an unscored copy draft is trusted as a sure chain
+    (every node 1.0); a scored or empty one is returned as it is."""
+    if not draft.tokens or draft.scores is not None:
+        return draft
+    return Draft(draft.tokens, None, draft.tree, tuple(1.0 for _ in draft.tokens))
 
 
 class HybridDrafter:
@@ -114,15 +122,13 @@ class HybridDrafter:
         copied = self.copy.propose(context, k)
         if not self._greedy:
             return copied if copied.tokens else self.head.propose(context, min(k, self.fill))
-        if self.skip_from and copied.tokens and _path_length(copied) >= self.skip_from:
+        if self.skip_from and copied.tokens and path_length(copied) >= self.skip_from:
             self.skipped += 1
             return copied
         guess = self.head.propose_scored(context, min(k, self.extra if copied.tokens else self.fill))
         if not guess.tokens:
             return copied
-        if copied.tokens and copied.scores is None:  # an unscored copy draft: trust it as a chain
-            copied = Draft(copied.tokens, None, copied.tree, tuple(1.0 for _ in copied.tokens))
-        merged = merge_chain(copied, guess.tokens, guess.scores or ())
+        merged = merge_chain(trusted(copied), guess.tokens, guess.scores or ())
         return merged.prefix(k)
 
     def observe(self, num_accepted: int) -> None:
