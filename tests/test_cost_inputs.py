@@ -289,3 +289,43 @@ def test_a_profile_from_another_machine_is_refused_and_a_cached_one_measured_aga
                         lambda *a, **k: measured.append(1) or Profile(**common))
     adaptive.resolve_profile(tiny, "lookup")
     assert measured == [1]  # the other machine's costs were not used
+
+
+def test_a_head_draft_measured_in_another_weight_format_is_measured_again(tiny, tmp_path, monkeypatch):
+    """A cached ``--k auto`` profile whose head draft was timed in float32 (before heads drafted
+    in int8, or on a CPU without the int8 kernel) is stale; its copy drafts are not."""
+    from draftwise.cost import profile as profile_mod
+    from draftwise.drafters import factory
+
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
+    monkeypatch.setattr(factory, "default_head_weights", lambda device="cpu": "int8")
+    common = dict(model=tiny.name, fingerprint=model_fingerprint(tiny), dtype="float32", runtime="NativeRuntime",
+                  forward={64: [0.01] * 9}, step={64: [0.01] * 9})
+    old = Profile(**common, drafts={"lookup": [1e-5] * 8, "eagle:default": [0.004] * 8,
+                                    "suffix+eagle:default": [0.005] * 8})  # no variants recorded
+    assert old.stale_drafts(["lookup", "suffix", "eagle:default", "suffix+eagle:default"]) == [
+        "eagle:default", "suffix+eagle:default"]
+    path = profile_mod.default_profile_path(tiny, "auto")
+    old.save(path)
+    assert Profile.load(path).draft_variants == {}
+    measured = []
+    fresh = Profile(**common, drafts={"lookup": [1e-5] * 8, "eagle:default": [0.003] * 8},
+                    draft_variants={"lookup": "", "eagle:default": "head int8"})
+    monkeypatch.setattr(adaptive, "measure_profile", lambda *a, **k: measured.append(k["drafts"]) or fresh)
+    assert adaptive.resolve_profile(tiny, "lookup") is not None and measured == []  # lookup's cost stands
+    got = adaptive.resolve_profile(tiny, "eagle:default")
+    assert measured == [["eagle:default", "lookup", "suffix+eagle:default"]]
+    assert got.draft_time("eagle:default", 1) == 0.003
+    again = Profile.load(path)  # the fresh costs and their variants, cached
+    assert again.draft_variants == {"lookup": "", "eagle:default": "head int8"} and not again.stale_drafts(["eagle:default"])
+    adaptive.resolve_profile(tiny, "eagle:default")
+    assert len(measured) == 1
+    monkeypatch.setattr(factory, "default_head_weights", lambda device="cpu": "float32")  # another CPU
+    assert again.stale_drafts(["eagle:default", "lookup"]) == ["eagle:default"]
+
+
+def test_draft_variants_are_checked_when_read(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**GOOD, "draft_variants": {"lookup": 3}}))
+    with pytest.raises(ConfigError, match="draft_variants"):
+        Profile.load(path)

@@ -101,6 +101,7 @@ def test_profile_measures_saves_loads_and_interpolates(tiny, tmp_path):
         for step in (p.step[c], p.step_sampled[c]):
             assert step == sorted(step) and all(s >= f * (1 - 1e-12) for s, f in zip(step, forward))
     assert set(p.drafts) == {"lookup", "self:exit=1"} and len(p.drafts["lookup"]) == 3
+    assert p.draft_variants == {"lookup": "", "self:exit=1": ""}  # what decided each cost, recorded
     back = Profile.load(p.save(tmp_path / "p.json"))
     assert back.to_dict() == p.to_dict()
     mid = back.step_time(2, 40)

@@ -141,6 +141,8 @@ def _profile_for_plan(
     if profile is not None:
         profile.check_model(target)  # its mode: dtype and --quant
         missing = [d for d in keys if not profile.has_draft(d)]
+        if not profile_file:  # a cached profile's costs of another variant are measured again
+            missing += profile.stale_drafts(keys)
         if profile_file and missing:
             raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
         if profile_file and profile.max_n <= k_top:

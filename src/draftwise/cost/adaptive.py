@@ -340,8 +340,9 @@ def _cached_auto_profile(model: Any, path: Any) -> Profile | None:
 def resolve_profile(
     model: Any, draft: DraftSpec | str | Sequence[DraftSpec | str], *, status: Any = None
 ) -> Profile:
-    """The model's cached ``auto`` profile, measured now (and cached) if missing or lacking a
-    draft (``draft``: one spec or several; all missing ones are measured in one go), always
+    """The model's cached ``auto`` profile, measured now (and cached) if missing, lacking a
+    draft or holding a stale one (:meth:`~draftwise.cost.profile.Profile.stale_drafts`);
+    ``draft`` is one spec or several, and all missing ones are measured in one go, always
     with the same settings (:data:`AUTO_MAX_N`, :data:`AUTO_REPEATS`), so ``--k auto`` behaves
     the same whichever command ran first.
 
@@ -353,7 +354,7 @@ def resolve_profile(
     specs = [draft] if isinstance(draft, (str, DraftSpec)) else list(draft)
     wanted = {str(DraftSpec.parse(d)) for d in specs} - {"none"}
     profile = _cached_auto_profile(model, path)
-    if profile is not None and wanted <= set(profile.drafts):
+    if profile is not None and wanted <= set(profile.drafts) and not profile.stale_drafts(wanted):
         return profile
     try:
         check_writable(path.parent, "profile cache folder")
@@ -361,7 +362,7 @@ def resolve_profile(
         raise ConfigError(f"{exc} (set DRAFTWISE_CACHE to a writable folder)") from None
     with locked(path):
         profile = _cached_auto_profile(model, path)  # another process may have just written it
-        if profile is not None and wanted <= set(profile.drafts):
+        if profile is not None and wanted <= set(profile.drafts) and not profile.stale_drafts(wanted):
             return profile
         if status is not None:
             status(f"measuring this machine's costs for --k auto (once; cached at {path})")

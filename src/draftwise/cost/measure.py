@@ -23,6 +23,7 @@ import torch
 from ..decode import generate
 from ..drafters import make_drafter
 from ..drafters.base import Draft, Drafter
+from ..drafters.factory import cost_variant
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..sampling import SamplingConfig
@@ -197,6 +198,7 @@ def measure_profile(
                 prefill.append(per_token)
                 tick(f"draft {spec}, k={k}")
             profile.drafts[spec] = costs
+            profile.draft_variants[spec] = cost_variant(spec)
             if any(prefill):  # drafts with their own cache; the median is robust to one slow call
                 profile.draft_prefill[spec] = sorted(prefill)[len(prefill) // 2]
         rt.rollback(0)

@@ -42,13 +42,14 @@ import math
 import os
 import platform
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..drafters.factory import cost_variant
 from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import fields_of, read_json, write_json_atomic
@@ -141,6 +142,9 @@ class Profile:
     token_overhead: float = 0.0
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
+    #: per draft, what beside its spec decided its cost when measured
+    #: (:func:`~draftwise.drafters.factory.cost_variant`); absent in older profiles, read as ""
+    draft_variants: dict[str, str] = field(default_factory=dict)
 
     # -- reading -------------------------------------------------------------------------
     @property
@@ -178,6 +182,13 @@ class Profile:
         """Whether this profile measured ``spec`` (``none`` costs nothing, so always)."""
         key = str(DraftSpec.parse(spec))
         return key == "none" or key in self.drafts
+
+    def stale_drafts(self, specs: Iterable[DraftSpec | str]) -> list[str]:
+        """The drafts of ``specs`` this profile measured under another cost variant than this
+        machine runs them in now (:func:`~draftwise.drafters.factory.cost_variant`: an EAGLE head
+        measured in float32 that now drafts in int8); a cache measures them again."""
+        keys = dict.fromkeys(str(DraftSpec.parse(s)) for s in specs)
+        return [k for k in keys if k in self.drafts and self.draft_variants.get(k, "") != cost_variant(k)]
 
     def draft_time(self, spec: DraftSpec | str, k: int) -> float:
         """D(k) of a profiled draft (0 for ``none``)."""
@@ -278,6 +289,10 @@ class Profile:
             draft_prefill = {
                 str(DraftSpec.parse(s)): _seconds([v], f"draft_prefill[{s!r}]")[0] for s, v in prefill_in.items()
             }
+            variants_in = data.get("draft_variants", {})
+            if not isinstance(variants_in, dict) or not all(isinstance(v, str) for v in variants_in.values()):
+                raise ValueError("'draft_variants' must map draft specs to strings")
+            draft_variants = {str(DraftSpec.parse(s)): v for s, v in variants_in.items()}
             lengths = {len(v) for v in [*forward.values(), *step.values()]}
             if set(forward) != set(step) or len(lengths) != 1:
                 raise ValueError("'forward' and 'step' must cover the same contexts and the same n")
@@ -303,6 +318,7 @@ class Profile:
                 token_overhead=overhead,
                 machine=dict(data.get("machine", {})),
                 created=str(data.get("created", "")),
+                draft_variants=draft_variants,
             )
 
     @classmethod

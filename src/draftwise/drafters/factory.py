@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..loaders import cache_dir, load_model
 from .base import Capabilities, Drafter
-from .eagle import eagle_drafter
+from .eagle import default_head_weights, eagle_drafter
 from .hybrid import HybridDrafter
 from .lookup import PromptLookupDrafter
 from .small_model import ModelDrafter, check_same_tokenizer
@@ -132,6 +132,22 @@ def capabilities_of(spec: DraftSpec | str) -> Capabilities:
     if spec.kind == "eagle":
         return Capabilities(trees=spec.branches > 1, reads_features=True, replay="rates", cost="head")
     return Capabilities()  # none: plain decoding
+
+
+def cost_variant(spec: DraftSpec | str) -> str:
+    """What, beside its spec, decides what ``spec`` costs on this machine: ``"head int8"`` or
+    ``"head float32"`` for a draft with an EAGLE head (the weight format :func:`make_drafter`
+    gives the head here, :func:`~draftwise.drafters.eagle.default_head_weights`), ``""`` for
+    every other draft. A cached cost measured under another variant is stale (a profile made
+    before heads drafted in int8 priced them ~30% too high).
+
+    >>> cost_variant("suffix"), cost_variant("lookup:min=1")
+    ('', '')
+    """
+    spec = DraftSpec.parse(spec)
+    if spec.then is not None:  # a hybrid costs what its copy draft and its head cost
+        return " ".join(v for v in (cost_variant(replace(spec, then=None)), cost_variant(spec.then)) if v)
+    return f"head {default_head_weights()}" if spec.kind == "eagle" else ""
 
 
 def make_drafter(spec: Drafter | DraftSpec | str | None, model: Any, *, share_with: Drafter | None = None
