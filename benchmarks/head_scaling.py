@@ -59,10 +59,15 @@ def _data(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]], list[int
         holdout_percent=args.holdout_percent,
     )
     aux = default_aux_layers(int(target.runtime.num_layers)) if args.arch == "eagle3" else None
-    store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
     train_ids = [i for i, h in enumerate(held_flags) if not h]
     held = [i for i, h in enumerate(held_flags) if h]
-    return target, store, seqs, train_ids, held, stats
+    # features of the conversations these sizes train on and of the held-out ones only (the
+    # store is keyed by content: a larger size later extracts just what it adds)
+    use = sorted(train_ids[: max(args.sizes)] + held)
+    at = {i: n for n, i in enumerate(use)}
+    seqs, lens = [seqs[i] for i in use], [lens[i] for i in use]
+    store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
+    return target, store, seqs, [at[i] for i in train_ids[: max(args.sizes)]], [at[i] for i in held], stats
 
 
 def vocab(args: argparse.Namespace) -> None:
@@ -153,33 +158,51 @@ def report(args: argparse.Namespace) -> None:
         "# EAGLE head scaling on fixed conversations (ShareGPT)", "",
         f"Teacher-forced greedy acceptance at k=1 on {runs[0]['heldout_sequences']} held-out conversations (the same for "
         "every run), on as many of the run's own training conversations, and while drafting held-out MT-bench "
-        f"(k=1, from `draftwise bench`). Each size trains {runs[0]['passes']} passes over its data (full cosine schedule).",
-        "", "| run | conversations | tokens | steps | minutes | held-out | its training data | drafting MT-bench |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "(k=1, from `draftwise bench`). Each run trains the passes over its data in its row (one full cosine "
+        "schedule); `base` runs train 3 passes, other tags change one setting.",
+        "", "| run | conversations | tokens | passes | steps | minutes | held-out | its training data | drafting MT-bench |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in sorted(runs, key=lambda r: (r["tag"] != "base", r["tag"], r["conversations"], r["seed"])):
         draft = drafting.get(r["name"])
-        lines.append(f"| {r['name']} | {r['conversations']} | {r['tokens']:,} | {r['steps']} | {r['seconds'] / 60:.1f} | "
-                     f"{r['heldout']['acceptance']:.3f} | {r['train']['acceptance']:.3f} | "
+        lines.append(f"| {r['name']} | {r['conversations']} | {r['tokens']:,} | {r['passes']:g} | {r['steps']} | "
+                     f"{r['seconds'] / 60:.1f} | {r['heldout']['acceptance']:.3f} | {r['train']['acceptance']:.3f} | "
                      f"{'' if draft is None else f'{draft:.3f}'} |")
+    same_steps = [(a, b) for a in runs for b in runs
+                  if a["steps"] == b["steps"] and a["conversations"] < b["conversations"] and a["seed"] == b["seed"]]
+    for a, b in same_steps:
+        lines += ["", f"At {a['steps']} steps each (seed {a['seed']}): {a['conversations']} conversations "
+                  f"{a['heldout']['acceptance']:.3f} held out ({a['train']['acceptance']:.3f} on its own data), "
+                  f"{b['conversations']} conversations {b['heldout']['acceptance']:.3f} "
+                  f"({b['train']['acceptance']:.3f}): {b['heldout']['acceptance'] - a['heldout']['acceptance']:+.3f} "
+                  f"from {b['conversations'] / a['conversations']:g}x the conversations at equal training."]
     gains = [(mean[b] - mean[a]) / math.log2(b / a) for a, b in zip(sizes, sizes[1:])]
     if gains:
-        lines += ["", "Held-out acceptance per doubling of the conversations (mean over seeds): "
+        lines += ["", "Held-out acceptance per doubling of the conversations, `base` runs (mean over seeds; at 3 passes "
+                  "each, more data also trained more steps: the equal-steps lines above separate the two): "
                   + ", ".join(f"{a}->{b}: {g:+.3f}" for (a, b), g in zip(zip(sizes, sizes[1:]), gains)) + "."]
     (args.out / "result.json").write_text(json.dumps({"runs": runs, "drafting": drafting, "mean_heldout": mean,
                                                        "per_doubling": gains}, indent=1) + "\n")
-    _plot(args.out / "scaling.png", base, drafting)
+    _plot(args.out / "scaling.png", runs, drafting)
     (args.out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
 
 def _plot(path: Path, runs: list[dict[str, Any]], drafting: dict[str, float]) -> None:
+    """Left: acceptance against training tokens (3-pass ``base`` runs filled, other settings
+    hollow). Right: each run's held-out curve against its training step, where equal steps
+    separate more data from more training."""
     from draftwise.plots import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, (ax, cx) = plt.subplots(1, 2, figsize=(11, 4))
+    base = [r for r in runs if r["tag"] == "base"]
+    other = [r for r in runs if r["tag"] != "base"]
     for key, label, marker in (("heldout", "held-out (teacher-forced)", "o"), ("train", "own training data", "s")):
-        ax.scatter([r["tokens"] for r in runs], [r[key]["acceptance"] for r in runs], marker=marker, label=label)
+        ax.scatter([r["tokens"] for r in base], [r[key]["acceptance"] for r in base], marker=marker, label=label)
+        if other:
+            ax.scatter([r["tokens"] for r in other], [r[key]["acceptance"] for r in other], marker=marker,
+                       facecolors="none", edgecolors="black", label=f"{label}, longer training")
     drafted = [(r["tokens"], drafting[r["name"]]) for r in runs if r["name"] in drafting]
     if drafted:
         ax.scatter(*zip(*drafted), marker="^", label="drafting held-out MT-bench")
@@ -187,7 +210,15 @@ def _plot(path: Path, runs: list[dict[str, Any]], drafting: dict[str, float]) ->
     ax.set_xlabel("training tokens (ShareGPT conversations)")
     ax.set_ylabel("acceptance at k=1")
     ax.axhline(0.5, color="grey", lw=0.8, ls="--")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
+    for r in runs:
+        curve = r.get("curve") or []
+        cx.plot([c["step"] for c in curve], [c["acceptance"] for c in curve], marker=".",
+                label=f"{r['conversations']} conversations, {r['passes']:g} passes (seed {r['seed']})")
+    cx.set_xlabel("training step (4 sequences of 512 tokens)")
+    cx.set_ylabel("held-out acceptance (teacher-forced)")
+    cx.axhline(0.5, color="grey", lw=0.8, ls="--")
+    cx.legend(fontsize=7)
     save_figure(fig, path)
 
 
