@@ -337,6 +337,11 @@ def _cached_auto_profile(model: Any, path: Any) -> Profile | None:
     return profile if profile.max_n == AUTO_MAX_N else None
 
 
+def _serves(profile: Profile | None, wanted: set[str]) -> bool:
+    """Whether a cached ``profile`` holds current costs for every draft of ``wanted``."""
+    return profile is not None and wanted <= set(profile.drafts) and not profile.stale_drafts(wanted)
+
+
 def resolve_profile(
     model: Any, draft: DraftSpec | str | Sequence[DraftSpec | str], *, status: Any = None
 ) -> Profile:
@@ -354,7 +359,7 @@ def resolve_profile(
     specs = [draft] if isinstance(draft, (str, DraftSpec)) else list(draft)
     wanted = {str(DraftSpec.parse(d)) for d in specs} - {"none"}
     profile = _cached_auto_profile(model, path)
-    if profile is not None and wanted <= set(profile.drafts) and not profile.stale_drafts(wanted):
+    if _serves(profile, wanted):
         return profile
     try:
         check_writable(path.parent, "profile cache folder")
@@ -362,7 +367,7 @@ def resolve_profile(
         raise ConfigError(f"{exc} (set DRAFTWISE_CACHE to a writable folder)") from None
     with locked(path):
         profile = _cached_auto_profile(model, path)  # another process may have just written it
-        if profile is not None and wanted <= set(profile.drafts) and not profile.stale_drafts(wanted):
+        if _serves(profile, wanted):
             return profile
         if status is not None:
             status(f"measuring this machine's costs for --k auto (once; cached at {path})")
