@@ -41,6 +41,7 @@ from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
 from draftwise.drafters.head_files import LoadedHead
 from draftwise.drafters.hybrid import HybridDrafter
 from draftwise.runtime.native import NativeRuntime
+from draftwise.runtime.quant import kernel_works
 from draftwise.sampling import SamplingConfig, logits_to_probs
 from draftwise.verify import Verdict, verify_tree_sampled
 
@@ -59,10 +60,11 @@ SETTINGS: dict[str, tuple[SamplingConfig, int]] = {  # name -> (sampling, k)
     "top_k=5": (SamplingConfig(temperature=1.0, top_k=5), 3),
     "top_p=0.8": (SamplingConfig(temperature=1.0, top_p=0.8), 2),
 }
-DRAFTERS = ("model", "bad-model", "self", "lookup", "eagle", "eagle3", "hybrid")
+DRAFTERS = ("model", "bad-model", "self", "lookup", "eagle", "eagle3", "hybrid", "eagle3-int8")
 # (drafter, setting): each drafter in two settings, each setting with 3-4 drafters. All 28 pairs
-# passed when written; a pair left out differs from one kept only in a choice made by code that
-# every kept pair runs (logits_to_probs shapes p and q alike)
+# of the first seven passed when written (eagle3-int8 came later, with the two below); a pair
+# left out differs from one kept only in a choice made by code that every kept pair runs
+# (logits_to_probs shapes p and q alike)
 CHECKS = [
     ("model", "T=1"), ("model", "top_p=0.8"),
     ("bad-model", "T=0.7"), ("bad-model", "top_k=5"),
@@ -71,6 +73,7 @@ CHECKS = [
     ("eagle", "T=1"), ("eagle", "top_k=5"),  # q is 0 outside the head's 16 tokens
     ("eagle3", "T=0.7"), ("eagle3", "top_p=0.8"),
     ("hybrid", "T=1"), ("hybrid", "top_k=5"),
+    ("eagle3-int8", "T=1"), ("eagle3-int8", "top_p=0.8"),  # how eagle:default drafts on a CPU with int8
 ]
 
 
@@ -94,15 +97,22 @@ def _tiny(seed: int, layers: int, head_scale: float, like=None):
     return hf
 
 
-def _eagle(target: NativeRuntime, arch: str = "eagle1") -> Drafter:
+def _eagle(target: NativeRuntime, arch: str = "eagle1", weights: str = "float32") -> Drafter:
     """A random EAGLE head over the target's features, scoring 16 of the 24 tokens (q is 0 on
-    the rest, which verification must make up for); ``eagle3``: over both layers' and the input's."""
+    the rest, which verification must make up for); ``eagle3``: over both layers' and the input's;
+    ``weights="int8"``: drafting with the int8 copy (:func:`~draftwise.drafters.eagle.int8_head`)."""
     torch.manual_seed(5)
     head = EagleHead(HeadConfig.from_target(target.config, arch=arch, aux_layers=(0, 1, 1) if arch == "eagle3" else None))
     with torch.no_grad():
         for p in head.parameters():
             p.normal_(0.0, 0.3)
-    return EagleDrafter(target, LoadedHead(head.eval(), torch.arange(16), {}))
+    return EagleDrafter(target, LoadedHead(head.eval(), torch.arange(16), {}), weights=weights)
+
+
+def _int8_or_skip() -> str:
+    if not kernel_works("int8"):
+        pytest.skip("this torch build has no working int8 kernel, so heads draft in float32 here")
+    return "int8"
 
 
 @dataclass
@@ -145,6 +155,7 @@ def world() -> World:
         "eagle3": lambda: _eagle(target, "eagle3"),
         # 2-gram lookup matches only some contexts: the others take the head's chain
         "hybrid": lambda: HybridDrafter(PromptLookupDrafter(min_ngram=2), _eagle(target)),
+        "eagle3-int8": lambda: _eagle(target, "eagle3", weights=_int8_or_skip()),
     }
     draft_hf = {"model": draft_hf, "bad-model": bad_hf}
     return World(target_hf, target, drafters, draft_hf, prompt, logits)
@@ -276,7 +287,7 @@ def eagle_logits(world: World, drafter: EagleDrafter, context: list[int]) -> tor
 
 
 @pytest.mark.parametrize("setting", list(SETTINGS))
-@pytest.mark.parametrize("draft", ["model", "bad-model", "self", "eagle", "eagle3"])
+@pytest.mark.parametrize("draft", ["model", "bad-model", "self", "eagle", "eagle3", "eagle3-int8"])
 def test_model_drafts_report_the_q_they_sample_from(world, draft, setting):
     """Verification is lossless only if Draft.probs is the very distribution each proposed token
     was drawn from, shaped by the generation's sampling settings: probs rows equal
