@@ -268,6 +268,22 @@ def test_cli_plan_bad_input(tiny_chat_folder, tmp_path, args, message):
     assert message in r.output
 
 
+def test_a_named_profile_with_a_stale_draft_is_used_and_said(tiny_chat_folder, tmp_path, capsys):
+    """A cached profile's stale draft is measured again; a profile the user names is theirs to
+    keep, so it is used as given, with one line saying which drafts it priced in another format."""
+    from draftwise.cli.plan import _profile_for_plan
+
+    model = load_model(str(tiny_chat_folder))
+    prof = fake_profile(model)
+    path = prof.save(tmp_path / "prof.json")
+    assert _profile_for_plan(model, ["lookup"], 4, prof, path) is prof
+    assert "note" not in capsys.readouterr().err
+    prof.draft_variants = {"lookup": "head int8"}  # what no lookup draft is: priced in another format
+    assert _profile_for_plan(model, ["lookup"], 4, prof, path) is prof
+    err = " ".join(capsys.readouterr().err.split())
+    assert "timed lookup in another weight format" in err and "draftwise profile" in err
+
+
 def test_cli_plan_refuses_empty_files_and_foreign_profiles(tiny_chat_folder, tiny_draft_folder, tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

@@ -145,6 +145,10 @@ def _profile_for_plan(
             missing += profile.stale_drafts(keys)
         if profile_file and missing:
             raise ConfigError(f"the profile {path} has no costs for {missing}; profile them with --draft")
+        if profile_file and (stale := profile.stale_drafts(keys)):  # used as given, but said
+            err.print(f"note: the profile {path} timed {', '.join(stale)} in another weight format than "
+                      "this machine drafts in now; measure it again (`draftwise profile`) to price what runs",
+                      highlight=False, markup=False)
         if profile_file and profile.max_n <= k_top:
             raise ConfigError(
                 f"the profile {path} covers k <= {profile.max_n - 1}; narrow --ks or measure it again "
