@@ -53,13 +53,17 @@ draft: setup
 	rm -rf out/draft-smol4-pack
 	$(BIN)/draftwise pack-draft out/draft-smol4 --out out/draft-smol4-pack
 
-# Reproduces the shipped EAGLE-3 head (src/draftwise/heads/SmolLM2-...): the target's answers to the
-# dev training split and to 128 instructions it writes itself (Magpie), their features (three
-# layers and the last), then 12 minutes of training with a 3-step training-time test; the head
-# lands in out/head-smol (compare with the shipped one; sampled answers make the bits
-# machine-dependent). See docs/eagle.md for the time each phase took.
+# Reproduces the shipped EAGLE-3 head (src/draftwise/heads/SmolLM2-...): 512 ShareGPT conversations
+# (the `corpus` extra; none sharing a 13-gram with a dev question) and 27 held out, their features
+# (three layers and the last; ~240k tokens, one prefill each, stored in out/head-smol-data), then
+# 768 steps (6 passes) with a 3-step training-time test. About an hour on a 2-core CPU (docs/eagle.md
+# gives each phase's time). Interrupted, it resumes: the features by content, the training from
+# out/head-smol/checkpoints/last.pt. The head lands in out/head-smol; compare with the shipped one.
+HEAD_ARGS = --corpus sharegpt --conversations 512 --magpie 0 --steps 768 --snapshot-every 128 --arch eagle3 --ttt 3
 head: setup
-	$(BIN)/draftwise train-head --out out/head-smol --magpie 128 --steps 600 --time-budget 720 --snapshot-every 50 --arch eagle3 --ttt 3 --overwrite
+	$(PIP) install -e '.[corpus]'
+	if [ -f out/head-smol/checkpoints/last.pt ]; then again=--resume; else again=--overwrite; fi; \
+	$(BIN)/draftwise train-head --out out/head-smol --data-dir out/head-smol-data $(HEAD_ARGS) $$again
 
 clean:
 	rm -rf $(VENV) out
