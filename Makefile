@@ -55,7 +55,7 @@ draft: setup
 
 # Reproduces the shipped EAGLE-3 head (src/draftwise/heads/SmolLM2-...): 512 ShareGPT conversations
 # (the `corpus` extra; none sharing a 13-gram with a dev question) and 27 held out, their features
-# (three layers and the last; ~240k tokens, one prefill each, stored in out/head-smol-data), then
+# (three layers and the last; 257k tokens, one prefill each, stored in out/head-smol-data), then
 # 768 steps (6 passes) with a 3-step training-time test. About an hour on a 2-core CPU (docs/eagle.md
 # gives each phase's time). Interrupted, it resumes: the features by content, the training from
 # out/head-smol/checkpoints/last.pt. The head lands in out/head-smol; compare with the shipped one.

@@ -38,6 +38,7 @@ import asyncio
 import gc
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -161,21 +162,15 @@ def rotation(names: list[str], r: int) -> list[str]:
     return names[r:] + names[:r]
 
 
-def median(xs: list[float]) -> float:
-    ys = sorted(xs)
-    mid = len(ys) // 2
-    return ys[mid] if len(ys) % 2 else (ys[mid - 1] + ys[mid]) / 2
-
-
 def paired(rounds: dict[str, list[float]]) -> dict[str, float] | None:
     """``goodput`` over the best fixed k (by median) in each round: its median, min and max, with
     two rounds or more."""
     fixed = [k for k in rounds if k.startswith("k=")]
     if len(rounds.get("goodput", [])) < 2 or not fixed:
         return None
-    best = max(fixed, key=lambda k: median(rounds[k]))
+    best = max(fixed, key=lambda k: statistics.median(rounds[k]))
     ratios = [g / f for g, f in zip(rounds["goodput"], rounds[best], strict=True)]
-    return {"best_fixed": best, "median": median(ratios), "min": min(ratios), "max": max(ratios)}
+    return {"best_fixed": best, "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
 
 
 def table(result: dict[str, Any]) -> str:
@@ -253,7 +248,7 @@ def main() -> int:
             records += [{**x, "n": n, "policy": name, "round": r} for x in recs]
             print(f"N={n} {name} round {r}: {tokens / wall:.1f} tok/s, {sum(bool(x.get('equal')) for x in recs)}/"
                   f"{len(recs)} equal", flush=True)
-        measured[str(n)] = {name: median(v) for name, v in by_round[str(n)].items()}
+        measured[str(n)] = {name: statistics.median(v) for name, v in by_round[str(n)].items()}
     ratio = {n: row["goodput"] / row["plain"] for n, row in measured.items()}
     best_fixed = {n: max(v for k, v in row.items() if k.startswith("k=")) for n, row in measured.items()}
     result = {"measured": measured, "rounds": by_round, "paired": {n: paired(v) for n, v in by_round.items()},
