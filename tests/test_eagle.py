@@ -7,6 +7,7 @@ The sampled-mode distribution checks for the head are in test_distribution.py (d
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -104,6 +105,35 @@ def test_eagle_default_without_a_shipped_head_says_how_to_train_one(tmp_path):
         default_head_folder(fake)
     with pytest.raises(ConfigError, match="train-head"):
         eagle_drafter("default", fake)
+
+
+def test_drafters_of_one_head_share_its_weights_and_keep_their_own_caches(tmp_path, target):
+    """A server's slots each build a drafter: one copy of the head and the target's parts between
+    them, each its own head cache; another target, or the head file rewritten, loads afresh."""
+    fp = target_fingerprint(_Tok(V), 32, V)
+    info = {"name": "tiny", "fingerprint": fp, "hidden_size": 32, "vocab_size": V}
+    save_head(tmp_path / "h", _head(target), draft_tokens=None, target=info)
+    model = SimpleNamespace(runtime=target, tokenizer=_Tok(V))
+    a, b = eagle_drafter(str(tmp_path / "h"), model), eagle_drafter(str(tmp_path / "h"), model)
+    assert a.head is b.head and a.parts is b.parts and a.cache is not b.cache
+    # drafting with one leaves the other's state alone: b drafts as a fresh drafter does
+    context = [1, 5, 9, 3, 7, 2]
+    want = _reference(target, a, context, 4)
+    for drafter in (a, b, a):
+        target.rollback(0)
+        target.prefill(context[:-1])
+        drafter.start(context[:-1], SamplingConfig(), torch.Generator())
+        assert drafter.propose(context, 4).tokens == want
+    hf = random_hf_model(target.config, seed=3)  # the same weights, another runtime: another model's
+    c = eagle_drafter(str(tmp_path / "h"), SimpleNamespace(runtime=NativeRuntime(hf.config, hf.state_dict()),
+                                                           tokenizer=_Tok(V)))
+    assert c.parts is not a.parts and c.head is not a.head
+    weights = tmp_path / "h" / HEAD_WEIGHTS
+    before = weights.stat().st_mtime_ns
+    save_head(tmp_path / "h", _head(target, seed=1), draft_tokens=None, target=info)  # retrained, same folder
+    os.utime(weights, ns=(before + 10**9, before + 10**9))  # a second later (file times tick coarsely)
+    d = eagle_drafter(str(tmp_path / "h"), model)
+    assert d.head is not a.head and not torch.equal(d.head.fc.weight, a.head.fc.weight)
 
 
 def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: int) -> list[int]:

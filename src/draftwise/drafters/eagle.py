@@ -28,6 +28,7 @@ every output exact.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -42,7 +43,7 @@ from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from .base import Capabilities, Draft, draft_autoregressive
 from .eagle_head import EagleHead, HeadCache
-from .head_files import LoadedHead, load_head, target_fingerprint
+from .head_files import HEAD_WEIGHTS, LoadedHead, load_head, target_fingerprint
 
 #: heads that ship with draftwise, one folder per target (named like its converted folder)
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"
@@ -193,8 +194,11 @@ class EagleDrafter:
 
     def __init__(
         self, runtime: Any, loaded: LoadedHead, *, label: str = "eagle", topk: int = 1, depth: int = 8,
-        weights: HeadWeights = "float32",
+        weights: HeadWeights = "float32", shared: tuple[EagleHead, TargetParts] | None = None,
     ) -> None:
+        """``shared``: the drafting head and the target's parts of another drafter of the same
+        head, target and ``weights`` (both read-only while drafting), so that many drafters (a
+        server's slots, a bench's methods) hold one copy; see :func:`eagle_drafter`."""
         if weights not in ("float32", "int8"):
             raise ConfigError(f"head weights {weights!r}: use float32 or int8")
         capture = getattr(runtime, "capture_features", None)
@@ -216,10 +220,13 @@ class EagleDrafter:
         capture(loaded.head.cfg.feature_layers)
         self.rt = runtime
         self.weights = weights
-        self.head = int8_head(loaded.head) if weights == "int8" else loaded.head
+        if shared is not None:
+            self.head, self.parts = shared
+        else:
+            self.head = int8_head(loaded.head) if weights == "int8" else loaded.head
+            self.parts = TargetParts.of(runtime, loaded.draft_tokens, int8=weights == "int8")
         self.meta = loaded.meta
         self.name = label
-        self.parts = TargetParts.of(runtime, loaded.draft_tokens, int8=weights == "int8")
         self.cache = HeadCache(loaded.head.cfg, int(runtime.max_context))
         self._sampling = SamplingConfig()
         self._generator = torch.Generator()
@@ -345,10 +352,37 @@ class EagleDrafter:
         pass  # the head's cache is rolled back at the next start
 
 
+#: per target runtime: (head folder, its weights file's size and mtime, weights) -> the loaded
+#: head, the drafting head and the target's parts that every drafter of that head shares
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[LoadedHead, EagleHead, TargetParts]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 def eagle_drafter(source: str, model: Any, *, topk: int = 1, depth: int = 8) -> EagleDrafter:
     """The drafter ``eagle:SOURCE`` names for target ``model`` (a :class:`draftwise.Model`), with
-    :func:`default_head_weights` for the device the head drafts on (the CPU)."""
+    :func:`default_head_weights` for the device the head drafts on (the CPU).
+
+    Drafters of one head on one target share the drafting head (its int8 copy) and the target's
+    parts it borrows (the LM head rows and, on a bfloat16 target, a float32 copy of the
+    embedding table: 113 MB for the default model): a server builds a drafter per slot and a
+    bench one per method, and each used to hold its own copies. A head file changed on disk
+    (another size or mtime) is loaded afresh."""
     folder = default_head_folder(model) if source.strip() == "default" else Path(source.strip()).expanduser()
-    loaded = load_head(folder, fingerprint=fingerprint_of(model))
+    weights = default_head_weights()
     label = "eagle:default" if source.strip() == "default" else f"eagle:{folder.name}"
-    return EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth, weights=default_head_weights())
+    try:
+        stat = (folder / HEAD_WEIGHTS).stat()
+        key: tuple[Any, ...] | None = (str(folder.resolve()), stat.st_size, stat.st_mtime_ns, weights)
+        cache = _SHARED.setdefault(model.runtime, {})
+    except (OSError, TypeError):  # no such file (load_head says so in one line), or a runtime without weakrefs
+        key, cache = None, {}
+    if key in cache:
+        loaded, head, parts = cache[key]
+        return EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth, weights=weights,
+                            shared=(head, parts))
+    loaded = load_head(folder, fingerprint=fingerprint_of(model))
+    drafter = EagleDrafter(model.runtime, loaded, label=label, topk=topk, depth=depth, weights=weights)
+    if key is not None:
+        cache[key] = (loaded, drafter.head, drafter.parts)
+    return drafter
