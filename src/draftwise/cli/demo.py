@@ -169,7 +169,7 @@ def demo(
         target = load_with_status(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
-        drafts = default_drafts(target)  # what measured best (lookup and suffix)
+        drafts = default_drafts(target)  # what measured best: lookup, suffix and, with a shipped head, the hybrid
         with err.status("profile: loading, or measuring this machine once (about a minute) ..."):
             profile = resolve_profile(target, drafts)
         with progress_bar("plan") as report:

@@ -282,7 +282,7 @@ def plan_cmd(
             model, dtype.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
         if specs is None:  # the defaults depend on the model: a shipped head adds the hybrid
-            specs = [DraftSpec.parse(d) for d in default_drafts(target)]
+            specs = [DraftSpec.parse(d) for d in default_drafts(target, temperature)]
         for spec in specs:  # unknown specs fail here, before any measuring (a model draft loads later)
             if spec.kind != "model":
                 make_drafter(spec, target)
