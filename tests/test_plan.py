@@ -243,6 +243,13 @@ def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
     assert r.exit_code == 0, r.output
     data = json.loads((tmp_path / "plan" / "plan.json").read_text())
     assert data["validation"]["checks"] and "median_abs_error" in data["validation"]
+    # the profile's price of what ran: each traced run's real seconds against it, and plain decoding's
+    runs = data["prompts"][0]["runs"]
+    assert list(runs) == ["lookup k=8"] and runs["lookup k=8"]["measured_s"] > 0 < runs["lookup k=8"]["predicted_s"]
+    pricing = data["validation"]["pricing"]
+    assert set(pricing) == {"plain", "lookup k=8"} and all(v > 0 for v in pricing.values())
+    assert pricing["lookup k=8"] == data["config"]["pricing"]["lookup k=8"]
+    assert "Measured over the profile's price" in (tmp_path / "plan" / "plan.md").read_text()
     assert is_complete_png(tmp_path / "plan" / "plan.png")
     assert "predicted" in (tmp_path / "plan" / "plan.md").read_text()
 

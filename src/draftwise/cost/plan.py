@@ -61,7 +61,10 @@ from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .plan_pick import Per, Spread, aggregate, prefer, route_units, same_as, score_by, spread_note
 from .profile import Profile
 from .route import policy_for
-from .replay import Trace, answer, answer_text, expected_steps, predict_seconds, replay_hits, rates_only, replay_lookup, replayable, trace_generation
+from .replay import (
+    RUN, Trace, answer, answer_text, expected_steps, plain_seconds, predict_seconds, priced_runs, pricing, rates_only,
+    replay_hits, replay_lookup, replayable, trace_generation,
+)
 
 # the plan's data and file live in .plan_file; they are imported from here too
 __all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "check_samples", "load_plan",
@@ -194,15 +197,18 @@ def make_plan(
                                 "seed": None if cfg.greedy else seed, "turns": len(row.turns),
                                 "prompt_tokens": turn_prompts[0], "new_tokens": sum(turn_news), "equal": equal,
                                 "turn_prompt_tokens": turn_prompts, "turn_new_tokens": turn_news})
+            prompt_info[-1]["runs"] = priced_runs(turn_items)
             for key in turn_items[0]:
                 item = _merge_turns([t[key] for t in turn_items])
                 item.update(question_id=row.question_id, sample=sample)
                 per.setdefault(key, []).append(item)
+                prompt_info[-1].setdefault("plain_s", round(item["plain_s"], 4))  # the same for every key
     if progress:
         progress("predicting", 1.0)
     config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
               "samples": samples, "seeds": None if cfg.greedy else seeds, "auto": auto,
-              "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M")}
+              "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "pricing": pricing(prompt_info)}
     return _recommend(model, profile, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
                       prompts=prompt_info, config=config)
 
@@ -215,7 +221,8 @@ def _trace_turn(
 ) -> tuple[Trace, bool, dict[tuple[str, KValue], dict[str, Any]]]:
     """One turn of one unit: each traced run (``runs``), then every candidate's prediction from
     them. Returns the reference trace (its tokens are the turn's answer), whether every greedy
-    run committed the same tokens, and the items by (draft, k)."""
+    run committed the same tokens, and the items by (draft, k), with each traced run's measured
+    and priced seconds under (:data:`RUN`, its name)."""
     traces: dict[tuple[str, KValue], Trace] = {}
     for d, k in runs:
         tick(f"{d} k={k}")
@@ -225,7 +232,11 @@ def _trace_turn(
                                           question_id=row.question_id, category=row.category)
     ref = traces[runs[0]]
     same = not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())
-    items = {}
+    items: dict[tuple[str, KValue], dict[str, Any]] = {}
+    for (d, k), tr in traces.items():  # how the profile prices what the traced runs took for real
+        priced = predict_seconds(profile, d, tr.steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens),
+                                 sampled=not cfg.greedy)
+        items[(RUN, f"{d} k={k}")] = {"measured_s": tr.seconds, "predicted_s": priced}
     for d in specs:
         for k in candidates:
             steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg, sample)
@@ -289,7 +300,7 @@ def _prompt_item(
     cut = k if isinstance(k, int) else max((m for m, _ in steps), default=1)
     return {
         "category": category, "new_tokens": max(tr.new_tokens, 1),
-        "plain_s": _plain_seconds(profile, tr, sampled),
+        "plain_s": plain_seconds(profile, tr, sampled),
         "method_s": predict_seconds(profile, d, steps, prompt_len, tr.prefill_seconds, committed, sampled=sampled),
         "fixed_s": predict_seconds(profile, d, [], prompt_len, tr.prefill_seconds, committed),
         # the steps behind the binomial interval: the replay's, or the sampled trace's cut to k
@@ -366,12 +377,6 @@ def _ranked(profile: Profile, per: Per, spread: Spread, category: str, pick: str
     if pick == "low":
         return sorted(cands, key=lambda x: (-(x.interval or [x.speedup])[0], -x.speedup))
     return sorted(cands, key=lambda x: -x.speedup)
-
-
-def _plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:
-    """Plain decoding of as many tokens as ``tr`` committed (sampled traces differ in length)."""
-    steps = [(0, 0)] * (len(tr.tokens) - 1)
-    return predict_seconds(profile, NONE, steps, tr.prompt_len, tr.prefill_seconds, len(tr.tokens), sampled=sampled)
 
 
 def _candidate(profile: Profile, draft: str, k: KValue, items: Sequence[dict[str, Any]], sampled: bool) -> Candidate:

@@ -16,6 +16,7 @@ The planner (:mod:`draftwise.cost.plan`) decodes each prompt once per draft, spe
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
@@ -246,6 +247,12 @@ def predict_seconds(
     return total
 
 
+def plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:
+    """Plain decoding of as many tokens as ``tr`` committed (sampled traces differ in length)."""
+    steps = [(0, 0)] * (len(tr.tokens) - 1)
+    return predict_seconds(profile, "none", steps, tr.prompt_len, tr.prefill_seconds, len(tr.tokens), sampled=sampled)
+
+
 def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
     """Sampling: steps at k as the measured conditional rates predict them (fractional)."""
     tested = [0] * trace.k
@@ -267,3 +274,35 @@ def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
     total = round(n_prop * (e - 1))
     accepted = [(i + 1) * total // max(n_prop, 1) - i * total // max(n_prop, 1) for i in range(n_prop)]
     return [(k, a) for a in accepted] + [(0, 0)] * (n_steps - n_prop)
+
+
+#: the key under which :func:`_trace_turn` hands back each traced run's real and priced seconds
+RUN = "__run__"
+
+
+def priced_runs(turn_items: Sequence[dict[Any, dict[str, Any]]]) -> dict[str, dict[str, float]]:
+    """Take each traced run's seconds (keys ``(RUN, name)``) out of one unit's turns' items and
+    add them up over the turns: ``{name: {"measured_s": ..., "predicted_s": ...}}``."""
+    runs = {key[1]: [t.pop(key) for t in turn_items] for key in list(turn_items[0]) if key[0] == RUN}
+    return {run: {what: round(sum(t[what] for t in turns), 4) for what in ("measured_s", "predicted_s")}
+            for run, turns in runs.items()}
+
+
+def pricing(prompts: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per traced run (a draft at k), the median over prompts of its measured seconds over the
+    seconds the profile prices its own steps at: 1.0 when the profile prices the decode loop
+    as it ran; above 1.0 when the loop ran slower than the profile says (a machine slower now
+    than when it was profiled, or costs the profile does not hold). A plan's speedups are
+    ratios of such prices, so a ratio alike for every run cancels; see docs/planner.md.
+
+    >>> pricing([{"runs": {"lookup k=8": {"measured_s": 3.0, "predicted_s": 2.0}}},
+    ...          {"runs": {"lookup k=8": {"measured_s": 2.0, "predicted_s": 2.0}}},
+    ...          {"runs": {"lookup k=8": {"measured_s": 2.4, "predicted_s": 2.0}}}])
+    {'lookup k=8': 1.2}
+    """
+    ratios: dict[str, list[float]] = {}
+    for p in prompts:
+        for run, t in (p.get("runs") or {}).items():
+            if t["predicted_s"] > 0:
+                ratios.setdefault(run, []).append(t["measured_s"] / t["predicted_s"])
+    return {run: round(statistics.median(r), 4) for run, r in ratios.items()}

@@ -161,6 +161,10 @@ def validation_summary(validation: dict[str, Any]) -> str:
         text += ("; no category's recommendation measured below 0.97x plain" if not below else
                  f"; {len(below)} categor{'y' if len(below) == 1 else 'ies'} measured below 0.97x plain "
                  f"(goal: none): {', '.join(below)}")
+    pricing = validation.get("pricing") or {}
+    if pricing:
+        text += ". Measured over the profile's price (median over prompts): " + ", ".join(
+            f"{'plain decoding' if run == 'plain' else run} {ratio:.2f}" for run, ratio in pricing.items())
     return text
 
 

@@ -167,8 +167,32 @@ def _score(plan: Plan, rows: Sequence[Question], units: list[dict[str, Any]], ex
         "repeats": repeats,
         "seeds": per_prompt,
         "notes": notes,
+        # measured seconds over the profile's price: plain decoding here, and each traced run of the plan
+        "pricing": {**({"plain": plain} if (plain := plain_pricing(plan, units)) is not None else {}),
+                    **(plan.config.get("pricing") or {})},
         "units": units,
     }
+
+
+def plain_pricing(plan: Plan, units: Sequence[dict[str, Any]]) -> float | None:
+    """Greedy: the median over prompts of plain decoding's measured seconds (its best run) over
+    the seconds the plan priced it at (``plain_s`` of the plan's prompts, the same tokens). A
+    plan's speedups are ratios of prices, so this alone says how much slower (above 1) the
+    machine ran than profiled; set beside the traced runs' (``plan.config["pricing"]``), a gap
+    says the profile prices one-row steps and speculative steps unequally. None with sampling
+    (a validation seed decodes other tokens than the plan's) or without ``plain_s``.
+
+    >>> from types import SimpleNamespace
+    >>> plan = SimpleNamespace(greedy=True, prompts=[{"question_id": 1, "new_tokens": 100, "plain_s": 5.0}])
+    >>> plain_pricing(plan, [{"question_id": 1, "plain": [16.0, 20.0]}, {"question_id": 1, "plain": [16.0, 20.0]}])
+    1.0
+    """
+    if not plan.greedy:
+        return None
+    priced = {p["question_id"]: (p["new_tokens"], p["plain_s"]) for p in plan.prompts if p.get("plain_s")}
+    ratios = {u["question_id"]: priced[u["question_id"]][0] / max(u["plain"]) / priced[u["question_id"]][1]
+              for u in units if u["question_id"] in priced and max(u["plain"]) > 0}
+    return round(statistics.median(ratios.values()), 4) if ratios else None
 
 
 def _check(category: str, draft: str, k: KValue | None, predicted: float, items: Sequence[dict[str, Any]],
