@@ -11,6 +11,7 @@ import pytest
 from draftwise.cost.adaptive import AdaptiveK
 from draftwise.cost.formulas import mean_rate_speedup
 from draftwise.cost.plan_file import Candidate, Plan
+from draftwise.cost.report import validation_summary
 from draftwise.cost.validate import unit_speedup, validate_plan
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
@@ -79,6 +80,9 @@ def test_seeds_default_to_the_plans_samples_and_greedy_uses_one(tiny):
     greedy = validate_plan(tiny, hand_plan(tiny, temperature=0.0), ROWS[:1], seeds=3)
     assert greedy["seeds"] == 1 and len(greedy["units"]) == 1 and greedy["units"][0]["seed"] is None
     assert "seeds=3 at temperature 0" in greedy["notes"][0]
+    # the median-error goal: 5% greedy, 10% sampled (issue 28), and the summary says which
+    assert greedy["goals"]["median"] == 0.05 and v["goals"]["median"] == 0.10
+    assert "(goal <= 5%)" in validation_summary(greedy) and "(goal <= 10%)" in validation_summary(v)
     assert validate_plan(tiny, hand_plan(tiny), ROWS[:1], repeats=1)["median_noise"] is None
     with pytest.raises(ConfigError, match="seeds=0"):
         validate_plan(tiny, hand_plan(tiny), ROWS[:1], seeds=0)

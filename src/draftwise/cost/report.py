@@ -145,8 +145,9 @@ def validation_summary(validation: dict[str, Any]) -> str:
     """One line: the errors, the share of categories inside their interval, the intervals'
     median width and the categories that lost to plain decoding, with the goals; and the
     validation's own noise."""
-    text = (f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= 10%), "
-            f"max {100 * validation['max_abs_error']:.1f}% (goal <= 20%)")
+    goals = {"median": 0.10, "max": 0.20, **(validation.get("goals") or {})}
+    text = (f"Median absolute error {100 * validation['median_abs_error']:.1f}% (goal <= {100 * goals['median']:.0f}%), "
+            f"max {100 * validation['max_abs_error']:.1f}% (goal <= {100 * goals['max']:.0f}%)")
     noise = validation.get("median_noise")
     if noise is not None:
         text += f", against the measurement's own noise of {100 * noise:.1f}% (median, round 1 vs round 2)"
