@@ -62,8 +62,8 @@ from .plan_pick import Per, Spread, aggregate, prefer, route_units, same_as, sco
 from .profile import Profile
 from .route import policy_for
 from .replay import (
-    RUN, Trace, answer, answer_text, expected_steps, plain_seconds, predict_seconds, priced_runs, pricing, rates_only,
-    replay_hits, replay_lookup, replayable, trace_generation,
+    Trace, answer, answer_text, expected_steps, plain_seconds, predict_seconds, pricing, rates_only, replay_hits,
+    replay_lookup, replayable, trace_generation, turn_prices, unit_prices,
 )
 
 # the plan's data and file live in .plan_file; they are imported from here too
@@ -178,10 +178,10 @@ def make_plan(
             unit_cfg = cfg if cfg.greedy else replace(cfg, seed=seed)
             answers: list[str] = []
             turn_items: list[dict[tuple[str, KValue], dict[str, Any]]] = []
-            equal, turn_prompts, turn_news = True, [], []
+            equal, turn_prompts, turn_news, turn_prices = True, [], [], []
             for turn in range(len(row.turns)):  # each answer goes into the next turn's history, as in bench
                 prompt_ids = encode_conversation(model.tokenizer, row.turns[: turn + 1], answers)
-                ref, same, items = _trace_turn(
+                ref, same, items, prices = _trace_turn(
                     model, profile, prompt_ids, row, sample, unit_cfg, specs, runs, candidates, k_run, drafters,
                     replays, max_new_tokens, tick=lambda what: progress(f"{what} on q{row.question_id} "
                                                                         f"({row.category}) turn {turn + 1} "
@@ -192,17 +192,17 @@ def make_plan(
                 turn_prompts.append(len(prompt_ids))
                 turn_news.append(ref.new_tokens)
                 turn_items.append(items)
+                turn_prices.append(prices)
                 answers.append(answer_text(model.tokenizer, answer(ref.tokens, model.eos_token_ids)))
             prompt_info.append({"question_id": row.question_id, "category": row.category, "sample": sample,
                                 "seed": None if cfg.greedy else seed, "turns": len(row.turns),
                                 "prompt_tokens": turn_prompts[0], "new_tokens": sum(turn_news), "equal": equal,
                                 "turn_prompt_tokens": turn_prompts, "turn_new_tokens": turn_news})
-            prompt_info[-1]["runs"] = priced_runs(turn_items)
+            prompt_info[-1].update(unit_prices(turn_prices))
             for key in turn_items[0]:
                 item = _merge_turns([t[key] for t in turn_items])
                 item.update(question_id=row.question_id, sample=sample)
                 per.setdefault(key, []).append(item)
-                prompt_info[-1].setdefault("plain_s", round(item["plain_s"], 4))  # the same for every key
     if progress:
         progress("predicting", 1.0)
     config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
@@ -218,11 +218,11 @@ def _trace_turn(
     specs: dict[str, DraftSpec], runs: list[tuple[str, KValue]], candidates: list[KValue], k_run: int,
     drafters: dict[tuple[str, KValue, int], Any], replays: dict[tuple[str, KValue, int], Any], max_new_tokens: int,
     *, tick: Callable[[str], Any],
-) -> tuple[Trace, bool, dict[tuple[str, KValue], dict[str, Any]]]:
+) -> tuple[Trace, bool, dict[tuple[str, KValue], dict[str, Any]], dict[str, Any]]:
     """One turn of one unit: each traced run (``runs``), then every candidate's prediction from
     them. Returns the reference trace (its tokens are the turn's answer), whether every greedy
-    run committed the same tokens, and the items by (draft, k), with each traced run's measured
-    and priced seconds under (:data:`RUN`, its name)."""
+    run committed the same tokens, the items by (draft, k), and the profile's prices
+    (:func:`~draftwise.cost.replay.turn_prices`: each traced run's, and plain decoding's)."""
     traces: dict[tuple[str, KValue], Trace] = {}
     for d, k in runs:
         tick(f"{d} k={k}")
@@ -232,17 +232,13 @@ def _trace_turn(
                                           question_id=row.question_id, category=row.category)
     ref = traces[runs[0]]
     same = not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())
-    items: dict[tuple[str, KValue], dict[str, Any]] = {}
-    for (d, k), tr in traces.items():  # how the profile prices what the traced runs took for real
-        priced = predict_seconds(profile, d, tr.steps, len(prompt_ids), tr.prefill_seconds, len(tr.tokens),
-                                 sampled=not cfg.greedy)
-        items[(RUN, f"{d} k={k}")] = {"measured_s": tr.seconds, "predicted_s": priced}
+    items = {}
     for d in specs:
         for k in candidates:
             steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg, sample)
             own = traces.get((d, AUTO if k == AUTO else k_run), ref)
             items[(d, k)] = _prompt_item(profile, specs[d], k, steps, own, len(prompt_ids), cfg, row.category)
-    return ref, same, items
+    return ref, same, items, turn_prices(profile, traces, ref, not cfg.greedy)
 
 
 def _drafter(cache: dict[tuple[str, KValue, int], Any], model: Any, spec: DraftSpec, k: KValue, sample: int) -> Any:

@@ -276,16 +276,23 @@ def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
     return [(k, a) for a in accepted] + [(0, 0)] * (n_steps - n_prop)
 
 
-#: the key under which :func:`_trace_turn` hands back each traced run's real and priced seconds
-RUN = "__run__"
+def turn_prices(profile: Profile, traces: dict[Any, Trace], ref: Trace, sampled: bool) -> dict[str, Any]:
+    """One turn's check of the profile: each traced run's real seconds beside the profile's
+    price of its own steps (``runs``, by ``"DRAFT k=K"``), and the price of plain decoding of
+    the reference trace's tokens (``plain_s``)."""
+    runs = {f"{d} k={k}": {"measured_s": tr.seconds,
+                           "predicted_s": predict_seconds(profile, d, tr.steps, tr.prompt_len, tr.prefill_seconds,
+                                                          len(tr.tokens), sampled=sampled)}
+            for (d, k), tr in traces.items()}
+    return {"runs": runs, "plain_s": plain_seconds(profile, ref, sampled)}
 
 
-def priced_runs(turn_items: Sequence[dict[Any, dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    """Take each traced run's seconds (keys ``(RUN, name)``) out of one unit's turns' items and
-    add them up over the turns: ``{name: {"measured_s": ..., "predicted_s": ...}}``."""
-    runs = {key[1]: [t.pop(key) for t in turn_items] for key in list(turn_items[0]) if key[0] == RUN}
-    return {run: {what: round(sum(t[what] for t in turns), 4) for what in ("measured_s", "predicted_s")}
-            for run, turns in runs.items()}
+def unit_prices(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One unit's prices (:func:`turn_prices` of each turn), added up over its turns, as a
+    question's turns add up in bench."""
+    return {"plain_s": round(sum(t["plain_s"] for t in turns), 4),
+            "runs": {run: {what: round(sum(t["runs"][run][what] for t in turns), 4)
+                           for what in ("measured_s", "predicted_s")} for run in turns[0]["runs"]}}
 
 
 def pricing(prompts: Sequence[dict[str, Any]]) -> dict[str, float]:
