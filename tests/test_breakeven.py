@@ -77,8 +77,20 @@ def test_speedup_is_one_at_breakeven(k, c, v):
         assert speedup(0.0, k, r) >= 1 - 1e-12
     else:
         assert speedup(a_star, k, r) == pytest.approx(1.0, abs=1e-6)
+        if r - 1 < 1e-12:  # E(a) = 1 + a + ... is computed to ~1e-16: a root this small has no crossing to see
+            assert a_star < 1e-11
+            return
         step = min(1e-3, (1 - a_star) / 2, a_star / 2)
         assert speedup(a_star - step, k, r) < 1 < speedup(a_star + step, k, r)
+
+
+@pytest.mark.parametrize("excess", [3e-11, 1e-9])
+def test_breakeven_near_zero_is_found_to_relative_precision(excess):
+    # a nearly free draft: R just above 1 puts the root near R - 1, far below an absolute 1e-10
+    r = 1 + excess
+    a_star = breakeven_acceptance(4, r)
+    assert a_star == pytest.approx(r - 1, rel=1e-3)
+    assert speedup(a_star / 2, 4, r) < 1 < speedup(a_star * 1.5, 4, r)
 
 
 @pytest.mark.parametrize("a", [0.3, 0.5, 0.7, 0.9])

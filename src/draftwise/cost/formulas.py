@@ -191,7 +191,11 @@ def breakeven_acceptance(k: int, step_cost_ratio: float, *, tol: float = 1e-10) 
     if step_cost_ratio >= k + 1:
         return None
     lo, hi = 0.0, 1.0  # E(a, k) increases in a from 1 (a = 0) towards k + 1 (a -> 1)
-    while hi - lo > tol:
+    # ``tol`` is relative to the root: an absolute one would stop at 1e-10 when R is so close to
+    # 1 that the root itself is ~1e-11 (a draft that is nearly free), and return it to no digit
+    for _ in range(2_000):  # 2,000 halvings reach below the smallest float: the loop always ends
+        if hi - lo <= tol * hi:
+            break
         mid = (lo + hi) / 2
         if expected_committed(mid, k) < step_cost_ratio:
             lo = mid
