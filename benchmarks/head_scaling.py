@@ -13,7 +13,10 @@ conversations (issue 29, item 3), sound where ``head_data_limit.py`` was not:
 
 Drafting acceptance on held-out MT-bench questions comes from ``draftwise bench`` over the saved
 heads (``--report`` reads its summary). One process trains one list of (size, seed) runs; a
-finished run is skipped, so an interrupted study resumes by running the same command.
+finished run is skipped, and a run cut short resumes from its last checkpoint (at each evaluation,
+every sixth of its steps, and at Ctrl-C: ``checkpoints/NAME/last.pt``, weights, optimizer, RNG and
+curve), so an interrupted study carries on by running the same command, to the same weights (a
+Ctrl-C adds one point to the curve, where it stopped).
 
     python benchmarks/head_scaling.py train --data-dir out/sg/data --pool 1024 --sizes 256,512,1024 \\
         --seeds 0 --out benchmarks/results/head-scaling
@@ -29,17 +32,17 @@ import argparse
 import io
 import json
 import math
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from draftwise.distill.checkpoint import LAST, load_safely, save_checkpoint
 from draftwise.distill.corpus import corpus_sequences
 from draftwise.distill.data import frequent_tokens
 from draftwise.distill.feature_store import extract_features
 from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
-from draftwise.distill.loop import RunProgress
+from draftwise.distill.loop import RunProgress, resume_from
 from draftwise.drafters.eagle_head import default_aux_layers
 from draftwise.drafters.head_files import save_head, target_fingerprint
 from draftwise.loaders import load_model
@@ -68,6 +71,21 @@ def _data(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]], list[int
     seqs, lens = [seqs[i] for i in use], [lens[i] for i in use]
     store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
     return target, store, seqs, [at[i] for i in train_ids[: max(args.sizes)]], [at[i] for i in held], stats
+
+
+def _resume(folder: Path, settings: dict[str, Any], steps: int, head: Any, opt: Any, log: io.StringIO) -> RunProgress:
+    """The run's progress: from ``folder``'s checkpoint (weights, optimizer, RNG and the curve so
+    far loaded into ``head``, ``opt`` and ``log``) when there is one, else from step 0. A
+    checkpoint of other settings is refused in one line: resuming it would mix two runs."""
+    if not (folder / LAST).is_file():
+        return RunProgress()
+    ckpt = load_safely(folder / LAST, "checkpoint")
+    if ckpt.get("settings") != settings or ckpt.get("planned_steps") != steps:
+        raise SystemExit(f"{folder / LAST} is of another run ({ckpt.get('settings')}, {ckpt.get('planned_steps')} "
+                         f"steps); delete {folder} to start this one over")
+    run = resume_from(ckpt, head, opt)
+    log.write(ckpt.get("log", ""))
+    return run
 
 
 def vocab(args: argparse.Namespace) -> None:
@@ -109,13 +127,26 @@ def train(args: argparse.Namespace) -> None:
             opt = torch.optim.AdamW(head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=args.weight_decay)
             settings = {"batch": args.batch, "seq_len": args.seq_len, "lr": args.lr, "seed": seed, "reg_weight": 0.0,
                         "noise": args.noise, "response_only": False, "ttt": args.ttt}
-            log = io.StringIO()
-            print(f"{name}: {len(keep)} conversations, {tokens:,} tokens, {steps} steps ({args.passes} passes)", flush=True)
-            t0 = time.perf_counter()
-            train_head_loop(head, opt, parts, store, keep, held, settings, steps, RunProgress(), log, eos=eos,
+            every = {**settings, "arch": args.arch, "weight_decay": args.weight_decay, "vocab": args.vocab,
+                     "conversations": len(keep), "pool": args.pool, "corpus_seed": args.corpus_seed}
+            log, folder = io.StringIO(), args.out / "checkpoints" / name
+            run = _resume(folder, every, steps, head, opt, log)
+            print(f"{name}: {len(keep)} conversations, {tokens:,} tokens, {steps} steps ({args.passes} passes)"
+                  + (f", resuming at step {run.step}" if run.step else ""), flush=True)
+
+            def checkpoint(_: Any) -> None:
+                save_checkpoint(folder, head, opt, {
+                    "step": run.step, "planned_steps": steps, "tokens": run.tokens, "seconds": run.seconds,
+                    "first_loss": run.first_loss, "settings": every, "log": log.getvalue(),
+                })
+
+            folder.mkdir(parents=True, exist_ok=True)
+            train_head_loop(head, opt, parts, store, keep, held, settings, steps, run, log, eos=eos,
                             device=cpu, time_budget=None, snapshot_every=max(1, steps // 6), data_seconds=0.0,
-                            checkpoint=lambda h: None)
-            seconds = time.perf_counter() - t0
+                            checkpoint=checkpoint)
+            if run.stopped != "completed":  # Ctrl-C: the checkpoint stays, the same command resumes
+                raise SystemExit(f"{name}: stopped at step {run.step} of {steps} ({run.stopped}); run the same command to resume")
+            seconds = run.seconds  # steps and evaluations, summed over the resumed parts
             probe = keep[:: max(1, len(keep) // len(held))][: len(held)]
             curve = [json.loads(x) for x in log.getvalue().splitlines()]
             result = {
@@ -132,6 +163,9 @@ def train(args: argparse.Namespace) -> None:
                 "vocab_size": vocab, "num_layers": int(target.runtime.num_layers),
             }, extra={"settings": result["settings"], "steps": steps, "scaling_run": name})
             path.write_text(json.dumps(result, indent=1) + "\n")
+            for f in folder.iterdir():  # the run is done: its checkpoint (~60 MB) is not needed
+                f.unlink()
+            folder.rmdir()
             print(f"{name}: held-out {result['heldout']['acceptance']:.3f}, its training data "
                   f"{result['train']['acceptance']:.3f}, {seconds / 60:.1f} min", flush=True)
 
