@@ -183,6 +183,8 @@ def _drafting(benches: list[Path]) -> dict[str, float]:
 
 def report(args: argparse.Namespace) -> None:
     runs = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*.json"))]
+    if not runs:
+        raise SystemExit(f"no runs in {args.out / 'runs'}: run `head_scaling.py train` first")
     drafting = _drafting(args.bench)
     base = [r for r in runs if r["tag"] == "base"]
     sizes = sorted({r["conversations"] for r in base})
@@ -210,6 +212,17 @@ def report(args: argparse.Namespace) -> None:
                   f"{b['conversations']} conversations {b['heldout']['acceptance']:.3f} "
                   f"({b['train']['acceptance']:.3f}): {b['heldout']['acceptance'] - a['heldout']['acceptance']:+.3f} "
                   f"from {b['conversations'] / a['conversations']:g}x the conversations at equal training."]
+    same_passes = [(a, b) for a in runs for b in runs
+                   if a["tag"] != "base" and a["passes"] == b["passes"] and a["seed"] == b["seed"]
+                   and a["conversations"] < b["conversations"] and a["steps"] != b["steps"]]
+    for a, b in same_passes:  # each size trained as far over its own data: what the next doubling buys
+        da, db = drafting.get(a["name"]), drafting.get(b["name"])
+        drafted = "" if da is None or db is None else f"; drafting MT-bench {da:.3f} -> {db:.3f} ({db - da:+.3f})"
+        lines += ["", f"At {a['passes']:g} passes each (seed {a['seed']}): {a['conversations']} -> {b['conversations']} "
+                  f"conversations ({a['steps']} -> {b['steps']} steps) moved held-out acceptance "
+                  f"{a['heldout']['acceptance']:.3f} -> {b['heldout']['acceptance']:.3f} "
+                  f"({b['heldout']['acceptance'] - a['heldout']['acceptance']:+.3f}; on its own data "
+                  f"{a['train']['acceptance']:.3f} -> {b['train']['acceptance']:.3f}){drafted}."]
     gains = [(mean[b] - mean[a]) / math.log2(b / a) for a, b in zip(sizes, sizes[1:])]
     if gains:
         lines += ["", "Held-out acceptance per doubling of the conversations, `base` runs (mean over seeds; at 3 passes "
