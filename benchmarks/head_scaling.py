@@ -32,6 +32,7 @@ import argparse
 import io
 import json
 import math
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -163,9 +164,7 @@ def train(args: argparse.Namespace) -> None:
                 "vocab_size": vocab, "num_layers": int(target.runtime.num_layers),
             }, extra={"settings": result["settings"], "steps": steps, "scaling_run": name})
             path.write_text(json.dumps(result, indent=1) + "\n")
-            for f in folder.iterdir():  # the run is done: its checkpoint (~60 MB) is not needed
-                f.unlink()
-            folder.rmdir()
+            shutil.rmtree(folder)  # the run is done: its checkpoint (~60 MB) is not needed
             print(f"{name}: held-out {result['heldout']['acceptance']:.3f}, its training data "
                   f"{result['train']['acceptance']:.3f}, {seconds / 60:.1f} min", flush=True)
 
