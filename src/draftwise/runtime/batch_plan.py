@@ -7,10 +7,12 @@ padded: ``[B, KV, M, hd]`` with each KV head's group of G query heads folded int
 :data:`.attention.ROWS`. A :class:`Plan`, built once per pass, holds the indices and the mask
 every layer reuses, and the padded query buffer the layers fill in place.
 
-Keys are padded per *group*: sequences whose contexts round up to the same power-of-two number
-of 64-key blocks attend together, so a short sequence never attends over a long one's padding
-(at most 2x its own keys), in at most a handful of calls per layer. A row's result does not
-depend on its group or its padding (that is what :mod:`.attention` guarantees).
+Sequences attend in *groups*, each a run of consecutive slots whose keys and values are read
+straight from the cache (a view: never a copy), every entry padded to the run's longest context and
+its most rows; a slot of the run that has no rows in this pass joins as an empty entry. Which runs:
+:func:`segments` cuts the pass's slots, in slot order, where the padding a run would cost exceeds the
+fixed cost of one more call (:data:`CALL_COST`). A row's result does not depend on its group or its
+padding (that is what :mod:`.attention` guarantees), so the cut changes only the time a pass takes.
 """
 
 from __future__ import annotations
@@ -30,8 +32,7 @@ from .base import Rows, ancestor_mask, check_parents
 class Group:
     """Sequences of a pass that attend in one call, their keys padded to one length."""
 
-    lo: int  # the first slot
-    index: torch.Tensor | None  # [B] their slots; None: the consecutive slots lo .. lo + B - 1
+    lo: int  # the first slot: the group's entries are the consecutive slots lo .. lo + batch - 1
     batch: int
     rows_of: torch.Tensor | None  # [Rg] the pass's rows in this group, in order; None: all of them
     place: torch.Tensor | None  # [Rg] each row's index in [batch * rows]; None: 0 .. Rg - 1
@@ -42,10 +43,8 @@ class Group:
     group: int  # query heads per KV head
 
     def cached(self, cache: torch.Tensor) -> torch.Tensor:
-        """The group's keys or values from a layer's ``[slots, KV, ctx, hd]`` cache: ``[B, KV, keys, hd]``."""
-        if self.index is None:
-            return cache[self.lo : self.lo + self.batch, :, : self.keys]  # a view
-        return cache[:, :, : self.keys].index_select(0, self.index)
+        """The group's keys or values from a layer's ``[slots, KV, ctx, hd]`` cache: ``[B, KV, keys, hd]``, a view."""
+        return cache[self.lo : self.lo + self.batch, :, : self.keys]
 
 
 @dataclass(frozen=True)
@@ -61,10 +60,48 @@ class Plan:
     groups: list[Group]
 
 
-def _bucket(keys: int) -> int:
-    """Keys rounded up to a power-of-two number of 64-key blocks (the grouping key)."""
-    blocks = -(-keys // CHUNK)
-    return CHUNK * (1 << max(blocks - 1, 0).bit_length())
+#: The cost model :func:`segments` cuts a pass by, in nanoseconds per layer, rough figures from the
+#: default model on a 2-core AMD EPYC (it decides only how fast a pass runs, never what it computes):
+#: one group's fixed cost (about ten tensor operations) ...
+CALL_COST = 60_000.0
+#: ... and, per entry and per padded key, reading that key's K and V (and copying V into blocks) ...
+KEY_COST = 75.0
+#: ... plus the arithmetic for each padded query row against it.
+ROW_KEY_COST = 5.5
+
+
+def segments(slots: Sequence[int], rows: Sequence[int], ends: Sequence[int], group: int) -> list[list[int]]:
+    """Cut a pass into groups: indices into its sequences, in runs of increasing slot.
+
+    Sequence i sits in slot ``slots[i]`` (distinct), brings ``rows[i]`` rows and ends at key
+    ``ends[i]``. A run costs :data:`CALL_COST` plus, for each slot from its first to its last
+    (empty entries too), its padded keys times ``KEY_COST + ROW_KEY_COST * padded query rows``;
+    the cut minimises the sum (dynamic programming over the slot order, quadratic in the
+    sequences of the pass).
+
+    >>> segments([0, 1, 2, 3], [1, 1, 1, 1], [300, 310, 290, 305], group=3)  # alike: one call
+    [[0, 1, 2, 3]]
+    >>> segments([0, 1, 2, 3], [1, 1, 1, 1], [100, 100, 4000, 4000], group=3)  # short and long apart
+    [[0, 1], [2, 3]]
+    """
+    order = sorted(range(len(slots)), key=lambda i: slots[i])
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        most_rows = last_key = 0
+        for i in range(j - 1, -1, -1):  # the run order[i:j]
+            m = order[i]
+            most_rows, last_key = max(most_rows, rows[m]), max(last_key, ends[m])
+            width = slots[order[j - 1]] - slots[m] + 1
+            cost = best[i] + CALL_COST + width * padded_keys(last_key) * (
+                KEY_COST + ROW_KEY_COST * padded_rows(most_rows * group))
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], len(order)
+    while j > 0:
+        runs.append(order[cut[j] : j])
+        j = cut[j]
+    return runs[::-1]
 
 
 def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, kv_heads: int, group: int,
@@ -96,15 +133,10 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     for p in passes:
         first_row.append(row)
         row += len(p.ids)
-    # sequences attend together when their keys and their query rows round to the same power of
-    # two (a prompt chunk's 16 rows would otherwise pad a plain step's one row to 16)
-    buckets: dict[tuple[int, int], list[int]] = {}  # (keys, rows) bucket -> indices into passes
-    for i, (p, start) in enumerate(zip(passes, starts)):
-        rows_bucket = 1 << max(len(p.ids) - 1, 0).bit_length()
-        buckets.setdefault((_bucket(start + len(p.ids)), rows_bucket), []).append(i)
     dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
-    groups = [_group(sorted(members, key=lambda i: passes[i].slot), passes, starts, trees, first_row, row, **dims)
-              for _, members in sorted(buckets.items())]
+    runs = segments([p.slot for p in passes], [len(p.ids) for p in passes],
+                    [start + len(p.ids) for p, start in zip(passes, starts)], group)
+    groups = [_group(run, passes, starts, trees, first_row, row, **dims) for run in runs]
     return Plan(
         starts=starts,
         slot_of=torch.tensor(slot_of, device=device),
@@ -119,17 +151,12 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
 def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees: list[torch.Tensor | None],
            first_row: list[int], total_rows: int, *, kv_heads: int, group: int, head_dim: int,
            device: torch.device) -> Group:
-    """One :class:`Group` of ``passes[members]`` (in slot order).
-
-    Its keys come straight from the cache (a view) when its slots are consecutive, or nearly:
-    a slot in between that is not in the group joins as an empty entry (padding rows only),
-    which costs less than copying the members' keys out while no more than half the range is
-    such gaps (attention over one more slot reads its keys once; a copy reads and writes each
-    member's). Otherwise the members' keys are gathered."""
+    """One :class:`Group` of ``passes[members]`` (in slot order): the consecutive slots from the
+    first member's to the last's, a slot in between that is not a member joining as an empty
+    entry (padding rows only)."""
     slots = [passes[i].slot for i in members]
     lo, hi = slots[0], slots[-1] + 1
-    spread = hi - lo <= 2 * len(slots)
-    entries = list(range(lo, hi)) if spread else slots  # the layout's sequences, in order
+    entries = list(range(lo, hi))  # the layout's sequences, in order
     by_slot = {passes[i].slot: i for i in members}
     counts = [len(passes[by_slot[s]].ids) if s in by_slot else 0 for s in entries]
     rows = max(counts)
@@ -145,7 +172,6 @@ def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees:
     place = [b * rows + j for b, n in enumerate(counts) for j in range(n)]
     return Group(
         lo=lo,
-        index=None if spread else torch.tensor(slots, device=device),
         batch=len(entries),
         rows_of=None if rows_of == list(range(total_rows)) else torch.tensor(rows_of, device=device),
         place=None if place == list(range(len(entries) * rows)) else torch.tensor(place, device=device),
