@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.distill import data as data_module
 from draftwise.distill.data import ordered_prompts, split_questions
 from draftwise.fsutil import write_json_atomic, write_text_atomic
@@ -84,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": model.name, "prompts": len(jobs), "gen_tokens": args.gen_tokens, "rounds": rows,
         "engine_over_hf": ratios, "median_engine_over_hf": statistics.median(ratios),
         "engine_batch": data_module.ENGINE_BATCH, "hf_batch": data_module.GEN_BATCH,
-        "same_greedy_answers": same, "machine": platform.processor() or platform.machine(), "commit": commit,
+        "same_greedy_answers": same, "machine": cpu_model(), "cpu_flags": cpu_flags(), "threads": torch.get_num_threads(), "commit": commit,
         "command": "python benchmarks/answers_rate.py " + " ".join(sys.argv[1:] if argv is None else argv),
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         "# train-head's answers: the batched engine against transformers batches", "",
         f"{model.name}, {len(jobs)} prompts (train-head's training split), greedy, up to {args.gen_tokens} "
-        f"tokens each; commit {commit}.", "", f"    {summary['command']}", "",
+        f"tokens each; commit {commit}; {summary['machine']} ({', '.join(summary['cpu_flags']) or 'no listed flags'}), "
+        f"{summary['threads']} threads.", "", f"    {summary['command']}", "",
         "| round | backend | answer tokens | seconds | tok/s |", "|---:|---|---:|---:|---:|",
         *[f"| {x['round']} | {x['backend']} | {x['tokens']} | {x['seconds']:.1f} | {x['tokens_per_s']:.1f} |" for x in rows],
         "", f"engine / hf per round: {', '.join(f'{x:.2f}x' for x in ratios)}; "
