@@ -3,7 +3,6 @@ each unseen question, at the plan's token budget, and records what it sent."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -11,13 +10,12 @@ import pytest
 
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
 
+from .benchmark_scripts import load_benchmark
+
 pytest.importorskip("httpx")
 _DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(_DIR))
-_spec = importlib.util.spec_from_file_location("goodput_validate", _DIR / "goodput_validate.py")
-assert _spec is not None and _spec.loader is not None
-validate = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(validate)
+validate = load_benchmark("goodput_validate")
 
 
 def test_a_unit_is_every_turn_of_a_question_in_order():

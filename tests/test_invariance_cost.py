@@ -3,21 +3,14 @@ runtime gets its row-invariant kernels back."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from draftwise.runtime import native, quant
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "invariance_cost.py"
-_spec = importlib.util.spec_from_file_location("invariance_cost", _PATH)
-assert _spec is not None and _spec.loader is not None
-invariance_cost = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("invariance_cost", invariance_cost)
-_spec.loader.exec_module(invariance_cost)
+from .benchmark_scripts import load_benchmark
+
+invariance_cost = load_benchmark("invariance_cost")
 
 
 def test_free_path_matches_and_is_undone(tiny_chat_folder, one_thread):

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from draftwise.questions import Question
 
+from .benchmark_scripts import load_benchmark
+
 pytest.importorskip("httpx")
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "load_test.py"
-_spec = importlib.util.spec_from_file_location("load_test", _PATH)
-assert _spec is not None and _spec.loader is not None
-load_test = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("load_test", load_test)
-_spec.loader.exec_module(load_test)
+load_test = load_benchmark("load_test")
 
 
 def _questions() -> list[Question]:
