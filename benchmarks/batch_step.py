@@ -17,7 +17,6 @@ Prints the median and writes ``result.json`` and ``summary.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import statistics
 import subprocess
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.loaders import load_model
 from draftwise.runtime import batch_plan
 from draftwise.runtime.base import Rows
@@ -79,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
               "threads": args.threads, "runtime_commit": commit, "seconds": times, "median_ms": median_ms,
               "command": command}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "summary.md").write_text(
+    write_json_atomic(args.out / "result.json", result)
+    write_text_atomic(
+        args.out / "summary.md",
         f"# One decoding step of {args.sequences} sequences ({args.dtype}, contexts {args.contexts}, cut {args.cut})\n\n"
         f"Runtime from commit {commit}; median of {args.rounds} steps after a warm-up: **{median_ms:.1f} ms**.\n\n"
         f"    {command}\n")

@@ -23,7 +23,6 @@ last bits only). Writes ``result.json`` and ``summary.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import subprocess
 import sys
@@ -59,13 +58,14 @@ def free_attention(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     return out[0].transpose(0, 1).reshape(rows, -1).to(dtype)
 
 
+#: the runtime's own attention and linear call, saved before any switch
+INVARIANT: tuple[Callable[..., Any], Callable[..., Any]] = (native.attend_groups, quant.Linear.__call__)
+
+
 def switch(free: bool) -> None:
     """Route the runtime's attention and packed linears through the free path, or back."""
     native.attend_groups = free_attention if free else INVARIANT[0]  # type: ignore[assignment]
     quant.Linear.__call__ = quant.Linear._run if free else INVARIANT[1]  # type: ignore[method-assign]
-
-
-INVARIANT: tuple[Callable[..., Any], Callable[..., Any]] = (native.attend_groups, quant.Linear.__call__)
 
 
 def measure(mode: str, *, context: int, sizes: list[int], rounds: int, model: str = "default") -> dict[str, Any]:

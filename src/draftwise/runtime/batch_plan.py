@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError
-from .attention import CHUNK, attend, padded_keys, padded_rows, visible_keys
+from .attention import attend, padded_keys, padded_rows, visible_keys
 from .base import Rows, ancestor_mask, check_parents
 
 
