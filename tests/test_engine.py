@@ -110,6 +110,45 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8).token_ids
 
 
+def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
+        batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.step_chunk: a burst of prompts enters in one pass each; a long prompt that joins
+    three decoding generations enters prefill_chunk rows a pass; every answer is the one alone."""
+    long = prompts[5]
+    assert len(long) > 3 * 8
+    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=8)
+    rows: list[dict[int, int]] = []  # per pass: slot -> rows
+    forward = eng.runtime.forward_batch
+
+    def spy(passes: Any, **kw: Any) -> Any:
+        rows.append({p.slot: len(p.ids) for p in passes})
+        return forward(passes, **kw)
+
+    monkeypatch.setattr(eng.runtime, "forward_batch", spy)
+    got: dict[int, list[int]] = {}
+
+    new = [len(long) // 8 + 8] * 3 + [8]  # the first three decode all through the long prompt's
+
+    def job(i: int, ids: list[int]):
+        def run(model: Any) -> None:
+            got[i] = generate(model, ids, max_new_tokens=new[i]).token_ids
+
+        return run
+
+    for i in range(3):
+        eng.start(job(i, prompts[i]))
+    eng.step()
+    assert rows == [{i: len(prompts[i]) for i in range(3)}]  # no one decodes yet: whole prompts at once
+    eng.step()
+    eng.start(job(3, long))  # 1 prefilling against 3 decoding
+    while eng.running:
+        eng.step()
+    chunks = [r[3] for r in rows if 3 in r][: -(-len(long) // 8)]
+    assert sum(chunks) == len(long) and set(chunks[:-1]) == {8}, chunks
+    for i, ids in enumerate(prompts[:3] + [long]):
+        assert got[i] == generate(batched_model, ids, max_new_tokens=new[i]).token_ids, i
+
+
 def test_bad_batches_get_one_clear_line(batched_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="max_batch"):

@@ -15,8 +15,9 @@ tokens are those it gets alone, as long as the pass is row-invariant (it is:
 :mod:`draftwise.runtime.attention`, ``tests/test_row_invariance.py``).
 
 Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; a
-prompt enters ``prefill_chunk`` tokens per step, so a long prompt does not stall the others; a
-generation that ends frees its slot at once.
+prompt enters ``prefill_chunk`` tokens per step while more generations decode than prefill, so
+a long prompt does not stall the others, and up to :data:`BURST_CHUNK` tokens per step otherwise
+(:func:`step_chunk`); a generation that ends frees its slot at once.
 
 Example::
 
@@ -44,6 +45,8 @@ from .runtime.base import Rows
 from .sampling import SamplingConfig
 
 DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
+#: prompt tokens a generation feeds per step while no more generations decode than prefill
+BURST_CHUNK = 512
 DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: how chosen, with the measured T(n): docs/serving.md
 DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
 
@@ -54,6 +57,26 @@ def _greenlet() -> Any:
     except ImportError as exc:  # pragma: no cover - a core dependency
         raise ConfigError("the batched engine needs the greenlet package: pip install greenlet") from exc
     return greenlet
+
+
+def step_chunk(chunk: int, prefilling: int, decoding: int) -> int:
+    """Prompt tokens each prefilling generation feeds the coming step.
+
+    The small ``chunk`` is there for the generations that decode: a step that carries prompt
+    rows is a longer gap between their tokens. While they outnumber the generations still in
+    their prompts, each prompt enters ``chunk`` tokens a step; otherwise (a burst of arrivals, a
+    lone request) up to ``max(chunk, BURST_CHUNK)``: the decoders' one long gap buys every
+    waiting prompt its start, and prompts that start late end late, in steps of a small batch.
+    The engine counts as a step starts, before anyone moves: a generation whose prompt's last
+    chunk ran in the previous pass still counts as prefilling (its first gap follows a first
+    token that waited as long), so the short prompts of a burst, which end together, do not at
+    once turn the longer ones back to small chunks. The chunking changes no bit of any result
+    (the pass is row-invariant), only the time.
+
+    >>> step_chunk(16, prefilling=1, decoding=8), step_chunk(16, prefilling=15, decoding=1)
+    (16, 512)
+    """
+    return chunk if decoding > prefilling else max(chunk, BURST_CHUNK)
 
 
 def memory_available() -> int | None:
@@ -127,11 +150,14 @@ class SlotRuntime:
         if not ids:
             raise ConfigError("prefill needs at least one token")
         self._rt.rollback_slot(self.slot, 0)
-        chunk = self._engine.prefill_chunk
-        out = None
-        for lo in range(0, len(ids), chunk):
+        self._engine._current().prefilling = True
+        out, lo = None, 0
+        while lo < len(ids):  # the chunk is the engine's for this step (step_chunk)
+            chunk = self._engine.chunk
             last = lo + chunk >= len(ids)
             out = self._engine._wait(Rows(self.slot, ids[lo : lo + chunk], last_only=last, logits=last))
+            lo += chunk
+        self._engine._current().prefilling = False
         assert out is not None
         return out[0]
 
@@ -158,6 +184,7 @@ class Sequence_:
     layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
     answer: Any = None  # the logits of its last pass, handed back when it resumes
     error: BaseException | None = None
+    prefilling: bool = True  # until it resumes after its prompt's last chunk (new: not started yet)
 
 
 @dataclass
@@ -197,6 +224,7 @@ class Engine:
         self.runtime: Any = model.runtime
         self.runtime.allocate_slots(self.max_batch, context)
         self.prefill_chunk = prefill_chunk
+        self.chunk = prefill_chunk  # this step's prompt tokens per prefilling generation (step_chunk)
         self.stats = PassStats()
         self._free = deque(range(self.max_batch))
         self._live: list[Sequence_] = []
@@ -231,6 +259,8 @@ class Engine:
         """Advance every generation to its next pass, run the pass, and return how many
         generations it served (0: nothing is running)."""
         self._main = _greenlet().getcurrent()
+        prefilling = sum(s.prefilling for s in self._live)
+        self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling)
         for seq in list(self._live):
             if seq.waiting is None and seq.layers is None:
                 self._resume(seq)

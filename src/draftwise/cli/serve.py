@@ -60,8 +60,9 @@ def serve(
                                                   f"{DEFAULT_MAX_BATCH}, or 1 when an EAGLE draft is allowed.")] = None,
     context: Annotated[int, typer.Option("--context", min=1, help="Positions per request (prompt + answer); "
                                          "the KV cache takes --max-batch x --context.")] = DEFAULT_SERVE_CONTEXT,
-    prefill_chunk: Annotated[int, typer.Option("--prefill-chunk", help="Prompt tokens a request feeds per step "
-                                               "while others decode.")] = DEFAULT_PREFILL_CHUNK,
+    prefill_chunk: Annotated[int, typer.Option(
+        "--prefill-chunk", help="Prompt tokens a request feeds per step while more requests decode than "
+        "prefill (otherwise up to 512).")] = DEFAULT_PREFILL_CHUNK,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
                                                    "included) before a request is ended.")] = 600.0,

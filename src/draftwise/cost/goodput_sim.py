@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..engine import DEFAULT_PREFILL_CHUNK
+from ..engine import DEFAULT_PREFILL_CHUNK, step_chunk
 from ..errors import ConfigError
 from .goodput import (
     NONE, SOLO, Kind, Outcome, Request, StepCost, Workload, choice_for, choose_ks, rates_outcomes, step_goodput,
@@ -140,6 +140,7 @@ class _Req:
     start: float
     prefill_left: int
     made: float = 0.0
+    fresh: bool = False  # its prompt's last chunk ran in the previous step (the engine still counts it)
 
 
 @dataclass
@@ -188,7 +189,9 @@ def simulate(
         live = [(i, r) for i, r in enumerate(active) if r is not None]
         pre = [(i, r) for i, r in live if r.prefill_left > 0]
         dec = [(i, r) for i, r in live if r.prefill_left == 0]
-        pre_rows = sum(min(prefill_chunk, r.prefill_left) for _, r in pre)
+        fresh = sum(r.fresh for _, r in dec)  # counted as prefilling, as the engine does
+        chunk = step_chunk(prefill_chunk, len(pre) + fresh, len(dec) - fresh)
+        pre_rows = sum(min(chunk, r.prefill_left) for _, r in pre)
         context = sum(r.prompt + r.made for _, r in live) / len(live)
         drafts = [_draft_for(policy, r.kind) for _, r in dec]
         if kind_of == "goodput":
@@ -228,10 +231,12 @@ def simulate(
         spec_steps += sum(1 for k in ks if k)
         for (i, r), m in zip(dec, made):
             r.made += m
+            r.fresh = False
         for _, r in pre:
-            r.prefill_left -= min(prefill_chunk, r.prefill_left)
+            r.prefill_left -= min(chunk, r.prefill_left)
             if r.prefill_left == 0:
                 r.made += 1  # the prompt's last chunk gives the first token
+                r.fresh = True
         for i, r in live:
             if r.made >= r.answer - 1e-9:
                 tokens_total += r.answer

@@ -56,7 +56,7 @@ class ServerSettings:
     request_timeout_s: float = 600.0
     max_body_bytes: int = 1 << 20
     max_batch: int = 1  # requests decoded together (the batched engine when > 1)
-    prefill_chunk: int = 16  # prompt tokens a request feeds per step while others decode (engine default)
+    prefill_chunk: int = 16  # prompt tokens a request feeds per step while more decode (engine.step_chunk)
     context: int | None = None  # positions per batched request (None: the model's); capped by the model's
 
     def __post_init__(self) -> None:

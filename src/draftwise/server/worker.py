@@ -160,6 +160,7 @@ class Worker:
         self._context = context
         self._handles: list[JobHandle] = []  # the jobs in the engine's batch
         self._rows: dict[int, int | None] = {}  # id(handle) -> rows it feeds a pass (None: chooses with the batch)
+        self._prompts: dict[int, int] = {}  # id(handle) -> its prompt's tokens, while it prefills
         self.speculation = speculation
         self.metrics = metrics
         self.max_queue = max_queue
@@ -316,12 +317,13 @@ class Worker:
             handle.post(Event("error", error=str(exc), code="invalid"))
             return self._end(handle, "error", started, started, None, SpecStats(), None)
         if slot is not None:  # the prompt's chunks share the passes; then its rows, or its policy's
-            self._rows[id(handle)] = min(self.prefill_chunk, len(job.prompt_ids))
+            self._prompts[id(handle)] = len(job.prompt_ids)
         try:
             self._decode(handle, s, started, None if isinstance(k, BatchSlotPolicy) or slot is None
                          else 1 + (k if drafter is not None and isinstance(k, int) else 0))
         finally:
             self._rows.pop(id(handle), None)
+            self._prompts.pop(id(handle), None)
             if isinstance(k, BatchSlotPolicy):
                 k.release()  # out of the batch's choices from the next sequence that asks
 
@@ -337,7 +339,7 @@ class Worker:
             if first is None:
                 first = now
                 m.observe_first(now - job.arrived)
-                if id(handle) in self._rows:
+                if self._prompts.pop(id(handle), None) is not None:
                     self._rows[id(handle)] = rows
             else:
                 gap, tokens = now - last, max(s.stats.committed - committed, 1)  # type: ignore[operator]
@@ -363,7 +365,8 @@ class Worker:
         """Rows and sequences of the coming pass that do not choose their k with the batch: a
         prompt's chunk, a plain request's row, a fixed k's k + 1 (the goodput policy prices
         its proposals beside them)."""
-        rows = [r for r in self._rows.values() if r is not None]
+        chunk = self.engine.chunk if self.engine is not None else self.prefill_chunk  # this step's (engine.step_chunk)
+        rows = [r for r in self._rows.values() if r is not None] + [min(chunk, n) for n in self._prompts.values()]
         return sum(rows), len(rows)
 
     def _end(self, handle: JobHandle, reason: str, started: float, first: float | None,
