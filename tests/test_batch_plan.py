@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from draftwise.runtime import batch_plan
+from draftwise.runtime import attention, batch_plan
 from draftwise.runtime.base import Rows
 from draftwise.runtime.batch_plan import make_plan, segments
 
@@ -66,3 +66,28 @@ def test_the_cut_changes_no_logit(wide_state, monkeypatch, cut):  # noqa: F811
                          device=torch.device("cpu")).groups) == (1 if cut == "one group" else 4)
     other = rt.forward_batch(passes)
     assert all(torch.equal(a, b) for a, b in zip(default, other))
+
+
+def test_both_ways_of_taking_the_values_give_the_same_bits(monkeypatch):
+    """attention.attend copies a small group's values into blocks and runs one matmul; a large
+    group's it takes block by block from the cache's view. A row must get the same bits either
+    way, alone (a few blocks) or in a group padded to many more (the block sum's cascade)."""
+    gen = torch.Generator().manual_seed(3)
+    B, KV, M, hd, ctx = 10, 2, 8, 16, 1536
+    ends = [int(e) for e in torch.randint(40, 1400, (B,), generator=gen)]
+    k, v = torch.randn(B, KV, ctx, hd, generator=gen), torch.randn(B, KV, ctx, hd, generator=gen)
+    q = torch.randn(B, KV, M, hd, generator=gen)
+
+    def bias(b: int, keys: int) -> torch.Tensor:
+        return torch.zeros(1, 1, M, keys).masked_fill_(torch.arange(keys) >= ends[b], float("-inf"))
+
+    keys = attention.padded_keys(max(ends))
+    whole = torch.cat([bias(b, keys) for b in range(B)])
+    by_block = attention.attend(q, k[:, :, :keys], v[:, :, :keys], whole)
+    monkeypatch.setattr(attention, "LOOP_BATCH", B + 1)
+    copied = attention.attend(q, k[:, :, :keys], v[:, :, :keys], whole)
+    assert torch.equal(by_block, copied)
+    for b in range(B):  # alone: its own keys only, values copied
+        own = attention.padded_keys(ends[b])
+        alone = attention.attend(q[b : b + 1], k[b : b + 1, :, :own], v[b : b + 1, :, :own], bias(b, own))
+        assert torch.equal(alone[0], by_block[b]), b

@@ -14,7 +14,13 @@ So every reduction here has a shape that does not depend on the rest of the batc
 - keys are padded to a multiple of :data:`CHUNK`; masked keys get ``-inf`` (weight exactly 0),
   and torch's softmax over a multiple of 64 entries is unchanged by trailing ``-inf`` entries;
 - the weighted sum of values runs per block of :data:`CHUNK` keys (a matmul with a fixed inner
-  size), then sums the blocks in order; trailing all-zero blocks add exactly 0.
+  size), then sums the blocks with one ``sum`` over the block axis (torch's cascade: its grouping
+  is fixed from the first block, so trailing all-zero blocks add exactly 0).
+
+The blocks' products come one of two ways, to the same bits (``tests/test_row_invariance.py``
+mixes both): a small group copies its values into blocks and runs one batched matmul; a group
+of :data:`LOOP_BATCH` sequences or more runs a matmul per block on the cache's own view (no copy
+of the values, which at long contexts cost more than the calls).
 
 Shapes: one call covers ``B`` sequences (a group of :mod:`.batch_plan`); ``q`` is ``[B, KV, M, hd]``
 (each KV head's group of query heads folded into M), keys and values ``[B, KV, L, hd]`` from the cache,
@@ -29,6 +35,7 @@ import torch
 
 ROWS = 8  # query rows per (slot, KV head) are padded to a multiple of this
 CHUNK = 64  # keys per block of the value reduction; key lengths are padded to a multiple
+LOOP_BATCH = 8  # groups of at least this many sequences take the values block by block (no copy)
 
 
 def padded_rows(m: int) -> int:
@@ -49,9 +56,17 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     L = k.shape[2]
     p = torch.softmax(torch.matmul(q, k.transpose(-1, -2)).add_(bias), dim=-1)  # [B, KV, M, L]
     blocks = L // CHUNK
-    pc = p.view(B, KV, M, blocks, CHUNK).transpose(2, 3)  # [B, KV, blocks, M, CHUNK]
-    vc = v.reshape(B, KV, blocks, CHUNK, hd)
-    return torch.matmul(pc, vc).sum(2)  # [B, KV, M, hd]
+    if B < LOOP_BATCH:  # the values copied into blocks (folding B, KV and the blocks), one matmul
+        pc = p.view(B, KV, M, blocks, CHUNK).transpose(2, 3)  # [B, KV, blocks, M, CHUNK]
+        vc = v.reshape(B, KV, blocks, CHUNK, hd)
+        return torch.matmul(pc, vc).sum(2)  # [B, KV, M, hd]
+    n = B * KV
+    pf = p.view(n, M, L)
+    products = q.new_empty(blocks, n, M, hd)
+    for b in range(blocks):  # B and KV fold on the cache's view: nothing is copied
+        keys = slice(b * CHUNK, (b + 1) * CHUNK)
+        torch.bmm(pf[:, :, keys], v[:, :, keys].reshape(n, CHUNK, hd), out=products[b])
+    return products.sum(0).view(B, KV, M, hd)
 
 
 def visible_keys(
