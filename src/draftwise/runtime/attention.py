@@ -17,10 +17,10 @@ So every reduction here has a shape that does not depend on the rest of the batc
   size), then sums the blocks with one ``sum`` over the block axis (torch's cascade: its grouping
   is fixed from the first block, so trailing all-zero blocks add exactly 0).
 
-The blocks' products come one of two ways, to the same bits (``tests/test_row_invariance.py``
-mixes both): a small group copies its values into blocks and runs one batched matmul; a group
-of :data:`LOOP_BATCH` sequences or more runs a matmul per block on the cache's own view (no copy
-of the values, which at long contexts cost more than the calls).
+The blocks' products come one of two ways, to the same bits (``tests/test_batch_plan.py`` checks
+one against the other): a small group copies its values into blocks and runs one batched matmul;
+a group of :data:`LOOP_BATCH` sequences or more runs a matmul per block on the cache's own view
+(no copy of the values, which at long contexts cost more than the calls).
 
 Shapes: one call covers ``B`` sequences (a group of :mod:`.batch_plan`); ``q`` is ``[B, KV, M, hd]``
 (each KV head's group of query heads folded into M), keys and values ``[B, KV, L, hd]`` from the cache,
