@@ -53,7 +53,7 @@ requests it sent.
 simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending R
 units one after the other and a unit's turns one after the other (client i's j-th unit is unit
 (i R + j) mod U, as the load test does). A joining request prefills its whole prompt (history
-included), ``prefill_chunk`` rows a step inside the batch (as the engine does), then decodes
+included) in chunks inside the batch (the engine's rule, :func:`draftwise.engine.step_chunk`), then decodes
 with the policy's k, committing its expected tokens per step (fractional), until its answer's
 length. Aggregate tokens/s = all tokens / the simulated wall time; per-request tokens/s = the
 mean over requests (turns) of tokens / (end - start), start being when its client sent it.
