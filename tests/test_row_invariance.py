@@ -15,12 +15,15 @@ import pytest
 import torch
 
 from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.runtime import kernels
 from draftwise.runtime.base import Rows
 from draftwise.runtime.native import NativeRuntime
 
 from .conftest import tiny_llama_config
 
 MODES = [("float32", "none"), ("bfloat16", "none"), ("float32", "int8"), ("float32", "q4")]
+#: attention's two paths: the compiled kernel (runtime/kernels) and the torch one (runtime/attention.py)
+PATHS = ["kernel", "torch"]
 
 
 def wide_config() -> Any:
@@ -36,9 +39,12 @@ def wide_state(one_thread: None) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def runtime(state: dict[str, torch.Tensor], mode: tuple[str, str], slots: int = 1) -> NativeRuntime:
+def runtime(state: dict[str, torch.Tensor], mode: tuple[str, str], slots: int = 1, path: str = "kernel") -> NativeRuntime:
     dtype, quant = mode
     rt = NativeRuntime(wide_config(), state, dtype=getattr(torch, dtype), quant=quant, max_context=1024)
+    if path == "kernel" and not rt.kernel_attention:
+        pytest.skip(f"the attention kernel is not built here ({kernels.why_not()})")
+    rt.kernel_attention = path == "kernel"
     rt.allocate_slots(slots)
     return rt
 
@@ -68,13 +74,15 @@ def alone(rt: NativeRuntime, prompt: list[int], passes: list[tuple[list[int], li
     return out
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", MODES, ids=["+".join(m) for m in MODES])
-def test_a_row_is_the_same_alone_and_in_a_batch_of_16(wide_state: dict[str, torch.Tensor], mode: tuple[str, str]) -> None:
+def test_a_row_is_the_same_alone_and_in_a_batch_of_16(wide_state: dict[str, torch.Tensor], mode: tuple[str, str],
+                                                      path: str) -> None:
     rng = random.Random(7)
     seqs = [sequence_plan(rng) for _ in range(16)]
-    solo = runtime(wide_state, mode)
+    solo = runtime(wide_state, mode, path=path)
     want = [alone(solo, prompt, passes) for prompt, passes in seqs]
-    rt = runtime(wide_state, mode, slots=16)
+    rt = runtime(wide_state, mode, slots=16, path=path)
     # the prompts enter in chunks of different sizes, as the engine's chunked prefill feeds them
     got: list[list[torch.Tensor]] = [[] for _ in seqs]
     fed = [0] * 16
@@ -106,9 +114,11 @@ def test_a_row_is_the_same_alone_and_in_a_batch_of_16(wide_state: dict[str, torc
             assert torch.equal(g, w), f"sequence {s}: logits differ by {(g - w).abs().max().item()}"
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("mode", MODES, ids=["+".join(m) for m in MODES])
-def test_a_chain_pass_reproduces_one_row_steps(wide_state: dict[str, torch.Tensor], mode: tuple[str, str]) -> None:
-    rt = runtime(wide_state, mode)
+def test_a_chain_pass_reproduces_one_row_steps(wide_state: dict[str, torch.Tensor], mode: tuple[str, str],
+                                               path: str) -> None:
+    rt = runtime(wide_state, mode, path=path)
     rng = random.Random(1)
     prompt = [rng.randrange(3, 512) for _ in range(250)]
     ids = [rng.randrange(3, 512) for _ in range(9)]  # the chain crosses 256 keys
@@ -118,8 +128,9 @@ def test_a_chain_pass_reproduces_one_row_steps(wide_state: dict[str, torch.Tenso
     assert torch.equal(rt.forward(ids), steps)
 
 
-def test_a_tree_row_equals_its_path_run_as_a_chain(wide_state: dict[str, torch.Tensor]) -> None:
-    rt = runtime(wide_state, ("bfloat16", "none"))
+@pytest.mark.parametrize("path", PATHS)
+def test_a_tree_row_equals_its_path_run_as_a_chain(wide_state: dict[str, torch.Tensor], path: str) -> None:
+    rt = runtime(wide_state, ("bfloat16", "none"), path=path)
     prompt = list(range(10, 80))
     tokens, parents = [5, 6, 7, 8, 9], [-1, 0, 0, 1, 3]  # row 4's path: rows 0, 1, 3, 4
     rt.prefill(prompt)

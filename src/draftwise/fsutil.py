@@ -93,6 +93,21 @@ def fields_of(source: str, remedy: str) -> Iterator[None]:
         raise ConfigError(f"{source} is malformed: {exc}; {remedy}") from None
 
 
+def cache_root() -> Path:
+    """draftwise's cache folder: ``$DRAFTWISE_CACHE`` (``~`` expanded), else the platform's user
+    cache dir (``platformdirs``; ``$XDG_CACHE_HOME/draftwise`` or ``~/.cache/draftwise`` without it)."""
+    env = os.environ.get("DRAFTWISE_CACHE", "").strip()
+    if env:
+        return Path(env).expanduser()
+    try:
+        import platformdirs
+
+        return Path(platformdirs.user_cache_dir("draftwise"))
+    except ImportError:  # pragma: no cover - platformdirs is a dependency
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+        return Path(base) / "draftwise"
+
+
 def check_writable(folder: str | Path, what: str = "output folder", *, fix: str = "choose another") -> Path:
     """Create ``folder`` if needed and prove a file can be written there; a clear error otherwise.
 

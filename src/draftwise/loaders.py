@@ -26,7 +26,7 @@ import torch
 from .chat import encode_conversation
 from .convert_staging import clean_stale_conversions, move_into_place, staging_folder
 from .errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
-from .fsutil import check_writable, write_json_atomic
+from .fsutil import cache_root, check_writable, write_json_atomic
 from .models import BUILTIN_MODELS
 from .runtime.base import Runtime
 from .runtime.native import NativeRuntime, check_supported, load_state_dict
@@ -91,17 +91,8 @@ def _load_q4(source: Path, folder: Path, config: Any, status: Callable[[str], No
 
 def cache_dir() -> Path:
     """Where converted weights live: ``$DRAFTWISE_CACHE`` (``~`` expanded), else the platform's
-    user cache dir."""
-    env = os.environ.get("DRAFTWISE_CACHE", "").strip()
-    if env:
-        return Path(env).expanduser()
-    try:
-        import platformdirs
-
-        return Path(platformdirs.user_cache_dir("draftwise"))
-    except ImportError:  # pragma: no cover - platformdirs is a dependency
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
-        return Path(base) / "draftwise"
+    user cache dir (:func:`.fsutil.cache_root`)."""
+    return cache_root()
 
 
 def writable_cache_dir(sub: str) -> Path:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ConfigError, ContextLengthError
+from . import kernels
 from .attention import attend, padded_keys, padded_rows, visible_keys
 from .base import Rows, ancestor_mask, check_parents
 
@@ -57,7 +58,12 @@ class Plan:
     positions: torch.Tensor  # [R] the rotary position (a tree row: start + its depth)
     single: bool  # one sequence: its rows go to one slot's consecutive positions
     first_slot: int
-    groups: list[Group]
+    groups: list[Group]  # the torch path's attention calls (empty where the compiled kernel runs)
+    #: the compiled kernel's layout (:mod:`.kernels`; None: the torch path): per sequence its slot,
+    #: start, rows, first row and the offset of its ancestor mask in ``trees`` (-1: a chain)
+    seq: torch.Tensor | None = None
+    trees: torch.Tensor | None = None  # uint8: the tree passes' [n, n] ancestor masks, flattened
+    threads: int = 1
 
 
 #: The cost model :func:`segments` cuts a pass by, in nanoseconds per layer, rough figures from the
@@ -105,8 +111,9 @@ def segments(slots: Sequence[int], rows: Sequence[int], ends: Sequence[int], gro
 
 
 def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, kv_heads: int, group: int,
-              head_dim: int, device: torch.device) -> Plan:
-    """The :class:`Plan` of a pass over ``passes``, given each slot's length before it."""
+              head_dim: int, device: torch.device, compiled: bool = False) -> Plan:
+    """The :class:`Plan` of a pass over ``passes``, given each slot's length before it; laid out
+    for the compiled kernel (``compiled``) or for the torch path's groups."""
     if not passes:
         raise ConfigError("a pass needs at least one sequence")
     seen_slots: set[int] = set()
@@ -133,10 +140,22 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     for p in passes:
         first_row.append(row)
         row += len(p.ids)
-    dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
-    runs = segments([p.slot for p in passes], [len(p.ids) for p in passes],
-                    [start + len(p.ids) for p, start in zip(passes, starts)], group)
-    groups = [_group(run, passes, starts, trees, first_row, row, **dims) for run in runs]
+    seq = masks = None
+    groups: list[Group] = []
+    if compiled:
+        layout, flat, offset = [], [], 0
+        for p, start, first, tree in zip(passes, starts, first_row, trees):
+            layout.append([p.slot, start, len(p.ids), first, -1 if tree is None else offset])
+            if tree is not None:
+                flat.append(tree.reshape(-1))
+                offset += tree.numel()
+        seq = torch.tensor(layout, dtype=torch.int64)
+        masks = torch.cat(flat).to(torch.uint8) if flat else torch.zeros(1, dtype=torch.uint8)
+    else:
+        dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
+        runs = segments([p.slot for p in passes], [len(p.ids) for p in passes],
+                        [start + len(p.ids) for p, start in zip(passes, starts)], group)
+        groups = [_group(run, passes, starts, trees, first_row, row, **dims) for run in runs]
     return Plan(
         starts=starts,
         slot_of=torch.tensor(slot_of, device=device),
@@ -145,6 +164,9 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
         single=len(passes) == 1,
         first_slot=min(seen_slots),
         groups=groups,
+        seq=seq,
+        trees=masks,
+        threads=torch.get_num_threads(),
     )
 
 
@@ -209,6 +231,11 @@ def attend_groups(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                   dtype: torch.dtype) -> torch.Tensor:
     """Each group's rows of ``q`` (``[R, H, hd]``) attend over their own slots of one layer's
     cache (``[slots, KV, ctx, hd]``): ``[R, H * hd]`` in ``dtype``."""
+    if plan.seq is not None:  # the compiled kernel: every sequence in one call
+        assert plan.trees is not None
+        out = kernels.attend(q if q.dtype == torch.float32 else q.float(), k_cache, v_cache, plan.seq, plan.trees,
+                             scale, plan.threads)
+        return out if dtype == torch.float32 else out.to(dtype)
     att = None
     for g in plan.groups:
         keys, values = g.cached(k_cache), g.cached(v_cache)  # [B, KV, L, hd]

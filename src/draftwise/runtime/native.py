@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError, UnsupportedArchitectureError
 from .attention import padded_keys
+from . import kernels
 from .batch_plan import Plan, attend_groups, make_plan
 from .base import Rows, check_keep, check_parents
 from .features import FeatureCapture
@@ -95,6 +96,9 @@ class NativeRuntime(FeatureCapture):
         self._head_sub: torch.Tensor | None = None
         self._feature_dim = int(self.embed.shape[1])  # see capture_features
         self.scale = self.head_dim ** -0.5  # attention's 1 / sqrt(head_dim)
+        # the compiled attention kernel where this machine builds it (.kernels), else .attention's
+        # torch path; set it before the first pass and keep it (the two differ in the last bits)
+        self.kernel_attention = self.device.type == "cpu" and kernels.available(self.head_dim)
 
     def _load_layers(self, weights: WeightLoader) -> None:
         """Each decoder layer's two norms and four fused matmuls: q/k/v, o, gate/up, down."""
@@ -359,7 +363,7 @@ class NativeRuntime(FeatureCapture):
 
     def _run_impl(self, passes: list[Rows], layers: tuple[int, ...]) -> list[torch.Tensor]:
         plan = make_plan(passes, self._lengths, self._context, kv_heads=self.n_kv, group=self.group,
-                         head_dim=self.head_dim, device=self.device)
+                         head_dim=self.head_dim, device=self.device, compiled=self.kernel_attention)
         tokens = torch.as_tensor([t for p in passes for t in p.ids], dtype=torch.long, device=self.device)
         x = F.embedding(tokens, self.embed)  # [R, d]
         if self._feats is not None and layers == self._all_layers:  # record (see .features)

@@ -1,0 +1,233 @@
+/* Row-invariant attention for a ragged batch of sequences, in one call per layer.
+ *
+ * Built at first use by draftwise.runtime.kernels (cc -O2 -march=native -fopenmp). Every query
+ * row is computed by one thread, with arithmetic fixed by this code alone: what a row gets
+ * depends on its own query, its own sequence's keys and values and which of them it sees,
+ * never on the other rows of the pass, their number, or how the work is split between threads.
+ *
+ *   score_j = scale * sum_d q_d k_jd    the sum over d in 16 lanes (one lane per d mod 16, in
+ *                                       order over d), the lanes added in a fixed tree
+ *   e_j     = exp(score_j - max)        a fixed polynomial; 0 where the row does not see key j
+ *   out     = (sum_j e_j v_j) / sum_j e_j   over j in order from 0; the denominator in 16 lanes
+ *                                       (lane j mod 16) added in the same fixed tree
+ *
+ * A row sees keys 0 .. start + j of its sequence (row j of a chain), or, for a tree pass, keys
+ * before `start` and its own ancestors-or-self among the pass's rows. A key it does not see adds
+ * exactly 0 everywhere, so running further over masked keys cannot change a bit.
+ *
+ * No -ffast-math: the compiler keeps the order written here.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t i16 __attribute__((vector_size(64)));
+typedef uint32_t u16x32 __attribute__((vector_size(64)));
+typedef uint16_t h16 __attribute__((vector_size(32)));
+
+#define QB 4         /* query rows per register block */
+#define ITEM_ROWS 32 /* query rows per unit of work handed to a thread */
+#define MAX_NC 8     /* head_dim up to 128 */
+
+static inline v16 load_f(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
+static inline void store_f(float *p, v16 v) { memcpy(p, &v, sizeof v); }
+static inline v16 load_bf(const uint16_t *p) {
+    h16 h; memcpy(&h, p, sizeof h);
+    u16x32 w = __builtin_convertvector(h, u16x32) << 16;
+    v16 r; memcpy(&r, &w, sizeof r); return r;
+}
+static inline v16 load_kv(const void *base, int64_t off, int bf16) {
+    return bf16 ? load_bf((const uint16_t *)base + off) : load_f((const float *)base + off);
+}
+static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
+static inline v16 vmax(v16 a, v16 b) {
+    i16 m = a > b;
+    return (v16)(((i16)a & m) | ((i16)b & ~m));
+}
+
+/* The sum of each of four vectors' 16 lanes, one fixed tree for all four:
+ * lane l + 8 onto lane l, then l + 4, then l + 2, then l + 1. */
+static inline v16 sum4(v16 a, v16 b, v16 c, v16 d) {
+    v16 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    v16 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+             __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    v16 s = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+            __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    s = s + __builtin_shufflevector(s, s, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+    s = s + __builtin_shufflevector(s, s, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+    return s; /* the four sums in lanes 0, 4, 8 and 12 */
+}
+
+/* exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r); exactly 0 below -87. */
+static inline v16 vexp(v16 x) {
+    v16 lo = splat(-87.0f);
+    i16 under = x < lo;
+    x = vmax(x, lo);
+    v16 t = x * splat(1.44269504088896341f) + splat(12582912.0f);
+    v16 n = t - splat(12582912.0f); /* round to nearest */
+    v16 r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
+    v16 p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * (r * r) + r + splat(1.0f);
+    i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
+    v16 scale; memcpy(&scale, &bits, sizeof scale);
+    return (v16)((i16)(p * scale) & ~under);
+}
+
+typedef struct {
+    const float *q; int64_t q_row, q_head;
+    const void *k, *v; int bf16; int64_t c_slot, c_head, c_pos;
+    float *out; int64_t out_row;
+    const int64_t *seq; /* per sequence: slot, start, count, first row, tree offset (-1: a chain) */
+    const uint8_t *trees;
+    int H, KV, hd; float scale;
+} Args;
+
+typedef struct { int s, h, q0, q1; } Item;
+
+static __thread float *buffer;
+static __thread size_t capacity;
+
+static float *scratch(size_t n) {
+    if (n > capacity) {
+        free(buffer);
+        capacity = n + n / 2;
+        buffer = (float *)malloc(capacity * sizeof(float));
+        if (!buffer) capacity = 0;
+    }
+    return buffer;
+}
+
+/* Query rows q0 .. q1 - 1 (row j = q / G, head h * G + q % G) of sequence s against KV head h. */
+static int run_item(const Args *a, const Item *it, int nc) {
+    const int64_t *sq = a->seq + 5 * it->s;
+    const int64_t slot = sq[0], start = sq[1], row0 = sq[3], tree = sq[4];
+    const int64_t count = sq[2];
+    const int G = a->H / a->KV, h = it->h, nq = it->q1 - it->q0;
+    const int64_t kv_off = slot * a->c_slot + h * a->c_head;
+    const int64_t span = ((start + (it->q1 - 1) / G + 1 + 15) / 16) * 16; /* keys the item reads */
+    float *S = scratch((size_t)(nq + QB) * span);
+    if (!S) return 1;
+    for (int b = 0; b < nq; b += QB) {
+        v16 qv[QB][MAX_NC];
+        int64_t end[QB], last = 0;
+        const uint8_t *mask[QB];
+        for (int i = 0; i < QB; i++) {
+            int qi = it->q0 + b + i;
+            if (b + i < nq) {
+                int64_t j = qi / G;
+                const float *src = a->q + (row0 + j) * a->q_row + (int64_t)(h * G + qi % G) * a->q_head;
+                for (int c = 0; c < nc; c++) qv[i][c] = load_f(src + 16 * c);
+                end[i] = start + j + 1;
+                mask[i] = tree >= 0 ? a->trees + tree + j * count : NULL;
+            } else {
+                for (int c = 0; c < nc; c++) qv[i][c] = splat(0.0f);
+                end[i] = 0;
+                mask[i] = NULL;
+            }
+            if (end[i] > last) last = end[i];
+        }
+        float *Sb = S + (size_t)b * span;
+        /* scores: key by key, four rows at a time */
+        for (int64_t t = 0; t < last; t++) {
+            const int64_t off = kv_off + t * a->c_pos;
+            v16 acc[QB];
+            v16 kc = load_kv(a->k, off, a->bf16);
+            for (int i = 0; i < QB; i++) acc[i] = qv[i][0] * kc;
+            for (int c = 1; c < nc; c++) {
+                kc = load_kv(a->k, off + 16 * c, a->bf16);
+                for (int i = 0; i < QB; i++) acc[i] = acc[i] + qv[i][c] * kc;
+            }
+            v16 s = sum4(acc[0], acc[1], acc[2], acc[3]);
+            for (int i = 0; i < QB; i++) Sb[(size_t)i * span + t] = s[4 * i] * a->scale;
+        }
+        /* softmax numerators, row by row, over whole 16-key tiles (masked keys: -inf) */
+        float inv[QB];
+        for (int i = 0; i < QB; i++) {
+            float *row = Sb + (size_t)i * span;
+            int64_t n = end[i], tiles = (n + 15) / 16;
+            inv[i] = 0.0f;
+            if (n == 0) continue;
+            for (int64_t t = n; t < tiles * 16; t++) row[t] = -__builtin_inff();
+            if (mask[i])
+                for (int64_t t = start; t < n; t++)
+                    if (!mask[i][t - start]) row[t] = -__builtin_inff();
+            v16 m = load_f(row);
+            for (int64_t t = 1; t < tiles; t++) m = vmax(m, load_f(row + 16 * t));
+            float top = m[0];
+            for (int l = 1; l < 16; l++) top = m[l] > top ? m[l] : top;
+            v16 sum = splat(0.0f), mx = splat(top);
+            for (int64_t t = 0; t < tiles; t++) {
+                v16 e = vexp(load_f(row + 16 * t) - mx);
+                store_f(row + 16 * t, e);
+                sum = sum + e;
+            }
+            v16 z = splat(0.0f);
+            inv[i] = 1.0f / sum4(sum, z, z, z)[0];
+        }
+        /* values: key by key in order, four rows at a time */
+        v16 acc[QB][MAX_NC];
+        for (int i = 0; i < QB; i++)
+            for (int c = 0; c < nc; c++) acc[i][c] = splat(0.0f);
+        for (int64_t t = 0; t < last; t++) {
+            const int64_t off = kv_off + t * a->c_pos;
+            for (int c = 0; c < nc; c++) {
+                v16 vc = load_kv(a->v, off + 16 * c, a->bf16);
+                for (int i = 0; i < QB; i++)
+                    if (t < end[i]) acc[i][c] = acc[i][c] + splat(Sb[(size_t)i * span + t]) * vc;
+            }
+        }
+        for (int i = 0; i < QB && b + i < nq; i++) {
+            int qi = it->q0 + b + i;
+            float *dst = a->out + (row0 + qi / G) * a->out_row + (int64_t)(h * G + qi % G) * a->hd;
+            for (int c = 0; c < nc; c++) store_f(dst + 16 * c, acc[i][c] * splat(inv[i]));
+        }
+    }
+    return 0;
+}
+
+/* Specialised copies for the usual head sizes, so the lane loops unroll into registers. */
+static int run_item_16(const Args *a, const Item *it) { return run_item(a, it, 1); }
+static int run_item_32(const Args *a, const Item *it) { return run_item(a, it, 2); }
+static int run_item_64(const Args *a, const Item *it) { return run_item(a, it, 4); }
+static int run_item_128(const Args *a, const Item *it) { return run_item(a, it, 8); }
+
+int dw_attend_version(void) { return 1; }
+
+/* Returns 0, or 1 when memory ran out, 2 for a head size it does not cover. */
+int dw_attend(const float *q, int64_t q_row, int64_t q_head, const void *k, const void *v, int bf16,
+              int64_t c_slot, int64_t c_head, int64_t c_pos, float *out, int64_t out_row, int n_seq,
+              const int64_t *seq, const uint8_t *trees, int H, int KV, int hd, float scale, int threads) {
+    int (*fn)(const Args *, const Item *);
+    switch (hd) {
+        case 16: fn = run_item_16; break;
+        case 32: fn = run_item_32; break;
+        case 64: fn = run_item_64; break;
+        case 128: fn = run_item_128; break;
+        default: return 2;
+    }
+    Args a = {q, q_row, q_head, k, v, bf16, c_slot, c_head, c_pos, out, out_row, seq, trees, H, KV, hd, scale};
+    const int G = H / KV;
+    int n = 0;
+    for (int s = 0; s < n_seq; s++) n += KV * (int)((seq[5 * s + 2] * G + ITEM_ROWS - 1) / ITEM_ROWS);
+    Item *items = (Item *)malloc(sizeof(Item) * (size_t)(n > 0 ? n : 1));
+    if (!items) return 1;
+    n = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int m = (int)seq[5 * s + 2] * G;
+        for (int h = 0; h < KV; h++)
+            for (int q0 = 0; q0 < m; q0 += ITEM_ROWS)
+                items[n++] = (Item){s, h, q0, q0 + ITEM_ROWS < m ? q0 + ITEM_ROWS : m};
+    }
+    int failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) reduction(| : failed)
+    for (int i = 0; i < n; i++) failed |= fn(&a, &items[i]);
+    free(items);
+    return failed;
+}
