@@ -270,6 +270,16 @@ def test_the_machine_fingerprint_tells_cpu_features_apart(monkeypatch):
     assert profile_mod.machine_fingerprint() != avx2  # same model name, another kernel set
 
 
+def test_the_machine_fingerprint_tells_the_attention_paths_apart(monkeypatch):
+    from draftwise.cost import profile as profile_mod
+    from draftwise.runtime import kernels
+
+    monkeypatch.setattr(kernels, "signature", lambda: "kernel-0123456789ab")
+    compiled = profile_mod.machine_fingerprint()
+    monkeypatch.setattr(kernels, "signature", lambda: "torch")
+    assert profile_mod.machine_fingerprint() != compiled  # a profile timed on the torch path is stale
+
+
 def test_a_profile_from_another_machine_is_refused_and_a_cached_one_measured_again(tiny, tmp_path, monkeypatch):
     from draftwise.cost import profile as profile_mod
 

@@ -54,6 +54,7 @@ from ..drafters.spec import DraftSpec
 from ..errors import ConfigError
 from ..fsutil import fields_of, read_json, write_json_atomic
 from ..loaders import cache_dir
+from ..runtime import kernels
 
 SCHEMA = "draftwise.profile/1"
 
@@ -98,12 +99,15 @@ def cpu_flags() -> list[str]:
 def machine_fingerprint() -> str:
     """This machine as timing sees it, hashed: the CPU model, its kernel-relevant features
     (:func:`cpu_flags`, and the vector level torch dispatches to), the core count, the
-    accelerator (if any) and torch's version. A profile measured on another machine is refused
-    (or, for a cached one, measured again) by it."""
+    accelerator (if any), torch's version and which attention the runtime runs (the compiled
+    kernel, by its source, or the torch path: :func:`..runtime.kernels.signature`). A profile
+    measured on another machine, or with other kernels, is refused (or, for a cached one,
+    measured again) by it."""
     cpu = cpu_model()
     level = torch.backends.cpu.get_cpu_capability()
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    text = f"{cpu}\0{level}\0{','.join(cpu_flags())}\0{os.cpu_count()}\0{device}\0{torch.__version__}"
+    text = (f"{cpu}\0{level}\0{','.join(cpu_flags())}\0{os.cpu_count()}\0{device}\0{torch.__version__}"
+            f"\0{kernels.signature()}")
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

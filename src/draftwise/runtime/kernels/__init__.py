@@ -115,6 +115,14 @@ def why_not() -> str | None:
     return None if why is None else str(why)
 
 
+def signature() -> str:
+    """Which attention this process runs, for fingerprints of what a pass costs: ``kernel-`` and a
+    hash of the kernel's source, or ``torch``."""
+    if library() is None:
+        return "torch"
+    return "kernel-" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+
+
 def available(head_dim: int) -> bool:
     """Whether a model with heads of ``head_dim`` runs the compiled kernel in this process."""
     return head_dim in HEAD_DIMS and library() is not None
