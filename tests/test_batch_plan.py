@@ -63,7 +63,7 @@ def test_the_cut_changes_no_logit(wide_state, monkeypatch, cut):  # noqa: F811
     else:
         monkeypatch.setattr(batch_plan, "KEY_COST", 1e30)
     assert len(make_plan(passes, lengths, 1024, kv_heads=2, group=4, head_dim=32,
-                         device=torch.device("cpu")).groups) == (1 if cut == "one group" else 4)
+                         device=torch.device("cpu")).groups) == (2 if cut == "one group" else 4)  # + the tree's
     other = rt.forward_batch(passes)
     assert all(torch.equal(a, b) for a, b in zip(default, other))
 

@@ -42,9 +42,15 @@ class Group:
     bias: torch.Tensor  # [batch, 1, M, keys]: 0 where a row sees a key, -inf where not
     queries: torch.Tensor  # [batch, KV, M, hd] float32, zero padding; layers write rows * G of M
     group: int  # query heads per KV head
+    #: a tree's rows (see :func:`_tree_group`): ``[batch, keys]``, the cache positions of slot ``lo``
+    #: each row reads, in order; None: the entries are slots and read their keys in place
+    index: torch.Tensor | None = None
 
     def cached(self, cache: torch.Tensor) -> torch.Tensor:
-        """The group's keys or values from a layer's ``[slots, KV, ctx, hd]`` cache: ``[B, KV, keys, hd]``, a view."""
+        """The group's keys or values from a layer's ``[slots, KV, ctx, hd]`` cache: ``[B, KV, keys, hd]``
+        (a view, or a tree's rows' gathered copy)."""
+        if self.index is not None:
+            return cache[self.lo][:, self.index].transpose(0, 1).contiguous()
         return cache[self.lo : self.lo + self.batch, :, : self.keys]
 
 
@@ -153,9 +159,12 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
         masks = torch.cat(flat).to(torch.uint8) if flat else torch.zeros(1, dtype=torch.uint8)
     else:
         dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
-        runs = segments([p.slot for p in passes], [len(p.ids) for p in passes],
-                        [start + len(p.ids) for p, start in zip(passes, starts)], group)
-        groups = [_group(run, passes, starts, trees, first_row, row, **dims) for run in runs]
+        chains = [i for i, p in enumerate(passes) if p.tree is None]
+        runs = segments([passes[i].slot for i in chains], [len(passes[i].ids) for i in chains],
+                        [starts[i] + len(passes[i].ids) for i in chains], group)
+        groups = [_group([chains[i] for i in run], passes, starts, trees, first_row, row, **dims) for run in runs]
+        groups += [_tree_group(passes[i], starts[i], first_row[i], **dims) for i, p in enumerate(passes)
+                   if p.tree is not None]
     return Plan(
         starts=starts,
         slot_of=torch.tensor(slot_of, device=device),
@@ -185,11 +194,6 @@ def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees:
     starts_e = [starts[by_slot[s]] if s in by_slot else 0 for s in entries]
     keys = padded_keys(max(st + n for st, n in zip(starts_e, counts)))
     seen = visible_keys(starts_e, counts, [trees[by_slot[s]] if s in by_slot else None for s in entries], rows, keys)
-    seen = seen.repeat_interleave(group, dim=1)  # [B, rows * G, keys]: the folded layout
-    m = padded_rows(rows * group)
-    seen = F.pad(seen, (0, 0, 0, m - rows * group))
-    seen[:, rows * group :, 0] = True  # padding rows see slot 0: a finite softmax
-    bias = torch.zeros(seen.shape, dtype=torch.float32).masked_fill_(~seen, float("-inf"))[:, None]
     rows_of = [first_row[by_slot[s]] + j for s, n in zip(entries, counts) for j in range(n)]
     place = [b * rows + j for b, n in enumerate(counts) for j in range(n)]
     return Group(
@@ -199,9 +203,51 @@ def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees:
         place=None if place == list(range(len(entries) * rows)) else torch.tensor(place, device=device),
         rows=rows,
         keys=keys,
-        bias=bias.to(device),
-        queries=torch.zeros(len(entries), kv_heads, m, head_dim, dtype=torch.float32, device=device),
+        bias=_bias(seen, rows, group).to(device),
+        queries=torch.zeros(len(entries), kv_heads, padded_rows(rows * group), head_dim, dtype=torch.float32,
+                            device=device),
         group=group,
+    )
+
+
+def _bias(seen: torch.Tensor, rows: int, group: int) -> torch.Tensor:
+    """``[B, 1, M, keys]`` float32 from ``seen`` (``[B, rows, keys]``): each row's mask for each of
+    its G query heads (the folded layout), padded to M rows; 0 where it sees a key, ``-inf`` where not."""
+    seen = seen.repeat_interleave(group, dim=1)  # [B, rows * G, keys]
+    m = padded_rows(rows * group)
+    seen = F.pad(seen, (0, 0, 0, m - rows * group))
+    seen[:, rows * group :, 0] = True  # padding rows see slot 0: a finite softmax
+    return torch.zeros(seen.shape, dtype=torch.float32).masked_fill_(~seen, float("-inf"))[:, None]
+
+
+def _tree_group(p: Rows, start: int, first: int, *, kv_heads: int, group: int, head_dim: int,
+                device: torch.device) -> Group:
+    """A tree pass's rows as a :class:`Group` of one-row entries, each reading the keys before
+    ``start`` and then its ancestors-or-self, packed in order: the keys its path's chain reads, at
+    the same indices, so that a tree row gets the chain's bits (a mask over the tree's own layout
+    would put the keys it sees at other indices, and the reductions' grouping follows the index)."""
+    assert p.tree is not None
+    n = len(p.ids)
+    paths: list[list[int]] = []
+    for j, parent in enumerate(p.tree):
+        paths.append((paths[parent] if parent >= 0 else []) + [start + j])
+    keys = padded_keys(start + max(len(path) for path in paths))
+    index = torch.zeros(n, keys, dtype=torch.long)
+    index[:, :start] = torch.arange(start)
+    for j, path in enumerate(paths):
+        index[j, start : start + len(path)] = torch.tensor(path)
+    seen = visible_keys([start + len(path) - 1 for path in paths], [1] * n, [None] * n, 1, keys)
+    return Group(
+        lo=p.slot,
+        batch=n,
+        rows_of=torch.arange(first, first + n, device=device),
+        place=None,
+        rows=1,
+        keys=keys,
+        bias=_bias(seen, 1, group).to(device),
+        queries=torch.zeros(n, kv_heads, padded_rows(group), head_dim, dtype=torch.float32, device=device),
+        group=group,
+        index=index.to(device),
     )
 
 

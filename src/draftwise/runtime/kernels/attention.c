@@ -9,11 +9,13 @@
  *                                       order over d), the lanes added in a fixed tree
  *   e_j     = exp(score_j - max)        a fixed polynomial; 0 where the row does not see key j
  *   out     = (sum_j e_j v_j) / sum_j e_j   over j in order from 0; the denominator in 16 lanes
- *                                       (lane j mod 16) added in the same fixed tree
+ *                                       (lane j mod 16, j counting only the keys the row sees)
+ *                                       added in the same fixed tree
  *
  * A row sees keys 0 .. start + j of its sequence (row j of a chain), or, for a tree pass, keys
  * before `start` and its own ancestors-or-self among the pass's rows. A key it does not see adds
- * exactly 0 everywhere, so running further over masked keys cannot change a bit.
+ * exactly 0 to the values, so running further over masked keys cannot change a bit, and a tree
+ * row's denominator counts lanes over the keys it sees: it gets its path's chain's bits.
  *
  * No -ffast-math: the compiler keeps the order written here.
  */
@@ -112,7 +114,7 @@ static int run_item(const Args *a, const Item *it, int nc) {
     const int G = a->H / a->KV, h = it->h, nq = it->q1 - it->q0;
     const int64_t kv_off = slot * a->c_slot + h * a->c_head;
     const int64_t span = ((start + (it->q1 - 1) / G + 1 + 15) / 16) * 16; /* keys the item reads */
-    float *S = scratch((size_t)(nq + QB) * span);
+    float *S = scratch((size_t)(nq + QB + 1) * span); /* the last row: a tree row's packed weights */
     if (!S) return 1;
     for (int b = 0; b < nq; b += QB) {
         v16 qv[QB][MAX_NC];
@@ -162,12 +164,23 @@ static int run_item(const Args *a, const Item *it, int nc) {
             for (int64_t t = 1; t < tiles; t++) m = vmax(m, load_f(row + 16 * t));
             float top = m[0];
             for (int l = 1; l < 16; l++) top = m[l] > top ? m[l] : top;
-            v16 sum = splat(0.0f), mx = splat(top);
-            for (int64_t t = 0; t < tiles; t++) {
-                v16 e = vexp(load_f(row + 16 * t) - mx);
-                store_f(row + 16 * t, e);
-                sum = sum + e;
+            v16 mx = splat(top);
+            for (int64_t t = 0; t < tiles; t++) store_f(row + 16 * t, vexp(load_f(row + 16 * t) - mx));
+            /* A tree row's denominator sums its visible weights packed in order, so that each
+             * lands in the lane it has in its path's chain (where the keys are consecutive). */
+            const float *w = row;
+            if (mask[i]) {
+                float *packed = S + (size_t)(nq + QB) * span;
+                int64_t used = start;
+                memcpy(packed, row, (size_t)start * sizeof(float));
+                for (int64_t t = start; t < n; t++)
+                    if (mask[i][t - start]) packed[used++] = row[t];
+                tiles = (used + 15) / 16;
+                for (int64_t t = used; t < tiles * 16; t++) packed[t] = 0.0f;
+                w = packed;
             }
+            v16 sum = splat(0.0f);
+            for (int64_t t = 0; t < tiles; t++) sum = sum + load_f(w + 16 * t);
             v16 z = splat(0.0f);
             inv[i] = 1.0f / sum4(sum, z, z, z)[0];
         }
