@@ -39,7 +39,8 @@ def wide_state(one_thread: None) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def runtime(state: dict[str, torch.Tensor], mode: tuple[str, str], slots: int = 1, path: str = "kernel") -> NativeRuntime:
+def runtime(state: dict[str, torch.Tensor], mode: tuple[str, str], slots: int = 1,
+            path: str = "kernel") -> NativeRuntime:
     dtype, quant = mode
     rt = NativeRuntime(wide_config(), state, dtype=getattr(torch, dtype), quant=quant, max_context=1024)
     if path == "kernel" and not rt.kernel_attention:
