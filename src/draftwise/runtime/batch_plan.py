@@ -149,14 +149,7 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
     seq = masks = None
     groups: list[Group] = []
     if compiled:
-        layout, flat, offset = [], [], 0
-        for p, start, first, tree in zip(passes, starts, first_row, trees):
-            layout.append([p.slot, start, len(p.ids), first, -1 if tree is None else offset])
-            if tree is not None:
-                flat.append(tree.reshape(-1))
-                offset += tree.numel()
-        seq = torch.tensor(layout, dtype=torch.int64)
-        masks = torch.cat(flat).to(torch.uint8) if flat else torch.zeros(1, dtype=torch.uint8)
+        seq, masks = _compiled_layout(passes, starts, first_row, trees)
     else:
         dims = dict(kv_heads=kv_heads, group=group, head_dim=head_dim, device=device)
         chains = [i for i, p in enumerate(passes) if p.tree is None]
@@ -177,6 +170,20 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
         trees=masks,
         threads=torch.get_num_threads(),
     )
+
+
+def _compiled_layout(passes: Sequence[Rows], starts: list[int], first_row: list[int],
+                     trees: list[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compiled kernel's ``seq`` (``[n, 5]`` int64: slot, start, rows, first row, offset of the
+    ancestor mask or -1) and ``trees`` (uint8, the masks flattened; one 0 where there are none)."""
+    layout, flat, offset = [], [], 0
+    for p, start, first, tree in zip(passes, starts, first_row, trees):
+        layout.append([p.slot, start, len(p.ids), first, -1 if tree is None else offset])
+        if tree is not None:
+            flat.append(tree.reshape(-1))
+            offset += tree.numel()
+    masks = torch.cat(flat).to(torch.uint8) if flat else torch.zeros(1, dtype=torch.uint8)
+    return torch.tensor(layout, dtype=torch.int64), masks
 
 
 def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees: list[torch.Tensor | None],
