@@ -87,6 +87,23 @@ def test_without_the_kernel_the_runtime_takes_the_torch_path(monkeypatch: pytest
 
 def test_an_uncovered_head_size_takes_the_torch_path() -> None:
     assert not kernels.available(24)
+    assert not kernels.available(64, torch.float16)  # a cache it cannot read
+
+
+@needs_kernel
+def test_attend_refuses_what_it_cannot_read() -> None:
+    from draftwise.errors import ConfigError
+
+    seq = torch.tensor([[0, 3, 1, 0, -1]], dtype=torch.int64)
+    trees = torch.zeros(1, dtype=torch.uint8)
+    q, cache = torch.zeros(1, 2, 64), torch.zeros(1, 1, 16, 64)
+    with pytest.raises(ConfigError, match="float32 or bfloat16 cache"):
+        kernels.attend(q, cache.half(), cache.half(), seq, trees, 1.0, 1)
+    with pytest.raises(ConfigError, match="one layout"):
+        kernels.attend(q, cache, torch.zeros(1, 16, 1, 64).transpose(1, 2), seq, trees, 1.0, 1)
+    with pytest.raises(ConfigError, match="does not cover heads of 24"):
+        kernels.attend(torch.zeros(1, 2, 24), torch.zeros(1, 1, 16, 24), torch.zeros(1, 1, 16, 24), seq, trees, 1.0, 1)
+    assert torch.isfinite(kernels.attend(q, cache, cache, seq, trees, 1.0, 1)).all()
 
 
 def test_a_failed_build_says_why_and_warns(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

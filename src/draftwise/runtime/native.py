@@ -98,7 +98,7 @@ class NativeRuntime(FeatureCapture):
         self.scale = self.head_dim ** -0.5  # attention's 1 / sqrt(head_dim)
         # the compiled attention kernel where this machine builds it (.kernels), else .attention's
         # torch path; set it before the first pass and keep it (the two differ in the last bits)
-        self.kernel_attention = self.device.type == "cpu" and kernels.available(self.head_dim)
+        self.kernel_attention = self.device.type == "cpu" and kernels.available(self.head_dim, dtype)
 
     def _load_layers(self, weights: WeightLoader) -> None:
         """Each decoder layer's two norms and four fused matmuls: q/k/v, o, gate/up, down."""

@@ -47,11 +47,13 @@ def _compiler() -> str | None:
 
 
 def _cpu_key() -> str:
+    """What -march=native compiles for: the CPU's feature flags (x86 "flags", Arm "Features")."""
     try:
         with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
+            found = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
-        return os.uname().machine
+        found = ""
+    return os.uname().machine + " " + found
 
 
 def _build(cc: str) -> Path:
@@ -123,9 +125,13 @@ def signature() -> str:
     return "kernel-" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
-def available(head_dim: int) -> bool:
-    """Whether a model with heads of ``head_dim`` runs the compiled kernel in this process."""
-    return head_dim in HEAD_DIMS and library() is not None
+CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache's element types attention.c reads
+
+
+def available(head_dim: int, cache_dtype: torch.dtype = torch.float32) -> bool:
+    """Whether a model with heads of ``head_dim`` and a KV cache of ``cache_dtype`` runs the
+    compiled kernel in this process."""
+    return head_dim in HEAD_DIMS and cache_dtype in CACHE_DTYPES and library() is not None
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: torch.Tensor, trees: torch.Tensor,
@@ -136,6 +142,11 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: t
     row, offset of its ancestor mask in ``trees`` or -1 for a chain), ``trees`` uint8."""
     lib = library()
     assert lib is not None
+    if k_cache.dtype not in CACHE_DTYPES or v_cache.dtype != k_cache.dtype or q.dtype != torch.float32:
+        raise ConfigError(f"the attention kernel takes float32 queries and a float32 or bfloat16 cache, "
+                          f"not {q.dtype} and {k_cache.dtype}/{v_cache.dtype}")
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(3) != 1:
+        raise ConfigError("the attention kernel needs the K and V caches in one layout, head_dim contiguous")
     if q.stride(2) != 1:
         q = q.contiguous()
     R, H, hd = q.shape
@@ -146,6 +157,8 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: t
         q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), sk[0], sk[1], sk[2], out.data_ptr(), out.stride(0),
         seq.shape[0], seq.data_ptr(), trees.data_ptr(), H, KV, hd, scale, threads)
+    if failed == 2:
+        raise ConfigError(f"the attention kernel does not cover heads of {hd} (it does {HEAD_DIMS})")
     if failed:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
     return out

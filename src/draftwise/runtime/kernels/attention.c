@@ -1,6 +1,6 @@
 /* Row-invariant attention for a ragged batch of sequences, in one call per layer.
  *
- * Built at first use by draftwise.runtime.kernels (cc -O2 -march=native -fopenmp). Every query
+ * Built at first use by draftwise.runtime.kernels (cc -O3 -march=native -fopenmp). Every query
  * row is computed by one thread, with arithmetic fixed by this code alone: what a row gets
  * depends on its own query, its own sequence's keys and values and which of them it sees,
  * never on the other rows of the pass, their number, or how the work is split between threads.
@@ -17,7 +17,9 @@
  * exactly 0 to the values, so running further over masked keys cannot change a bit, and a tree
  * row's denominator counts lanes over the keys it sees: it gets its path's chain's bits.
  *
- * No -ffast-math: the compiler keeps the order written here.
+ * No -ffast-math: the compiler keeps the order written here. It may fuse a multiply and an add
+ * into one FMA (GCC's default contraction); it does so per line of code, the same for every row,
+ * so a row's bits still depend on this code alone (tests/test_row_invariance.py checks them).
  */
 #include <stdint.h>
 #include <stdlib.h>
