@@ -280,6 +280,22 @@ def test_the_machine_fingerprint_tells_the_attention_paths_apart(monkeypatch):
     assert profile_mod.machine_fingerprint() != compiled  # a profile timed on the torch path is stale
 
 
+def test_the_model_fingerprint_ignores_who_wrote_the_config(tmp_path):
+    import json
+    from types import SimpleNamespace
+
+    folder = tmp_path / "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f"
+    folder.mkdir()
+    model = SimpleNamespace(folder=folder)
+    config = {"hidden_size": 576, "num_hidden_layers": 30, "transformers_version": "4.57.0"}
+    (folder / "config.json").write_text(json.dumps(config))
+    before = model_fingerprint(model)
+    (folder / "config.json").write_text(json.dumps({**config, "transformers_version": "5.25.0"}, indent=2))
+    assert model_fingerprint(model) == before  # converted again under another release: the same model
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 29}))
+    assert model_fingerprint(model) != before
+
+
 def test_a_profile_from_another_machine_is_refused_and_a_cached_one_measured_again(tiny, tmp_path, monkeypatch):
     from draftwise.cost import profile as profile_mod
 
