@@ -299,18 +299,27 @@ def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure
                           status: Callable[[str], None] | None = None, **settings: Any) -> BatchProfile:
     """The batch profile at ``path`` (default: :func:`default_batch_profile_path`), checked
     against ``model`` and this machine; measured (with ``settings``) and saved when missing and
-    ``measure``."""
+    ``measure``, or when the cached one (no ``path`` given) is stale: another model fingerprint,
+    machine or attention path. A profile named by ``path`` that does not fit is refused."""
+    cached, stale = path is None, False
     path = Path(path).expanduser() if path is not None else default_batch_profile_path(model)
     if path.is_file():
         bp = BatchProfile.load(path)
-        bp.check_model(model)
-        return bp
+        try:
+            bp.check_model(model)
+            return bp
+        except ConfigError as exc:
+            if not (cached and measure):
+                raise
+            stale = True
+            if status is not None:
+                status(f"the cached batch profile no longer fits ({exc}); measuring again")
     if not measure:
         raise ConfigError(f"no batch profile at {path}; measure one first")
     if status is not None:
         status(f"measuring batched passes on this machine (once; cached at {path})")
     bp = measure_batch_profile(model, progress=False, **settings)
-    save_batch_profile(bp, path)
+    save_batch_profile(bp, path, replace=stale)
     return bp
 
 
