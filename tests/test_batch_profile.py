@@ -187,19 +187,19 @@ def test_no_second_writer_replaces_a_profile_with_other_settings(tmp_path: Path,
 
 def test_a_stale_cached_profile_is_measured_again_and_a_named_one_refused(tiny: Model, tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from draftwise.cost import capacity
+    from draftwise.cost import batch_measure
     from draftwise.cost.profile import model_fingerprint
 
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path))
     stale = synthetic(model=tiny.name, fingerprint="0" * 16)  # e.g. timed before the attention kernel
     save_batch_profile(stale, default_batch_profile_path(tiny))
     fresh = synthetic(model=tiny.name, fingerprint=model_fingerprint(tiny))
-    monkeypatch.setattr(capacity, "measure_batch_profile", lambda model, **kw: fresh)
+    monkeypatch.setattr(batch_measure, "measure_batch_profile", lambda model, **kw: fresh)
     said: list[str] = []
-    assert capacity.resolve_batch_profile(tiny, status=said.append) is fresh
+    assert batch_measure.resolve_batch_profile(tiny, status=said.append) is fresh
     assert "no longer fits" in said[0]
     assert BatchProfile.load(default_batch_profile_path(tiny)).fingerprint == fresh.fingerprint
     named = tmp_path / "theirs.json"
     save_batch_profile(stale, named)
     with pytest.raises(ConfigError, match="measured on model"):
-        capacity.resolve_batch_profile(tiny, named)
+        batch_measure.resolve_batch_profile(tiny, named)

@@ -356,3 +356,21 @@ def _native_runtime(
         if reason and status:
             status(f"--compile: {reason}; running uncompiled")
     return rt
+
+
+#: config.json keys that record who wrote the file, not the model: a GGUF converted again under
+#: another transformers release must keep its fingerprint (its folder name holds the GGUF's hash)
+_VOLATILE_CONFIG_KEYS = ("transformers_version", "_name_or_path", "_model_name_or_path")
+
+
+def model_fingerprint(model: Any) -> str:
+    """Identifies a model's weights and shape: its folder name and config.json (less the keys of
+    :data:`_VOLATILE_CONFIG_KEYS`), hashed."""
+    folder = Path(model.folder)
+    config = b""
+    if (folder / "config.json").exists():
+        fields = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        for key in _VOLATILE_CONFIG_KEYS:
+            fields.pop(key, None)
+        config = json.dumps(fields, sort_keys=True).encode()
+    return hashlib.sha256(folder.name.encode() + b"\0" + config).hexdigest()[:16]

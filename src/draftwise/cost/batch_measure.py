@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +16,7 @@ from ..engine import check_batch
 from ..errors import ConfigError
 from ..runtime.base import Rows
 from .batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
-                            machine_fingerprint)
+                            default_batch_profile_path, machine_fingerprint, save_batch_profile)
 from .measure import _reporter, monotone
 from .profile import cpu_flags, cpu_model, model_fingerprint
 from .timing import fast_half_mean
@@ -152,3 +153,31 @@ def smooth(grid: Sequence[Sequence[float]]) -> list[list[float]]:
     for i in range(1, len(out)):
         out[i] = [max(a, b) for a, b in zip(out[i], out[i - 1])]
     return out
+
+
+def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure: bool = True,
+                          status: Callable[[str], None] | None = None, **settings: Any) -> BatchProfile:
+    """The batch profile at ``path`` (default: :func:`default_batch_profile_path`), checked
+    against ``model`` and this machine; measured (with ``settings``) and saved when missing and
+    ``measure``, or when the cached one (no ``path`` given) is stale: another model fingerprint,
+    machine or attention path. A profile named by ``path`` that does not fit is refused."""
+    cached, stale = path is None, False
+    path = Path(path).expanduser() if path is not None else default_batch_profile_path(model)
+    if path.is_file():
+        bp = BatchProfile.load(path)
+        try:
+            bp.check_model(model)
+            return bp
+        except ConfigError as exc:
+            if not (cached and measure):
+                raise
+            stale = True
+            if status is not None:
+                status(f"the cached batch profile no longer fits ({exc}); measuring again")
+    if not measure:
+        raise ConfigError(f"no batch profile at {path}; measure one first")
+    if status is not None:
+        status(f"measuring batched passes on this machine (once; cached at {path})")
+    bp = measure_batch_profile(model, progress=False, **settings)
+    save_batch_profile(bp, path, replace=stale)
+    return bp

@@ -37,8 +37,8 @@ from ..engine import DEFAULT_SERVE_CONTEXT, check_batch
 from ..errors import ConfigError
 from ..fsutil import write_json_atomic, write_text_atomic
 from ..plots import pyplot, save_figure
-from .batch_measure import measure_batch_profile
-from .batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
+from .batch_measure import resolve_batch_profile
+from .batch_profile import BatchProfile
 from .capacity_export import SCHEDULE_ENGINES, export_batch_schedule
 from .export import ENGINES
 from .goodput import Request, StepCost
@@ -293,34 +293,6 @@ def validation_script() -> Path:
             return script
     raise ConfigError("--validate runs benchmarks/goodput_validate.py, which ships with the draftwise source "
                       "checkout, not the package; run the command from a checkout")
-
-
-def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure: bool = True,
-                          status: Callable[[str], None] | None = None, **settings: Any) -> BatchProfile:
-    """The batch profile at ``path`` (default: :func:`default_batch_profile_path`), checked
-    against ``model`` and this machine; measured (with ``settings``) and saved when missing and
-    ``measure``, or when the cached one (no ``path`` given) is stale: another model fingerprint,
-    machine or attention path. A profile named by ``path`` that does not fit is refused."""
-    cached, stale = path is None, False
-    path = Path(path).expanduser() if path is not None else default_batch_profile_path(model)
-    if path.is_file():
-        bp = BatchProfile.load(path)
-        try:
-            bp.check_model(model)
-            return bp
-        except ConfigError as exc:
-            if not (cached and measure):
-                raise
-            stale = True
-            if status is not None:
-                status(f"the cached batch profile no longer fits ({exc}); measuring again")
-    if not measure:
-        raise ConfigError(f"no batch profile at {path}; measure one first")
-    if status is not None:
-        status(f"measuring batched passes on this machine (once; cached at {path})")
-    bp = measure_batch_profile(model, progress=False, **settings)
-    save_batch_profile(bp, path, replace=stale)
-    return bp
 
 
 def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Request]]:
