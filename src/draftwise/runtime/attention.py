@@ -69,24 +69,15 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor
     return products.sum(0).view(B, KV, M, hd)
 
 
-def visible_keys(
-    starts: Sequence[int], counts: Sequence[int], trees: Sequence[torch.Tensor | None], rows: int, keys: int
-) -> torch.Tensor:
-    """``[B, rows, keys]`` bool: which keys each row of each sequence sees.
+def visible_keys(starts: Sequence[int], counts: Sequence[int], rows: int, keys: int) -> torch.Tensor:
+    """``[B, rows, keys]`` bool: which keys each row of each chain sees.
 
-    Sequence b's row j (``j < counts[b]``) sits at slot ``starts[b] + j``: a chain's row sees
-    every slot up to its own; a tree's (``trees[b]``, its ``[n, n]`` ancestor mask) sees the
-    slots before ``starts[b]`` and its ancestors-or-self. Padding rows see slot 0 only (any one
-    finite key keeps their softmax finite; their output is thrown away)."""
-    B = len(starts)
+    Sequence b's row j (``j < counts[b]``) sits at slot ``starts[b] + j`` and sees every slot up
+    to its own. Padding rows see slot 0 only (any one finite key keeps their softmax finite; their
+    output is thrown away). A token tree's rows read their keys gathered as chains
+    (``batch_plan._tree_group``)."""
     j = torch.arange(rows)
     start = torch.tensor(list(starts))[:, None]
     count = torch.tensor(list(counts))[:, None]
     last = torch.where(j[None, :] < count, start + j[None, :], torch.zeros_like(start))  # [B, rows]
-    seen = torch.arange(keys)[None, None, :] <= last[..., None]  # [B, rows, keys]
-    for b in range(B):
-        tree = trees[b]
-        if tree is not None:
-            s, n = starts[b], counts[b]
-            seen[b, :n, s : s + n] = tree
-    return seen
+    return torch.arange(keys)[None, None, :] <= last[..., None]  # [B, rows, keys]

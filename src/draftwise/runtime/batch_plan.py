@@ -155,9 +155,9 @@ def make_plan(passes: Sequence[Rows], lengths: Sequence[int], context: int, *, k
         chains = [i for i, p in enumerate(passes) if p.tree is None]
         runs = segments([passes[i].slot for i in chains], [len(passes[i].ids) for i in chains],
                         [starts[i] + len(passes[i].ids) for i in chains], group)
-        groups = [_group([chains[i] for i in run], passes, starts, trees, first_row, row, **dims) for run in runs]
-        groups += [_tree_group(passes[i], starts[i], first_row[i], **dims) for i, p in enumerate(passes)
-                   if p.tree is not None]
+        groups = [_group([chains[i] for i in run], passes, starts, first_row, row, **dims) for run in runs]
+        groups += [_tree_group(passes[i], starts[i], first_row[i], tree, **dims) for i, tree in enumerate(trees)
+                   if tree is not None]
     return Plan(
         starts=starts,
         slot_of=torch.tensor(slot_of, device=device),
@@ -186,10 +186,10 @@ def _compiled_layout(passes: Sequence[Rows], starts: list[int], first_row: list[
     return torch.tensor(layout, dtype=torch.int64), masks
 
 
-def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees: list[torch.Tensor | None],
-           first_row: list[int], total_rows: int, *, kv_heads: int, group: int, head_dim: int,
+def _group(members: list[int], passes: Sequence[Rows], starts: list[int], first_row: list[int],
+           total_rows: int, *, kv_heads: int, group: int, head_dim: int,
            device: torch.device) -> Group:
-    """One :class:`Group` of ``passes[members]`` (in slot order): the consecutive slots from the
+    """One :class:`Group` of the chains ``passes[members]`` (in slot order): the consecutive slots from the
     first member's to the last's, a slot in between that is not a member joining as an empty
     entry (padding rows only)."""
     slots = [passes[i].slot for i in members]
@@ -200,7 +200,7 @@ def _group(members: list[int], passes: Sequence[Rows], starts: list[int], trees:
     rows = max(counts)
     starts_e = [starts[by_slot[s]] if s in by_slot else 0 for s in entries]
     keys = padded_keys(max(st + n for st, n in zip(starts_e, counts)))
-    seen = visible_keys(starts_e, counts, [trees[by_slot[s]] if s in by_slot else None for s in entries], rows, keys)
+    seen = visible_keys(starts_e, counts, rows, keys)
     rows_of = [first_row[by_slot[s]] + j for s, n in zip(entries, counts) for j in range(n)]
     place = [b * rows + j for b, n in enumerate(counts) for j in range(n)]
     return Group(
@@ -227,23 +227,21 @@ def _bias(seen: torch.Tensor, rows: int, group: int) -> torch.Tensor:
     return torch.zeros(seen.shape, dtype=torch.float32).masked_fill_(~seen, float("-inf"))[:, None]
 
 
-def _tree_group(p: Rows, start: int, first: int, *, kv_heads: int, group: int, head_dim: int,
-                device: torch.device) -> Group:
+def _tree_group(p: Rows, start: int, first: int, ancestors: torch.Tensor, *, kv_heads: int, group: int,
+                head_dim: int, device: torch.device) -> Group:
     """A tree pass's rows as a :class:`Group` of one-row entries, each reading the keys before
-    ``start`` and then its ancestors-or-self, packed in order: the keys its path's chain reads, at
-    the same indices, so that a tree row gets the chain's bits (a mask over the tree's own layout
-    would put the keys it sees at other indices, and the reductions' grouping follows the index)."""
-    assert p.tree is not None
+    ``start`` and then its ancestors-or-self (``ancestors``, the pass's ``[n, n]`` mask), packed in
+    order: the keys its path's chain reads, at the same indices, so that a tree row gets the chain's
+    bits (a mask over the tree's own layout would put the keys it sees at other indices, and the
+    reductions' grouping follows the index)."""
     n = len(p.ids)
-    paths: list[list[int]] = []
-    for j, parent in enumerate(p.tree):
-        paths.append((paths[parent] if parent >= 0 else []) + [start + j])
-    keys = padded_keys(start + max(len(path) for path in paths))
+    depth = ancestors.sum(1)  # [n]: each row's path length
+    keys = padded_keys(start + int(depth.max()))
     index = torch.zeros(n, keys, dtype=torch.long)
     index[:, :start] = torch.arange(start)
-    for j, path in enumerate(paths):
-        index[j, start : start + len(path)] = torch.tensor(path)
-    seen = visible_keys([start + len(path) - 1 for path in paths], [1] * n, [None] * n, 1, keys)
+    for j in range(n):
+        index[j, start : start + int(depth[j])] = start + ancestors[j].nonzero().flatten()
+    seen = visible_keys((start + depth - 1).tolist(), [1] * n, 1, keys)
     return Group(
         lo=p.slot,
         batch=n,
