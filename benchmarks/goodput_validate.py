@@ -15,8 +15,11 @@ the question ids it saw), spread over the categories, none repeated.
 
 For each N, one at a time: one server (``draftwise serve --draft auto --plan PLAN --max-batch N``,
 ``--k plan`` by default: each category's recommended draft and k, which the ``plan`` policy
-predicts), N streaming clients x R units (client i's j-th is unit i R + j; a unit's turns one
-after the other, the next sent when the answer has arrived), greedy, phase ``none`` (plain
+predicts), N streaming clients sharing the same U units at every N (``--units``, default the
+largest N x R: client i sends units i, i + N, i + 2N, ..., so N = 1 and N = 16 decode the same
+questions and their ratio and the crossover compare the same work; with ``--units 0`` client i
+sends units i R + j, j < R, as before 2026-12-04), a unit's turns one
+after the other, the next sent when the answer has arrived, greedy, phase ``none`` (plain
 batching) then phase ``auto``; then the server stops. Every output is compared with the same
 prompt decoded alone (greedy), so "equal" checks that batching and speculation change no token;
 a later turn's history is the reference answer, which is the server's own whenever that turn
@@ -24,9 +27,10 @@ came out equal.
 
 Writes ``--measured``: ``{"measured": {N: {"plain": tok/s, "auto": tok/s}}, "per_request": {N:
 {"plain": tok/s, "auto": tok/s}}, "workload": [[{"question_id", "category", "turn",
-"prompt_tokens", "new_tokens"}, ...], ...], "requests_per_client": R, "max_tokens": M, "equal":
-[x, y], "errors": e}``: "workload" lists the units in the order the clients take them (N takes
-the first N x R), each turn's prompt tokens with its history and the tokens it answers with.
+"prompt_tokens", "new_tokens"}, ...], ...], "requests_per_client": R, "units_per_phase": U or
+null, "max_tokens": M, "equal": [x, y], "errors": e}``: "workload" lists the units (indexed as
+:func:`draftwise.cost.goodput_sim.client_units` shares them), each turn's prompt tokens with its
+history and the tokens it answers with.
 ``draftwise plan --concurrency --validate`` (:func:`draftwise.cost.capacity.run_concurrency`)
 predicts that very workload and scores it (:func:`draftwise.cost.capacity.compare_measured`).
 """
@@ -46,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import load_test  # noqa: E402  (benchmarks/load_test.py, beside this script)
 
 from draftwise.cost.capacity import parse_concurrency  # noqa: E402
+from draftwise.cost.goodput_sim import client_units  # noqa: E402
 from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.fsutil import write_json_atomic  # noqa: E402
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions  # noqa: E402
@@ -99,10 +104,11 @@ def measure(args: argparse.Namespace, grid: list[int], units: list[list[dict[str
             warm = {"question_id": "warm-up", "category": "overall", "turn": 1, "users": [load_test.WARM_UP],
                     "answers": [], "reference": []}
             asyncio.run(load_test.phase(url, [[warm]], "auto", 1, 1, 8, k_auto))
-            mine = units[: n * args.requests]
+            mine = client_units(n, len(units), requests_per_client=args.requests, per_phase=args.units or None)
             measured[n], per_request[n] = {}, {}
             for mode, key in (("none", "plain"), ("auto", "auto")):
-                recs, wall = asyncio.run(load_test.phase(url, mine, mode, n, args.requests, max_tokens, k_auto))
+                recs, wall = asyncio.run(load_test.phase(url, units, mode, n, args.requests, max_tokens, k_auto,
+                                                         assignment=mine))
                 s = load_test.summarize(recs, wall)
                 measured[n][key], per_request[n][key] = s["tokens_per_s"], s["per_request_tps"]
                 for r in recs:
@@ -123,7 +129,10 @@ def main() -> int:
     ap.add_argument("--plan", required=True)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--requests", type=int, default=2,
-                    help="units (questions, every turn of each) per client per phase")
+                    help="units (questions, every turn of each) per client of the largest N")
+    ap.add_argument("--units", type=int, default=None,
+                    help="units every N sends, client i the i-th, (i + N)-th, ... (default: the largest N x "
+                         "--requests, so each N does the same work); 0: N x --requests at each N")
     ap.add_argument("--max-tokens", type=int, default=None, help="per turn; default and only value: the plan's")
     ap.add_argument("--k", choices=("plan", "auto"), default="plan")
     ap.add_argument("--port", type=int, default=8766)
@@ -138,10 +147,14 @@ def main() -> int:
         ap.error(str(exc))
     if args.requests < 1 or (args.max_tokens is not None and args.max_tokens < 1):
         ap.error("--requests and --max-tokens must be >= 1")
+    if args.units is None:
+        args.units = max(grid) * args.requests
+    if args.units and args.units < max(grid):
+        ap.error(f"--units {args.units}: every client needs a question, so at least the largest N ({max(grid)})")
     plan = json.loads(Path(args.plan).read_text())
     max_tokens = budget(plan, args.max_tokens)
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    units = unseen_units(plan, max(grid) * args.requests)
+    units = unseen_units(plan, args.units or max(grid) * args.requests)
     prompts = [p for unit in units for p in unit]
     print(f"references: {len(units)} questions the plan did not see, {len(prompts)} turns, greedy, up to "
           f"{max_tokens} tokens a turn", flush=True)
@@ -154,7 +167,8 @@ def main() -> int:
     write_json_atomic(path, {
         "measured": {str(n): v for n, v in measured.items()},
         "per_request": {str(n): v for n, v in per_request.items()},
-        "workload": workload(units), "requests_per_client": args.requests, "max_tokens": max_tokens,
+        "workload": workload(units), "requests_per_client": args.requests, "units_per_phase": args.units or None,
+        "max_tokens": max_tokens,
         "equal": equal, "errors": errors, "config": {**vars(args), "date": time.strftime("%Y-%m-%d %H:%M")}})
     write_json_atomic(Path(args.out) / "run.json", {"prompts": prompts, "records": records})
     return 0 if equal[0] == equal[1] and not errors else 1

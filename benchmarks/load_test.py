@@ -160,17 +160,21 @@ async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any
 
 
 async def phase(url: str, units: list[list[dict[str, Any]]], mode: str, clients: int, requests: int,
-                max_tokens: int, k_auto: bool) -> tuple[list[dict[str, Any]], float]:
+                max_tokens: int, k_auto: bool, assignment: list[list[int]] | None = None,
+                ) -> tuple[list[dict[str, Any]], float]:
     """Each of ``clients`` clients sends ``requests`` units one after the other (client i's j-th
-    is unit ``(i * requests + j) % len(units)``), a unit's prompts (a conversation's turns) one
-    after the other; every phase's wall time runs from the first request to the last answer."""
+    is unit ``(i * requests + j) % len(units)``), or the units ``assignment[i]`` names, a unit's
+    prompts (a conversation's turns) one after the other; every phase's wall time runs from the
+    first request to the last answer."""
+    if assignment is None:
+        assignment = [[(i * requests + j) % len(units) for j in range(requests)] for i in range(clients)]
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
 
         async def run_client(i: int) -> list[dict[str, Any]]:
             out = []
-            for j in range(requests):  # bounded: R units, one after the other
-                for prompt in units[(i * requests + j) % len(units)]:  # bounded: its turns
+            for u in assignment[i]:  # bounded: its units, one after the other
+                for prompt in units[u]:  # bounded: its turns
                     out.append(await one_request(client, url, prompt, mode, max_tokens, i, k_auto))
             return out
 

@@ -14,7 +14,9 @@ import pytest
 from draftwise.cost import capacity
 from draftwise.cost.batch_profile import BatchProfile, machine_fingerprint
 from draftwise.cost.goodput import StepCost
-from draftwise.cost.goodput_sim import describe, plan_units, predict, simulate, workload_from_plan, workload_from_rates
+from draftwise.cost.goodput_sim import (
+    client_units, describe, plan_units, predict, simulate, workload_from_plan, workload_from_rates,
+)
 from draftwise.cost.plan_file import Candidate, Plan
 from draftwise.cost.profile import Profile, model_fingerprint
 from draftwise.errors import ConfigError
@@ -80,6 +82,47 @@ def test_the_simulation_sends_each_unit_s_turns_and_counts_every_token() -> None
     two = simulate(w, cost, 2, ("plain", "none", 0), requests_per_client=1)
     assert two.aggregate * two.seconds == pytest.approx(60)
     assert two.seconds < one.seconds  # the second client's unit ran beside the first's
+
+
+def test_every_n_can_send_the_same_units() -> None:
+    # the default: N clients x R units, so N = 1 and N = 2 decode other questions
+    w = workload_from_rates({"qa": {"lookup": [0.5] * 4}}, k_max=4)
+    w.units = [[("qa", 40, 30)], [("qa", 40, 10)], [("qa", 40, 50)], [("qa", 40, 70)]]
+    cost, plain = StepCost(steep()), ("plain", "none", 0)
+    tokens = [simulate(w, cost, n, plain, requests_per_client=1) for n in (1, 2)]
+    assert [p.aggregate * p.seconds for p in tokens] == pytest.approx([30, 40])
+    # per_phase: every N the same first U units, client i the i-th, (i + N)-th, ...
+    for n in (1, 2, 3):
+        run = simulate(w, cost, n, plain, requests_per_client=1, per_phase=3)
+        assert run.aggregate * run.seconds == pytest.approx(90)
+    assert client_units(3, 4, per_phase=4) == [[0, 3], [1], [2]]
+    assert client_units(2, 3, per_phase=4) == [[0, 2], [1, 0]]  # indices wrap around the units
+    with pytest.raises(ConfigError, match="must be an integer >= the 4 clients"):
+        client_units(4, 8, per_phase=3)
+    with pytest.raises(ConfigError, match="no units"):
+        client_units(1, 0)
+
+
+def test_a_validation_of_the_same_units_at_every_n_is_predicted_so(tmp_path: Path) -> None:
+    model, bp, profile = _model_and_profiles(tmp_path)
+    plan = two_turn_plan()
+    plan.fingerprint = bp.fingerprint
+    sent = [[{"question_id": q, "category": "writing", "turn": 1, "prompt_tokens": 50, "new_tokens": t}]
+            for q, t in ((7, 128), (8, 20), (9, 60), (10, 100))]
+    raw = {"measured": {"1": {"plain": 50.0, "auto": 60.0}, "2": {"plain": 80.0, "auto": 85.0}},
+           "workload": sent, "requests_per_client": 2, "units_per_phase": 4, "max_tokens": 128, "equal": [12, 12]}
+    v = capacity.score_load(model, plan, bp, profile, raw, "plan")
+    want = predict(workload_from_plan(plan, capacity.load_units(sent)), StepCost(bp, profile), [1, 2],
+                   requests_per_client=2, per_phase=4)
+    assert [r["predicted_tps"] for r in v["rows"] if r["phase"] == "plain"] == pytest.approx(
+        [row["policies"]["plain"]["aggregate_tps"] for row in want["rows"]])
+    blocks = predict(workload_from_plan(plan, capacity.load_units(sent)), StepCost(bp, profile), [1],
+                     requests_per_client=2)  # N = 1 would have sent 2 units, not 4
+    assert blocks["rows"][0]["policies"]["plain"]["aggregate_tps"] != pytest.approx(v["rows"][0]["predicted_tps"])
+    text = capacity.render_validation_markdown(v)
+    assert "every N sent the same 4 questions" in text
+    old = capacity.score_load(model, plan, bp, profile, {k: x for k, x in raw.items() if k != "units_per_phase"})
+    assert "each N sent N x 2 questions" in capacity.render_validation_markdown(old)
 
 
 class _Rt:

@@ -63,6 +63,11 @@ def test_each_client_sends_its_units_turns_one_after_the_other(monkeypatch):
     for c in (0, 1):  # client c takes units 2c and 2c + 1, a unit's turns in order
         mine = [(q, t) for cid, q, t in sent if cid == c]
         assert mine == [(q, t) for q in (2 * c, 2 * c + 1) for t in (1, 2)[: 2 if q % 2 else 1]]
+    sent.clear()  # the clients take the units an assignment names (every N the same units)
+    recs, _ = asyncio.run(load_test.phase("http://x", units, "none", 2, 2, 8, False, assignment=[[0, 2, 3], [1]]))
+    assert len(recs) == 6
+    assert [(q, t) for cid, q, t in sent if cid == 0] == [(0, 1), (2, 1), (3, 1), (3, 2)]
+    assert [(q, t) for cid, q, t in sent if cid == 1] == [(1, 1), (1, 2)]
 
 
 def test_per_request_speed_is_each_request_s_tokens_over_its_latency():

@@ -92,11 +92,13 @@ def concurrency_plan(
     concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = 4,
     max_new_tokens: int | None = None, context: int | None = None,
     progress: Callable[[str, float], None] | None = None, units: Sequence[Sequence[Request]] | None = None,
+    per_phase: int | None = None,
 ) -> dict[str, Any]:
     """Predictions at each N (JSON-able; :func:`draftwise.cost.goodput_sim.predict`), after checking
     that the plan, both profiles and ``model`` belong together and that each N fits in memory.
     ``units``: the requests to predict (default: the plan's own prompts); ``requests_per_client``
-    counts units (questions, every turn of each)."""
+    counts units (questions, every turn of each) and ``per_phase``, where given, the units every N
+    sends (:func:`draftwise.cost.goodput_sim.client_units`)."""
     concurrency = parse_concurrency(concurrency)
     batch_profile.check_model(model)
     profile.check_model(model)
@@ -106,7 +108,8 @@ def concurrency_plan(
     check_fits(model, concurrency, context)
     workload = workload_from_plan(plan, units)
     result = predict(workload, StepCost(batch_profile, profile), concurrency,
-                     requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress)
+                     requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress,
+                     per_phase=per_phase)
     result.update(
         schema=SCHEMA, model=plan.model, dtype=batch_profile.dtype, date=time.strftime("%Y-%m-%d %H:%M"),
         plan_date=plan.config.get("date", ""), batch_profile_created=batch_profile.created,
@@ -265,9 +268,20 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
     }
 
 
+def _sent_text(validation: Mapping[str, Any]) -> str:
+    """How the load test shared its questions among the clients of each N."""
+    if validation.get("units_per_phase"):
+        return (f"every N sent the same {validation['units_per_phase']} questions, client i the i-th, "
+                "(i + N)-th, ... of them")
+    if validation.get("requests_per_client"):
+        return f"each N sent N x {validation['requests_per_client']} questions, so each N measured other questions"
+    return "the questions each N sent are not recorded"
+
+
 def render_validation_markdown(validation: Mapping[str, Any]) -> str:
     lines = [f"## Measured (load test, one server per N; the speculative phase predicted by `{validation['policy']}`)",
-             "", "Predicted on the requests the load test sent" + _workload_text(validation.get("workload"), "") + ".",
+             "", "Predicted on the requests the load test sent" + _workload_text(validation.get("workload"), "") + "; "
+             + _sent_text(validation) + ".",
              "",
              "| N | phase | predicted tok/s | measured tok/s | error | inside interval | per request: predicted | "
              "measured | error |", "|---:|---|---:|---:|---:|---|---:|---:|---:|"]
@@ -314,10 +328,13 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
                           "benchmarks/goodput_validate.py from this checkout")
     measured = {int(n): v for n, v in raw["measured"].items()}
     per_request = {int(n): v for n, v in (raw.get("per_request") or {}).items()}
+    per_phase = raw.get("units_per_phase")  # absent before every N sent the same units
     prediction = concurrency_plan(model, plan, batch_profile, profile, sorted(measured),
-                                  requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]))
+                                  requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]),
+                                  per_phase=int(per_phase) if per_phase is not None else None)
     out = compare_measured(prediction, measured, policy, per_request)
     out.update(equal=raw.get("equal"), workload=prediction["workload"], max_tokens=raw.get("max_tokens"),
+               units_per_phase=prediction["units_per_phase"], requests_per_client=prediction["requests_per_client"],
                prediction={"rows": prediction["rows"], "crossover": prediction["crossover"]})
     return out
 

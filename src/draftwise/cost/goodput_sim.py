@@ -132,6 +132,27 @@ def policies(workload: Workload) -> dict[str, Policy]:
     return out
 
 
+def client_units(n: int, units: int, *, requests_per_client: int = 4, per_phase: int | None = None) -> list[list[int]]:
+    """The units each of ``n`` closed-loop clients sends, one after the other, as indices into
+    ``units`` of them (taken mod ``units``). By default client i sends units i R + j, j < R
+    (R = ``requests_per_client``), so a phase sends N R units and each N measures other
+    questions; with ``per_phase`` = U every N sends the same first U units, client i the units
+    i, i + N, i + 2N, ... below U, so every N does the same work.
+
+    >>> client_units(2, 8, requests_per_client=2)
+    [[0, 1], [2, 3]]
+    >>> client_units(2, 8, per_phase=5)
+    [[0, 2, 4], [1, 3]]
+    """
+    if units < 1:
+        raise ConfigError("the workload has no units")
+    if per_phase is None:
+        return [[(i * requests_per_client + j) % units for j in range(requests_per_client)] for i in range(n)]
+    if isinstance(per_phase, bool) or not isinstance(per_phase, int) or per_phase < n:
+        raise ConfigError(f"units a phase ({per_phase!r}) must be an integer >= the {n} clients")
+    return [[u % units for u in range(i, per_phase, n)] for i in range(n)]
+
+
 @dataclass
 class _Req:
     kind: Kind
@@ -159,16 +180,18 @@ class Prediction:
 def simulate(
     workload: Workload, cost: StepCost, n: int, policy: Policy, *, requests_per_client: int = 4,
     max_new_tokens: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK, scenario: str = "point",
+    per_phase: int | None = None,
 ) -> Prediction:
-    """N closed-loop clients served by the batched engine, under ``policy``: client i sends units
-    (i R + j) mod U for j < R (R = ``requests_per_client``), each unit's requests one after the
-    other (:mod:`draftwise.cost.goodput`'s docstring). ``max_new_tokens`` caps every answer."""
+    """N closed-loop clients served by the batched engine, under ``policy``: client i sends the
+    units :func:`client_units` gives it (``requests_per_client``, ``per_phase``), each unit's
+    requests one after the other (:mod:`draftwise.cost.goodput`'s docstring).
+    ``max_new_tokens`` caps every answer."""
     workload.check()
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ConfigError(f"concurrency {n!r} must be an integer >= 1")
     units = workload.units
-    queues = [[r for j in range(requests_per_client) for r in units[(i * requests_per_client + j) % len(units)]]
-              for i in range(n)]
+    queues = [[r for u in mine for r in units[u]]
+              for mine in client_units(n, len(units), requests_per_client=requests_per_client, per_phase=per_phase)]
     kind_of, draft_fixed, k_fixed = policy
     t, steps, tokens_total = 0.0, 0, 0.0
     k_sum = k_steps = spec_steps = 0
@@ -274,6 +297,7 @@ def predict(
     workload: Workload, cost: StepCost, concurrency: Sequence[int], *, requests_per_client: int = 4,
     max_new_tokens: int | None = None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     names: Sequence[str] | None = None, progress: Callable[[str, float], None] | None = None,
+    per_phase: int | None = None,
 ) -> dict[str, Any]:
     """Every policy (or those ``names``) at every N: aggregate and per-request tokens/s with
     intervals, the ratio to plain batching, the best policy and the crossover (module docstring).
@@ -296,7 +320,7 @@ def predict(
             if progress:
                 progress(f"N={n}: {name}", (ni * len(table) + pi) / total)
             kw = dict(requests_per_client=requests_per_client, max_new_tokens=max_new_tokens,
-                      prefill_chunk=prefill_chunk)
+                      prefill_chunk=prefill_chunk, per_phase=per_phase)
             point = simulate(workload, cost, n, pol, **kw)
             if pol[0] == "plain":
                 lo = hi = point
@@ -324,7 +348,7 @@ def predict(
         })
     return {"concurrency": list(concurrency), "rows": rows, "crossover": crossover(rows),
             "policies": {name: list(p) for name, p in table.items()}, "source": workload.source,
-            "requests_per_client": requests_per_client, "max_new_tokens": max_new_tokens,
+            "requests_per_client": requests_per_client, "units_per_phase": per_phase, "max_new_tokens": max_new_tokens,
             "prefill_chunk": prefill_chunk, "workload": describe(workload)}
 
 
