@@ -81,6 +81,42 @@ def test_greedy_choice_is_close_to_the_exhaustive_optimum(profile: BatchProfile)
     assert exact >= 20  # nearly always the very optimum
 
 
+def concave_profile() -> BatchProfile:
+    """A pass whose price per row falls as rows grow, as measured on CPUs (fixed costs amortised
+    over more rows): T = 10 ms + 2 ms x sqrt(R)."""
+    grid = {c: [[0.010 + 0.002 * (b * r) ** 0.5 for r in ROWS] for b in BATCHES] for c in (128, 1024)}
+    return BatchProfile(model="m", fingerprint="f" * 16, machine_fingerprint="x" * 16, dtype="float32",
+                        runtime="NativeRuntime", batches=BATCHES, rows=ROWS, contexts=[128, 1024], times=grid)
+
+
+def test_a_concave_pass_is_searched_from_the_best_uniform_k() -> None:
+    # one sequence's proposal does not pay, every sequence's does: an ascent from k = 0, one
+    # sequence at a time, stopped at k = 0 (it chose [0] * 8 here, 3.7% below k = 4 for all)
+    cost = StepCost(concave_profile())
+    same = Choice({0: goodput.PLAIN, 4: Outcome(1.5, 5.0, 1.5, 1.5)}, {0: 0.0, 4: 0.0})
+    kw = dict(context=128.0)
+    assert step_goodput([same] * 8, [4] * 8, cost, **kw) > 1.03 * step_goodput([same] * 8, [0] * 8, cost, **kw)
+    assert step_goodput([same] * 8, [4] + [0] * 7, cost, **kw) < step_goodput([same] * 8, [0] * 8, cost, **kw)
+    assert choose_ks([same] * 8, cost, **kw) == [4] * 8
+    rng = random.Random(11)
+    for trial in range(40):  # and the search ends at the optimum, or within 1% of it
+        choices = random_choices(rng, rng.choice([2, 3, 4]))
+        prefill = rng.choice([0, 16])
+        kw2 = dict(context=300.0, fixed_rows=prefill, fixed_batch=1 if prefill else 0)
+        best = best_ks_exhaustive(choices, cost, **kw2)[1]
+        assert step_goodput(choices, choose_ks(choices, cost, **kw2), cost, **kw2) >= 0.99 * best, trial
+
+
+def test_a_whole_prompt_in_the_pass_leaves_the_decoders_their_proposals() -> None:
+    # a burst's chunk of 249 prompt rows beside one decoding request: the default budget counted
+    # the chunk against 2 x 9 rows and let that request propose nothing
+    cost = StepCost(FLAT)
+    one = [Choice({0: goodput.PLAIN, **rates_outcomes([0.9], 4)}, {k: 0.0 for k in range(5)})]
+    assert choose_ks(one, cost, context=200.0, fixed_rows=249, fixed_batch=1)[0] > 0
+    assert best_ks_exhaustive(one, cost, context=200.0, fixed_rows=249, fixed_batch=1)[0][0] > 0
+    assert goodput.default_rows_budget(FLAT, 1, 249) == 249 + ROWS[-1]
+
+
 def test_the_rows_budget_is_respected() -> None:
     cost = StepCost(FLAT)
     choices = [Choice({0: goodput.PLAIN, **rates_outcomes([0.9], 8)}, {k: 0.0 for k in range(9)})] * 4

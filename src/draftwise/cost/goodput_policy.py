@@ -24,7 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .batch_profile import BatchProfile
-from .goodput import NONE, PLAIN, Choice, StepCost, choose_ks, rates_outcomes
+from .goodput import NONE, PLAIN, Choice, StepCost, choose_ks, default_rows_budget, rates_outcomes
 from .profile import Profile
 
 
@@ -101,7 +101,7 @@ class BatchGoodput:
         picked = [c.outcomes[k] for c, k in zip(choices, self.last)]
         self._step = _Step(
             curve, batch.rows_curve(n, context)(n) - curve(prefill_rows + n), float(prefill_rows),
-            self.rows_budget if self.rows_budget is not None else (n + prefilling) * batch.rows[-1],
+            self.rows_budget if self.rows_budget is not None else default_rows_budget(batch, n, prefill_rows),
             [o.tokens for o in picked], [o.rows for o in picked], [c.extra[k] for c, k in zip(choices, self.last)])
         return list(self.last)
 
