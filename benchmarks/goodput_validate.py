@@ -68,7 +68,7 @@ def unseen_units(plan: dict[str, Any], count: int) -> list[list[dict[str, Any]]]
     seen = {str(p.get("question_id")) for p in plan.get("prompts", [])}
     fresh = [q for q in read_questions(DEFAULT_QUESTIONS) if str(q.question_id) not in seen]
     if len(fresh) < count:
-        raise SystemExit(f"only {len(fresh)} dev questions are not in the plan; lower --requests or --concurrency")
+        raise SystemExit(f"only {len(fresh)} dev questions are not in the plan; lower --units, --requests or --concurrency")
     return conversations(fresh, count)
 
 
@@ -129,7 +129,7 @@ def main() -> int:
     ap.add_argument("--plan", required=True)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--requests", type=int, default=2,
-                    help="units (questions, every turn of each) per client of the largest N")
+                    help="units (questions, every turn of each) a client: at the largest N by default, at every N with --units 0")
     ap.add_argument("--units", type=int, default=None,
                     help="units every N sends, client i the i-th, (i + N)-th, ... (default: the largest N x "
                          "--requests, so each N does the same work); 0: N x --requests at each N")

@@ -322,7 +322,8 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
                policy: str = "plan") -> dict[str, Any]:
     """A load test's measurements (``goodput_validate.py``'s file) scored against the prediction
     of the very requests it sent: its units, each turn's prompt with its history and its answer's
-    length, R units a client; the plan's acceptance (:func:`compare_measured`)."""
+    length, shared among the clients as it shared them (``units_per_phase``, else R a client);
+    the plan's acceptance (:func:`compare_measured`)."""
     if not raw.get("workload"):
         raise ConfigError("the measurements do not say which requests were sent (no 'workload'): rerun "
                           "benchmarks/goodput_validate.py from this checkout")

@@ -52,9 +52,10 @@ the validation (``benchmarks/goodput_validate.py``) sends the same kind of units
 requests it sent.
 
 **Predicting a concurrency N** (:func:`~draftwise.cost.goodput_sim.predict`): a deterministic
-simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending R
-units one after the other and a unit's turns one after the other (client i's j-th unit is unit
-(i R + j) mod U, as the load test does). A joining request prefills its whole prompt (history
+simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending its
+units one after the other and a unit's turns one after the other, the units shared as the load
+test shares them (:func:`~draftwise.cost.goodput_sim.client_units`: R a client, or the same
+units at every N). A joining request prefills its whole prompt (history
 included) in chunks inside the batch (the engine's rule, :func:`draftwise.engine.step_chunk`), then decodes
 with the policy's k, committing its expected tokens per step (fractional), until its answer's
 length. Aggregate tokens/s = all tokens / the simulated wall time; per-request tokens/s = the
@@ -228,6 +229,8 @@ def default_rows_budget(batch: BatchProfile, deciding: int, fixed_rows: float = 
     chunk) and, for each of the ``deciding`` sequences, the largest rows per sequence the batch
     profile measured. (It was the batch times those rows, chunk included, so a pass carrying a
     whole 249-token prompt beside one decoding request left that request no proposal at all.)
+    A chain's k is already capped below those rows, so the budget binds a scored tree's nodes;
+    a pass past the measured rows is priced by extending the profile's last segment.
 
     >>> from draftwise.cost.batch_profile import BatchProfile
     >>> bp = BatchProfile(model="m", fingerprint="f", machine_fingerprint="x", dtype="float32", runtime="r",
