@@ -52,6 +52,7 @@ import httpx
 
 from draftwise.api import generate
 from draftwise.chat import encode_conversation
+from draftwise.cost.goodput_sim import client_units
 from draftwise.cost.replay import answer, answer_text
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.loaders import load_model
@@ -167,7 +168,7 @@ async def phase(url: str, units: list[list[dict[str, Any]]], mode: str, clients:
     prompts (a conversation's turns) one after the other; every phase's wall time runs from the
     first request to the last answer."""
     if assignment is None:
-        assignment = [[(i * requests + j) % len(units) for j in range(requests)] for i in range(clients)]
+        assignment = client_units(clients, len(units), requests_per_client=requests)
     limits = httpx.Limits(max_connections=clients + 4, max_keepalive_connections=clients + 4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
 
