@@ -245,10 +245,15 @@ def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
     assert data["validation"]["checks"] and "median_abs_error" in data["validation"]
     # the profile's price of what ran: each traced run's real seconds against it, and plain decoding's
     runs = data["prompts"][0]["runs"]
-    assert list(runs) == ["lookup k=8"] and runs["lookup k=8"]["measured_s"] > 0 < runs["lookup k=8"]["predicted_s"]
+    assert list(runs) == ["lookup k=8", "plain"]  # the traced draft, and plain decoding timed for the fit
+    assert all(r["measured_s"] > 0 < r["predicted_s"] and len(r["parts"]) == 4 for r in runs.values())
+    assert abs(sum(runs["plain"]["parts"]) - runs["plain"]["predicted_s"]) < 1e-3
     pricing = data["validation"]["pricing"]
-    assert set(pricing) == {"plain", "lookup k=8"} and all(v > 0 for v in pricing.values())
+    assert set(pricing) == {"plain", "plain (validation)", "lookup k=8"} and all(v > 0 for v in pricing.values())
     assert pricing["lookup k=8"] == data["config"]["pricing"]["lookup k=8"]
+    fit = data["config"]["loop_fit"]
+    assert {"plain", "verify", "drafts", "raw"} <= set(fit) and 0.5 <= fit["plain"] <= 2.0
+    assert "Priced as the decode loop ran during the plan" in (tmp_path / "plan" / "plan.md").read_text()
     assert "Measured over the profile's price" in (tmp_path / "plan" / "plan.md").read_text()
     assert is_complete_png(tmp_path / "plan" / "plan.png")
     assert "predicted" in (tmp_path / "plan" / "plan.md").read_text()

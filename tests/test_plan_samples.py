@@ -185,3 +185,33 @@ def test_a_category_interval_holds_a_rerun_of_s_new_continuations_95_percent_of_
     n = rounds * cats
     assert 0.91 <= held["t"] / n <= 0.99, held
     assert held["bootstrap"] / n < 0.88, held  # the test can tell a too-narrow interval (0.83 here)
+
+
+def test_a_costlier_draft_must_beat_the_simple_choice_by_the_margin_in_each_category():
+    """The default everywhere is the best adaptive k of a host-search draft (what a user types
+    without a plan); the old rule defaulted each category to the overall pick, so a hybrid ahead
+    overall by more than the margin kept categories where suffix predicted higher."""
+    from draftwise.cost.plan_pick import MARGIN, choose, score_by
+    from draftwise.cost.plan_file import Candidate
+
+    def c(draft, k, s):
+        return Candidate(draft, k, s, 2.0, None, None, None)
+
+    hyb, suf, look = "suffix+eagle:default", "suffix", "lookup"
+    ranked = {
+        "overall": [c(hyb, "auto", 1.80), c(suf, "auto", 1.70), c(look, "auto", 1.60)],
+        "writing": [c(hyb, "auto", 1.70 * (1 + MARGIN) + 0.01), c(suf, "auto", 1.70)],
+        "stem": [c(hyb, "auto", 1.70 * (1 + MARGIN) - 0.01), c(suf, "auto", 1.70)],
+        "rag": [c(suf, "auto", 1.94), c(hyb, "auto", 1.90)],
+        "translation": [c(look, 4, 2.20), c(suf, "auto", 1.60)],
+    }
+    picks = {cat: (p.draft, p.k) for cat, p in choose(ranked, score_by("point")).items()}
+    assert picks == {"overall": (hyb, "auto"), "writing": (hyb, "auto"), "stem": (suf, "auto"),
+                     "rag": (suf, "auto"), "translation": (look, 4)}
+    # no host-search draft: the best adaptive k is the default, as before
+    only = {"overall": [c(hyb, 8, 1.75), c(hyb, "auto", 1.70)], "math": [c(hyb, 8, 1.75), c(hyb, "auto", 1.70)]}
+    assert {cat: p.k for cat, p in choose(only, score_by("point")).items()} == {"overall": "auto", "math": "auto"}
+    # no adaptive k weighed: the overall top, and each category defaults to it
+    fixed = {"overall": [c(suf, 6, 1.7), c(look, 4, 1.65)], "qa": [c(look, 4, 1.72), c(suf, 6, 1.70)]}
+    assert {cat: (p.draft, p.k) for cat, p in choose(fixed, score_by("point")).items()} == {
+        "overall": (suf, 6), "qa": (suf, 6)}

@@ -50,7 +50,7 @@ from typing import Any
 
 from ..chat import encode_conversation
 from ..decode import generate
-from ..drafters import make_drafter
+from ..drafters import capabilities_of, make_drafter
 from ..drafters.spec import DraftSpec, KValue
 from ..errors import ConfigError
 from ..questions import Question, parse_question
@@ -58,11 +58,12 @@ from ..sampling import SamplingConfig
 from .intervals import percentile_interval
 from .formulas import breakeven_acceptance, effective_acceptance
 from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
-from .plan_pick import Per, Spread, aggregate, prefer, route_units, same_as, score_by, spread_note
+from .loop_fit import fit_loop, fitted_profile
+from .plan_pick import Per, Spread, aggregate, choose, route_units, score_by, spread_note
 from .profile import Profile
 from .route import policy_for
 from .replay import (
-    Trace, answer, answer_text, expected_steps, plain_seconds, predict_seconds, pricing, rates_only, replay_hits,
+    Trace, answer, answer_text, expected_steps, merge_turns, price_item, pricing, rates_only, replay_hits,
     replay_lookup, replayable, trace_generation, turn_prices, unit_prices,
 )
 
@@ -163,27 +164,30 @@ def make_plan(
     runs: list[tuple[str, KValue]] = [(d, k_run) for d in traced]
     if auto:
         runs += [(d, AUTO) for d in traced if not replayable(specs[d])]
+    # timed only, for the profile's fit to the loop (cost/loop_fit.py): plain decoding, and a
+    # draft whose only cost is a host search unless one is traced already
+    host = [d for d in specs if capabilities_of(specs[d]).cost == "host"]
+    timed: list[tuple[str, KValue]] = [(NONE, 0)] + ([(host[0], k_run)] if host and host[0] not in traced else [])
     candidates: list[KValue] = [*ks, AUTO] if auto else list(ks)
-    base_seed = cfg.seed or 0
-    seeds = [base_seed + s for s in range(samples)]
+    seeds = [(cfg.seed or 0) + s for s in range(samples)]
 
     warm_up(model)
-    per: dict[tuple[str, KValue], list[dict[str, Any]]] = {}  # (draft, k) -> one item per unit
+    pending: list[tuple[Question, int, list[list[tuple[Any, ...]]]]] = []  # (row, sample, turns' unpriced items)
     replays: dict[tuple[str, KValue, int], Any] = {}
     prompt_info = []
-    total = sum(len(r.turns) for r in rows) * samples * len(runs)
+    total = sum(len(r.turns) for r in rows) * samples * (len(runs) + len(timed))
     count = itertools.count()
     for row in rows:
         for sample, seed in enumerate(seeds):
             unit_cfg = cfg if cfg.greedy else replace(cfg, seed=seed)
             answers: list[str] = []
-            turn_items: list[dict[tuple[str, KValue], dict[str, Any]]] = []
+            turn_items: list[list[tuple[Any, ...]]] = []
             equal, turn_prompts, turn_news, turn_prices = True, [], [], []
             for turn in range(len(row.turns)):  # each answer goes into the next turn's history, as in bench
                 prompt_ids = encode_conversation(model.tokenizer, row.turns[: turn + 1], answers)
                 ref, same, items, prices = _trace_turn(
-                    model, profile, prompt_ids, row, sample, unit_cfg, specs, runs, candidates, k_run, drafters,
-                    replays, max_new_tokens, tick=lambda what: progress(f"{what} on q{row.question_id} "
+                    model, profile, prompt_ids, row, sample, unit_cfg, specs, runs, timed, candidates, k_run,
+                    drafters, replays, max_new_tokens, tick=lambda what: progress(f"{what} on q{row.question_id} "
                                                                         f"({row.category}) turn {turn + 1} "
                                                                         f"#{sample + 1}", next(count) / total)
                     if progress else None,
@@ -199,46 +203,62 @@ def make_plan(
                                 "prompt_tokens": turn_prompts[0], "new_tokens": sum(turn_news), "equal": equal,
                                 "turn_prompt_tokens": turn_prompts, "turn_new_tokens": turn_news})
             prompt_info[-1].update(unit_prices(turn_prices))
-            for key in turn_items[0]:
-                item = _merge_turns([t[key] for t in turn_items])
-                item.update(question_id=row.question_id, sample=sample)
-                per.setdefault(key, []).append(item)
+            pending.append((row, sample, turn_items))
     if progress:
         progress("predicting", 1.0)
+    loop_fit = fit_loop(prompt_info)
+    fitted = fitted_profile(profile, loop_fit)  # every candidate is priced as the loop ran
+    per = _price_units(fitted, pending, cfg)
     config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
               "samples": samples, "seeds": None if cfg.greedy else seeds, "auto": auto,
               "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M"),
-              "pricing": pricing(prompt_info)}
-    return _recommend(model, profile, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
+              "pricing": pricing(prompt_info), "loop_fit": loop_fit}
+    return _recommend(model, fitted, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
                       prompts=prompt_info, config=config)
 
 
 def _trace_turn(
     model: Any, profile: Profile, prompt_ids: list[int], row: Question, sample: int, cfg: SamplingConfig,
-    specs: dict[str, DraftSpec], runs: list[tuple[str, KValue]], candidates: list[KValue], k_run: int,
-    drafters: dict[tuple[str, KValue, int], Any], replays: dict[tuple[str, KValue, int], Any], max_new_tokens: int,
-    *, tick: Callable[[str], Any],
-) -> tuple[Trace, bool, dict[tuple[str, KValue], dict[str, Any]], dict[str, Any]]:
-    """One turn of one unit: each traced run (``runs``), then every candidate's prediction from
-    them. Returns the reference trace (its tokens are the turn's answer), whether every greedy
-    run committed the same tokens, the items by (draft, k), and the profile's prices
-    (:func:`~draftwise.cost.replay.turn_prices`: each traced run's, and plain decoding's)."""
+    specs: dict[str, DraftSpec], runs: list[tuple[str, KValue]], timed: list[tuple[str, KValue]],
+    candidates: list[KValue], k_run: int, drafters: dict[tuple[str, KValue, int], Any],
+    replays: dict[tuple[str, KValue, int], Any], max_new_tokens: int, *, tick: Callable[[str], Any],
+) -> tuple[Trace, bool, list[tuple[Any, ...]], dict[str, Any]]:
+    """One turn of one unit: each traced run (``runs``) and each run only timed (``timed``),
+    then every candidate's steps from the traced ones. Returns the reference trace (its tokens
+    are the turn's answer), whether every greedy run committed the same tokens, each (draft, k)'s
+    arguments to :func:`~draftwise.cost.replay.price_item` (priced once the profile is fitted to the loop), and the
+    profile's prices (:func:`~draftwise.cost.replay.turn_prices`: each run's, and plain's)."""
     traces: dict[tuple[str, KValue], Trace] = {}
-    for d, k in runs:
+    timings: dict[tuple[str, KValue], Trace] = {}
+    for d, k in [*runs, *timed]:
         tick(f"{d} k={k}")
-        drafter = _drafter(drafters, model, specs[d], k, sample)
-        policy = k if k != AUTO else policy_for(model, specs[d], AUTO, capabilities=drafter.capabilities)
-        traces[(d, k)] = trace_generation(model, prompt_ids, drafter, policy, max_new_tokens, sampling=cfg,
-                                          question_id=row.question_id, category=row.category)
+        drafter = None if d == NONE else _drafter(drafters, model, specs[d], k, sample)
+        policy = 1 if drafter is None else k if k != AUTO else policy_for(
+            model, specs[d], AUTO, capabilities=drafter.capabilities)
+        (traces if (d, k) in runs else timings)[(d, k)] = trace_generation(
+            model, prompt_ids, drafter, policy, max_new_tokens, sampling=cfg, question_id=row.question_id,
+            category=row.category)
     ref = traces[runs[0]]
-    same = not cfg.greedy or all(t.tokens == ref.tokens for t in traces.values())
-    items = {}
+    same = not cfg.greedy or all(t.tokens == ref.tokens for t in [*traces.values(), *timings.values()])
+    items = []
     for d in specs:
         for k in candidates:
             steps = _replay(model, specs[d], k, prompt_ids, traces, ref, replays, max_new_tokens, cfg, sample)
             own = traces.get((d, AUTO if k == AUTO else k_run), ref)
-            items[(d, k)] = _prompt_item(profile, specs[d], k, steps, own, len(prompt_ids), cfg, row.category)
-    return ref, same, items, turn_prices(profile, traces, ref, not cfg.greedy)
+            items.append(((d, k), specs[d], k, steps, own, len(prompt_ids)))
+    return ref, same, items, turn_prices(profile, {**traces, **timings}, ref, not cfg.greedy)
+
+
+def _price_units(profile: Profile, pending: Sequence[tuple[Question, int, list[list[tuple[Any, ...]]]]],
+                 cfg: SamplingConfig) -> Per:
+    """Each (draft, k)'s items, one per unit (a question's turns added up), priced by ``profile``."""
+    per: Per = {}
+    for row, sample, turns in pending:
+        for i, (key, *_) in enumerate(turns[0]):
+            item = merge_turns([price_item(profile, *t[i][1:], cfg, row.category) for t in turns])
+            item.update(question_id=row.question_id, sample=sample)
+            per.setdefault(key, []).append(item)
+    return per
 
 
 def _drafter(cache: dict[tuple[str, KValue, int], Any], model: Any, spec: DraftSpec, k: KValue, sample: int) -> Any:
@@ -285,44 +305,6 @@ def _replay(
     return expected_steps(trace, k)
 
 
-def _prompt_item(
-    profile: Profile, spec: DraftSpec, k: KValue, steps: list[tuple[int, int]], tr: Trace, prompt_len: int,
-    cfg: SamplingConfig, category: str,
-) -> dict[str, Any]:
-    """One unit's prediction for (``spec``, ``k``): predicted seconds, plain's, and the counts."""
-    d, sampled, committed = str(spec), not cfg.greedy, len(tr.tokens)
-    # the steps are real (replayed, or the auto run's own) unless expected from a trace's rates
-    exact = replayable(spec) or k == AUTO or (cfg.greedy and not rates_only(spec))
-    cut = k if isinstance(k, int) else max((m for m, _ in steps), default=1)
-    return {
-        "category": category, "new_tokens": max(tr.new_tokens, 1),
-        "plain_s": plain_seconds(profile, tr, sampled),
-        "method_s": predict_seconds(profile, d, steps, prompt_len, tr.prefill_seconds, committed, sampled=sampled),
-        "fixed_s": predict_seconds(profile, d, [], prompt_len, tr.prefill_seconds, committed),
-        # the steps behind the binomial interval: the replay's, or the sampled trace's cut to k
-        "trace": [(min(m, cut), min(a, cut)) for m, a in (steps if exact else tr.steps)],
-        "steps": len(steps) + 1, "committed": committed,
-        "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
-        "proposing": sum(1 for m, _ in steps if m), "context": prompt_len + len(tr.tokens) / 2,
-    }
-
-
-def _merge_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One question's prediction from its turns' (``_prompt_item``): tokens, seconds and counts
-    add up, as bench counts a question's turns (its tokens/s is all its tokens over all its
-    time); the context is the turns' mean."""
-    out = dict(turns[0])
-    for t in turns[1:]:
-        for key in ("new_tokens", "plain_s", "method_s", "fixed_s", "steps", "committed", "proposed", "accepted",
-                    "proposing"):
-            out[key] += t[key]
-        out["trace"] = out["trace"] + t["trace"]
-    out["context"] = statistics.mean(t["context"] for t in turns)
-    return out
-
-
-
-
 def _recommend(
     model: Any, profile: Profile, rows: list[Question], drafts: list[str], ks: list[KValue],
     per: Per, cfg: SamplingConfig, *, pick: str, sure: bool,
@@ -339,11 +321,9 @@ def _recommend(
     predicted: dict[str, float] = {}
     intervals: dict[str, list[float]] = {}
     notes: dict[str, str] = {}
-    score = score_by(pick)
-    autos = [c for c in categories["overall"] if c.k == AUTO]
-    overall = prefer(categories["overall"], max(autos, key=score) if autos else None, score)
+    picks = choose(categories, score_by(pick))
     for c in cats:
-        best = overall if c == "overall" else prefer(categories[c], same_as(categories[c], overall), score)
+        best = picks[c]
         lo = (best.interval or [best.speedup])[0]
         if best.speedup > 1.0 and (lo > 1.0 or not sure):
             recommended[c], predicted[c] = (best.draft, best.k), best.speedup

@@ -1,6 +1,6 @@
 """How the planner picks and how sure it is: the draws behind every interval (:class:`Spread`),
-the rule that moves a choice away from its default only beyond the plan's own error
-(:func:`prefer`, :data:`MARGIN`), the note on a wide spread, and the routed workload's
+the rule that moves a choice away from the simple choice only beyond the plan's own error
+(:func:`choose`, :func:`prefer`, :data:`MARGIN`), the note on a wide spread, and the routed workload's
 prediction (:func:`route_units`). :mod:`draftwise.cost.plan` uses them; docs/planner.md says why.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..drafters import capabilities_of
 from ..drafters.spec import KValue
 from ..questions import Question
 from .formulas import mean_rate_speedup
@@ -55,14 +56,48 @@ def same_as(cands: Sequence[Candidate], like: Candidate) -> Candidate | None:
 
 def prefer(cands: Sequence[Candidate], default: Candidate | None, score: Callable[[Candidate], float]) -> Candidate:
     """The top-ranked of ``cands``, unless it beats ``default`` by :data:`MARGIN` or less: then
-    ``default``. Overall the default is the best adaptive-k candidate; in a category, the
-    overall pick. A plan chooses among many candidates on a few prompts, so the one that
-    predicts best is partly the luckiest; only an advantage beyond the plan's own error moves
-    a choice away from the adaptive policy, or a category away from the workload's choice."""
+    ``default`` (no default: the top). A plan chooses among many candidates on a few prompts,
+    so the one that predicts best is partly the luckiest; only an advantage beyond the plan's
+    own error moves a choice away from its default (:func:`choose`)."""
     top = cands[0]
     if default is None or score(top) > (1 + MARGIN) * score(default):
         return top
     return default
+
+
+def simple_choice(cands: Sequence[Candidate], score: Callable[[Candidate], float]) -> Candidate | None:
+    """What a user gets without a plan: the best adaptive-k candidate (``k=auto``) of a draft
+    whose only cost is a search on the host (lookup, suffix: ``cost="host"``); without one, the
+    best adaptive-k candidate; None where the plan weighed no adaptive k."""
+    autos = [c for c in cands if c.k == AUTO]
+    host = [c for c in autos if c.draft != NONE and capabilities_of(c.draft).cost == "host"]
+    pool = host or autos
+    return max(pool, key=score) if pool else None
+
+
+def choose(ranked: dict[str, list[Candidate]], score: Callable[[Candidate], float]) -> dict[str, Candidate]:
+    """Each category's pick (and ``"overall"``'s) from its candidates ranked best first. The
+    default everywhere is the workload's simple choice (:func:`simple_choice` over all prompts),
+    and another candidate (a fixed k, a draft that runs a head or a model each step) replaces
+    it only where it ranks more than :data:`MARGIN` higher. Without an adaptive k, a category's
+    default is the overall pick. A costlier draft predicted a few percent ahead is within the
+    plan's error and its price (a head's pass, timed apart from the loop) is the least sure
+    part of it: on unseen questions the hybrid, picked everywhere by a default that followed the
+    overall pick, lost 5-7% to suffix where answers copy the prompt (docs/planner.md, step 5).
+
+    >>> c = lambda d, k, s: Candidate(d, k, s, 2.0, None, None, None)
+    >>> picks = choose({"overall": [c("suffix+eagle:default", "auto", 1.70), c("suffix", "auto", 1.68)],
+    ...                 "writing": [c("suffix+eagle:default", "auto", 1.49), c("suffix", "auto", 1.37)],
+    ...                 "rag": [c("suffix", "auto", 1.94), c("suffix+eagle:default", "auto", 1.88)]},
+    ...                lambda x: x.speedup)
+    >>> {cat: (p.draft, p.k) for cat, p in picks.items()}
+    {'overall': ('suffix', 'auto'), 'writing': ('suffix+eagle:default', 'auto'), 'rag': ('suffix', 'auto')}
+    """
+    simple = simple_choice(ranked["overall"], score)
+    overall = prefer(ranked["overall"], simple, score)
+    anchor = simple or overall
+    return {cat: overall if cat == "overall" else prefer(cands, same_as(cands, anchor), score)
+            for cat, cands in ranked.items()}
 
 
 def spread_note(c: Candidate, *, sampled: bool, wide: float = 1.5) -> str | None:

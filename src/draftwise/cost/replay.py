@@ -26,7 +26,7 @@ import torch
 
 from ..decode import decode_steps, propose_step
 from ..drafters.factory import capabilities_of
-from ..drafters.spec import DraftSpec
+from ..drafters.spec import DraftSpec, KValue
 from ..kpolicy import FixedK, KPolicy
 from ..sampling import SamplingConfig
 from ..text import TextAssembler
@@ -230,21 +230,37 @@ def predict_seconds(
     sampled: bool = False,
 ) -> float:
     """Wall time of a generation taking ``steps``, from the profile's costs (``sampled``: each
-    step with sampled verification, where the profile measured it)."""
+    step with sampled verification, where the profile measured it): the sum of its
+    :func:`price_parts`."""
+    return sum(price_parts(profile, draft, steps, prompt_len, prefill_seconds, committed, sampled=sampled))
+
+
+def price_parts(
+    profile: Profile, draft: DraftSpec | str, steps: Sequence[tuple[int, int]], prompt_len: int,
+    prefill_seconds: float, committed: int, *, sampled: bool = False,
+) -> tuple[float, float, float, float]:
+    """:func:`predict_seconds` in four parts, which :mod:`draftwise.cost.loop_fit` weighs apart:
+    what no step scales (the measured prefill, the per-token overhead, a draft's catch-up on
+    the prompt), every step priced as a one-row step, what its extra rows add beyond that,
+    and the draft's own proposals."""
     spec = DraftSpec.parse(draft)
     key = str(spec)
-    total = prefill_seconds + committed * profile.token_overhead
+    fixed = prefill_seconds + committed * profile.token_overhead
     if not spec.is_none and any(m for m, _ in steps):  # a draft's own catch-up on the prompt
-        total += profile.draft_prefill_time(key, prompt_len)
+        fixed += profile.draft_prefill_time(key, prompt_len)
+    one = rows = drafting = 0.0
     pos = prompt_len + 1
     host_search = not spec.is_none and capabilities_of(spec).cost == "host"
     for m, acc in steps:
         d = profile.draft_time(key, m) if not spec.is_none else 0.0
         if host_search and m == 0:
             d = profile.draft_time(key, 1)  # the look-up ran and found nothing
-        total += d + profile.step_time(m + 1, pos, sampled=sampled)
+        base = profile.step_time(1, pos, sampled=sampled)
+        one += base
+        rows += profile.step_time(m + 1, pos, sampled=sampled) - base
+        drafting += d
         pos += acc + 1
-    return total
+    return fixed, one, rows, drafting
 
 
 def plain_seconds(profile: Profile, tr: Trace, sampled: bool) -> float:
@@ -278,21 +294,26 @@ def expected_steps(trace: Trace, k: int) -> list[tuple[int, int]]:
 
 def turn_prices(profile: Profile, traces: dict[Any, Trace], ref: Trace, sampled: bool) -> dict[str, Any]:
     """One turn's check of the profile: each traced run's real seconds beside the profile's
-    price of its own steps (``runs``, by ``"DRAFT k=K"``), and the price of plain decoding of
-    the reference trace's tokens (``plain_s``)."""
-    runs = {f"{d} k={k}": {"measured_s": tr.seconds,
-                           "predicted_s": predict_seconds(profile, d, tr.steps, tr.prompt_len, tr.prefill_seconds,
-                                                          len(tr.tokens), sampled=sampled)}
-            for (d, k), tr in traces.items()}
+    price of its own steps and that price's :func:`price_parts` (``runs``, by ``"DRAFT k=K"``,
+    plain decoding's as ``"plain"``), and the price of plain decoding of the reference trace's
+    tokens (``plain_s``)."""
+    runs = {}
+    for (d, k), tr in traces.items():
+        parts = price_parts(profile, d, tr.steps, tr.prompt_len, tr.prefill_seconds, len(tr.tokens), sampled=sampled)
+        runs["plain" if DraftSpec.parse(d).is_none else f"{d} k={k}"] = {
+            "measured_s": tr.seconds, "predicted_s": sum(parts), "parts": list(parts)}
     return {"runs": runs, "plain_s": plain_seconds(profile, ref, sampled)}
 
 
 def unit_prices(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One unit's prices (:func:`turn_prices` of each turn), added up over its turns, as a
     question's turns add up in bench."""
-    return {"plain_s": round(sum(t["plain_s"] for t in turns), 4),
-            "runs": {run: {what: round(sum(t["runs"][run][what] for t in turns), 4)
-                           for what in ("measured_s", "predicted_s")} for run in turns[0]["runs"]}}
+    runs = {}
+    for run, first in turns[0]["runs"].items():
+        runs[run] = {what: round(sum(t["runs"][run][what] for t in turns), 4) for what in ("measured_s", "predicted_s")}
+        if "parts" in first:
+            runs[run]["parts"] = [round(sum(t["runs"][run]["parts"][i] for t in turns), 5) for i in range(4)]
+    return {"plain_s": round(sum(t["plain_s"] for t in turns), 4), "runs": runs}
 
 
 def pricing(prompts: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -313,3 +334,40 @@ def pricing(prompts: Sequence[dict[str, Any]]) -> dict[str, float]:
             if t["predicted_s"] > 0:
                 ratios.setdefault(run, []).append(t["measured_s"] / t["predicted_s"])
     return {run: round(statistics.median(r), 4) for run, r in ratios.items()}
+
+
+# -- one unit's prediction, as the planner keeps it ------------------------------------------
+def price_item(
+    profile: Profile, spec: DraftSpec, k: KValue, steps: list[tuple[int, int]], tr: Trace, prompt_len: int,
+    cfg: SamplingConfig, category: str,
+) -> dict[str, Any]:
+    """One unit's prediction for (``spec``, ``k``): predicted seconds, plain's, and the counts."""
+    d, sampled, committed = str(spec), not cfg.greedy, len(tr.tokens)
+    # the steps are real (replayed, or the auto run's own) unless expected from a trace's rates
+    exact = replayable(spec) or k == AUTO or (cfg.greedy and not rates_only(spec))
+    cut = k if isinstance(k, int) else max((m for m, _ in steps), default=1)
+    return {
+        "category": category, "new_tokens": max(tr.new_tokens, 1),
+        "plain_s": plain_seconds(profile, tr, sampled),
+        "method_s": predict_seconds(profile, d, steps, prompt_len, tr.prefill_seconds, committed, sampled=sampled),
+        "fixed_s": predict_seconds(profile, d, [], prompt_len, tr.prefill_seconds, committed),
+        # the steps behind the binomial interval: the replay's, or the sampled trace's cut to k
+        "trace": [(min(m, cut), min(a, cut)) for m, a in (steps if exact else tr.steps)],
+        "steps": len(steps) + 1, "committed": committed,
+        "proposed": sum(m for m, _ in steps), "accepted": sum(a for _, a in steps),
+        "proposing": sum(1 for m, _ in steps if m), "context": prompt_len + len(tr.tokens) / 2,
+    }
+
+
+def merge_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One question's prediction from its turns' (``_prompt_item``): tokens, seconds and counts
+    add up, as bench counts a question's turns (its tokens/s is all its tokens over all its
+    time); the context is the turns' mean."""
+    out = dict(turns[0])
+    for t in turns[1:]:
+        for key in ("new_tokens", "plain_s", "method_s", "fixed_s", "steps", "committed", "proposed", "accepted",
+                    "proposing"):
+            out[key] += t[key]
+        out["trace"] = out["trace"] + t["trace"]
+    out["context"] = statistics.mean(t["context"] for t in turns)
+    return out

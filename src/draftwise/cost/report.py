@@ -94,12 +94,25 @@ def render_plan_markdown(plan: Plan) -> str:
     if plan.notes:  # where the continuations disagree, the prediction is a range in practice
         lines += ["Where the speedup depends on the continuation:", ""]
         lines += [f"- {cat}: {note}" for cat, note in plan.notes.items()] + [""]
+    if fit := plan.config.get("loop_fit"):
+        lines += [loop_fit_text(fit), ""]
     if plan.validation:
         lines += render_validation_markdown(plan.validation).splitlines() + [""]
     cmd = plan.config.get("command")
     if cmd:
         lines += [f"Command: `{cmd}`", ""]
     return "\n".join(lines)
+
+
+def loop_fit_text(fit: dict[str, Any]) -> str:
+    """One sentence: the factors the plan fitted its profile with (:mod:`draftwise.cost.loop_fit`).
+
+    >>> loop_fit_text({"plain": 0.97, "verify": 1.21, "drafts": {"suffix+eagle:default": 1.4}})
+    "Priced as the decode loop ran during the plan (the profile's costs times: one-row steps 0.97, a step's extra rows 1.21, suffix+eagle:default's proposals 1.40)."
+    """
+    parts = [f"one-row steps {fit['plain']:.2f}", f"a step's extra rows {fit['verify']:.2f}"]
+    parts += [f"{d}'s proposals {v:.2f}" for d, v in (fit.get("drafts") or {}).items()]
+    return f"Priced as the decode loop ran during the plan (the profile's costs times: {', '.join(parts)})."
 
 
 def render_validation_markdown(validation: dict[str, Any]) -> str:
@@ -141,6 +154,10 @@ def noise_text(check: dict[str, Any]) -> str:
     return "-" if noise is None else f"{100 * noise:.1f}%"
 
 
+#: how the summary names the pricing checks of plain decoding (the rest are "DRAFT k=K")
+PRICING_LABELS = {"plain": "plain decoding", "plain (validation)": "plain decoding at validation (over the fitted price)"}
+
+
 def validation_summary(validation: dict[str, Any]) -> str:
     """One line: the errors, the share of categories inside their interval, the intervals'
     median width and the categories that lost to plain decoding, with the goals; and the
@@ -165,7 +182,7 @@ def validation_summary(validation: dict[str, Any]) -> str:
     pricing = validation.get("pricing") or {}
     if pricing:
         text += ". Measured over the profile's price (median over prompts): " + ", ".join(
-            f"{'plain decoding' if run == 'plain' else run} {ratio:.2f}" for run, ratio in pricing.items())
+            f"{PRICING_LABELS.get(run, run)} {ratio:.2f}" for run, ratio in pricing.items())
     return text
 
 
