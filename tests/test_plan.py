@@ -336,3 +336,20 @@ def test_expected_steps_keep_the_accepted_tokens_when_each_step_accepts_under_on
     assert sum(a for _, a in replayed) == 30
     assert sum(a + 1 for _, a in replayed) == len(tokens) - 1
     assert all(m == 1 and a in (0, 1) for m, a in replayed)
+
+
+def test_a_plan_with_a_draft_of_its_own_cost_times_plain_and_a_host_draft_and_fits_its_price(tiny):
+    """A traced draft (self, not replayable) beside a replayed one: the plan also times plain
+    decoding and lookup on every turn, fits the profile to the loop (one factor for the self
+    draft's own passes) and prices every candidate, the adaptive k included, with the fit."""
+    rows = rows_for([("copy", PROMPTS[0]), ("free", PROMPTS[2])])
+    prof = fake_profile(tiny, drafts={"lookup": [1e-5] * 8, "self:exit=1": [0.004 * k for k in range(1, 9)]})
+    plan = make_plan(tiny, rows, prof, drafts=["lookup", "self:exit=1"], ks=[1, 2, 4], max_new_tokens=16)
+    runs = plan.prompts[0]["runs"]
+    assert set(runs) == {"self:exit=1 k=8", "self:exit=1 k=auto", "plain", "lookup k=8"}
+    assert all(r["measured_s"] > 0 and len(r["parts"]) == 4 for r in runs.values())
+    assert runs["self:exit=1 k=8"]["parts"][3] > 0 == runs["plain"]["parts"][3]  # its own passes, priced apart
+    fit = plan.config["loop_fit"]
+    assert set(fit["drafts"]) <= {"self:exit=1"} and all(0.5 <= v <= 2.0 for v in fit["drafts"].values())
+    assert {(c.draft, c.k) for c in plan.categories["overall"]} >= {("self:exit=1", "auto"), ("lookup", "auto")}
+    assert all(p["equal"] for p in plan.prompts)  # plain decoding's timed run committed the same tokens

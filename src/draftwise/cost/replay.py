@@ -33,6 +33,7 @@ from ..text import TextAssembler
 from ..tree import TokenTree
 from ..verify import follow
 from .formulas import expected_committed_by_position
+from .plan_file import AUTO
 from .profile import Profile
 
 
