@@ -1,11 +1,12 @@
 """The profile fitted to the decode loop as it ran during a plan.
 
-A profile is measured once and cached, and on a shared machine its shape ages: on the 2-core
-AMD EPYC a one-row step measured 15.7 ms at 16:51 and 17.8-18.7 ms in three profiles taken back
-to back at 17:05, while a nine-row step measured 21.6 and 20.2-21.3 ms. A plan's speedups are
-ratios of one-row steps (plain decoding) to multi-row ones (verification), so such a change
-moves every prediction, and a validation run later disagrees with the plan by as much
-(docs/planner.md, "Is the profile's price still right?").
+A profile is measured once, in about a minute, and cached; on a shared machine its shape is
+not stable. Of five profiles of the 2-core AMD EPYC (benchmarks/results/planner/profile-drift-amd),
+four priced a nine-row step at 1.14-1.17x a one-row step at 128 tokens of context, and one,
+measured the same way, at 1.37x (its one-row step 15.7 ms against 17.5-18.7). A plan's speedups
+are ratios of one-row steps (plain decoding) to multi-row ones (verification), so such a
+profile moves every prediction, and a validation disagrees with the plan by as much
+(docs/planner.md, "The profile fitted to the loop").
 
 So the plan times, beside the runs it traces anyway, plain decoding and one draft that costs
 only a host search, on every turn, and fits three kinds of factor to what the loop took

@@ -155,7 +155,7 @@ def noise_text(check: dict[str, Any]) -> str:
 
 
 #: how the summary names the pricing checks of plain decoding (the rest are "DRAFT k=K")
-PRICING_LABELS = {"plain": "plain decoding", "plain (validation)": "plain decoding at validation (over the fitted price)"}
+PRICING_LABELS = {"plain": "plain decoding", "plain (validation)": "plain decoding at validation"}
 
 
 def validation_summary(validation: dict[str, Any]) -> str:

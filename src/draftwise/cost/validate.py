@@ -169,8 +169,7 @@ def _score(plan: Plan, rows: Sequence[Question], units: list[dict[str, Any]], ex
         "repeats": repeats,
         "seeds": per_prompt,
         "notes": notes,
-        # measured seconds over the profile's price: each timed run of the plan, and plain decoding
-        # here over the plan's price of it (the profile fitted to the loop during the plan)
+        # measured seconds over the profile's price: each timed run of the plan, and plain decoding here
         "pricing": {**(plan.config.get("pricing") or {}),
                     **({"plain (validation)": plain} if (plain := plain_pricing(plan, units)) is not None else {})},
         "units": units,
@@ -179,11 +178,12 @@ def _score(plan: Plan, rows: Sequence[Question], units: list[dict[str, Any]], ex
 
 def plain_pricing(plan: Plan, units: Sequence[dict[str, Any]]) -> float | None:
     """Greedy: the median over prompts of plain decoding's measured seconds (its best run) over
-    the seconds the plan priced it at (``plain_s`` of the plan's prompts, the same tokens, with
-    the profile fitted to the loop as it ran during the plan: :mod:`~draftwise.cost.loop_fit`).
-    Away from 1 it says the machine ran one-row steps slower (above 1) or faster than during
-    the plan; a plan's speedups are ratios of prices, so a change alike for every step cancels,
-    and one in one-row steps alone moves every speedup. None with sampling
+    the seconds the profile as measured prices them at (``plain_s`` of the plan's prompts, the
+    same tokens). Set beside the plan's own timed plain run (``plan.config["pricing"]["plain"]``),
+    a gap says the machine ran one-row steps slower (above) or faster than during the plan,
+    whose fit to the loop (:mod:`~draftwise.cost.loop_fit`) then no longer holds: a plan's
+    speedups are ratios of prices, so a change in one-row steps alone moves every speedup. None
+    with sampling
     (a validation seed decodes other tokens than the plan's) or without ``plain_s``.
 
     >>> from types import SimpleNamespace
