@@ -102,7 +102,10 @@ def test_the_validation_report_says_its_noise_width_and_losses():
     assert "| extraction | lookup | auto | 2.50x [2.20-2.70] | 2.00x | 25.0% | no | 4.0% |" in md
     assert "| overall (routed) | per category | - |" in md and md.count("| - |") >= 1
     line = validation_summary(v)
-    assert "own noise of 3.0%" in line and "median interval width 0.50" in line
+    assert "own noise of 3.0%" in line and "median interval width 0.50 (goal <= 0.40)" in line
+    # the width goal is the sampled plan's: a greedy validation states its width without one
+    greedy = validation_summary({**v, "goals": {**(v.get("goals") or {}), "width": None}})
+    assert "median interval width 0.50;" in greedy and "goal <= 0.40" not in greedy
     assert "1 category measured below 0.97x plain (goal: none): rag" in line
     v.update(below_097=[], median_noise=None)
     assert "no category's recommendation measured below 0.97x plain" in validation_summary(v)

@@ -173,7 +173,8 @@ def validation_summary(validation: dict[str, Any]) -> str:
         text += f"; {100 * share:.0f}% of categories measured inside their 95% interval (goal >= 80%)"
     width = validation.get("median_width")
     if width is not None:
-        text += f"; median interval width {width:.2f} (goal <= 0.40)"
+        goal = goals.get("width", 0.40)  # None: no goal (a greedy plan's); absent in older files: 0.40
+        text += f"; median interval width {width:.2f}" + (f" (goal <= {goal:.2f})" if goal else "")
     below = validation.get("below_097")
     if below is not None:
         text += ("; no category's recommendation measured below 0.97x plain" if not below else
