@@ -353,3 +353,7 @@ def test_a_plan_with_a_draft_of_its_own_cost_times_plain_and_a_host_draft_and_fi
     assert set(fit["drafts"]) <= {"self:exit=1"} and all(0.5 <= v <= 2.0 for v in fit["drafts"].values())
     assert {(c.draft, c.k) for c in plan.categories["overall"]} >= {("self:exit=1", "auto"), ("lookup", "auto")}
     assert all(p["equal"] for p in plan.prompts)  # plain decoding's timed run committed the same tokens
+    # each pick also priced with the profile as measured, for scoring the fit against the same measurements
+    unfitted = plan.config["unfitted"]
+    assert set(unfitted) <= set(plan.recommended) | {"overall (routed)"} and all(v > 0 for v in unfitted.values())
+    assert all(c in unfitted for c, (d, _) in plan.recommended.items() if d != "none")

@@ -170,7 +170,6 @@ def make_plan(
     timed: list[tuple[str, KValue]] = [(NONE, 0)] + ([(host[0], k_run)] if host and host[0] not in traced else [])
     candidates: list[KValue] = [*ks, AUTO] if auto else list(ks)
     seeds = [(cfg.seed or 0) + s for s in range(samples)]
-
     warm_up(model)
     pending: list[tuple[Question, int, list[list[tuple[Any, ...]]]]] = []  # (row, sample, turns' unpriced items)
     replays: dict[tuple[str, KValue, int], Any] = {}
@@ -208,13 +207,30 @@ def make_plan(
         progress("predicting", 1.0)
     loop_fit = fit_loop(prompt_info)
     fitted = fitted_profile(profile, loop_fit)  # every candidate is priced as the loop ran
-    per = _price_units(fitted, pending, cfg)
     config = {"max_new_tokens": max_new_tokens, "k_run": k_run, "temperature": cfg.temperature, "pick": pick,
               "samples": samples, "seeds": None if cfg.greedy else seeds, "auto": auto,
               "profile_created": profile.created, "date": time.strftime("%Y-%m-%d %H:%M"),
               "pricing": pricing(prompt_info), "loop_fit": loop_fit}
-    return _recommend(model, fitted, rows, list(specs), candidates, per, cfg, pick=pick, sure=sure,
-                      prompts=prompt_info, config=config)
+    plan = _recommend(model, fitted, rows, list(specs), candidates, _price_units(fitted, pending, cfg), cfg,
+                      pick=pick, sure=sure, prompts=prompt_info, config=config)
+    plan.config["unfitted"] = _unfitted(plan, _price_units(profile, pending, cfg))
+    return plan
+
+
+def _unfitted(plan: Plan, per: Per) -> dict[str, float]:
+    """Each category's pick (and the routed workload's) priced with the profile as measured, the
+    fit left out (``per``): kept beside the fitted prediction, so that a validation scores both
+    on the same measurements (docs/planner.md, "The profile fitted to the loop")."""
+    out = {}
+    for cat, (d, k) in plan.recommended.items():
+        items = [x for x in per.get((d, k), []) if cat == "overall" or x["category"] == cat]
+        if items:
+            out[cat] = round(aggregate(items), 4)
+    routed = [next(x for x in per[setting] if (x["question_id"], x["sample"]) == (u["question_id"], u["sample"]))
+              for u in next(iter(per.values())) if (setting := plan.recommended[u["category"]])[0] != NONE]
+    if routed and len(routed) == len(next(iter(per.values()))):
+        out["overall (routed)"] = round(aggregate(routed), 4)
+    return out
 
 
 def _trace_turn(
