@@ -1,8 +1,8 @@
 """The profile fitted to the decode loop as it ran during a plan.
 
 A profile is measured once, in about a minute, and cached; on a shared machine its shape is
-not stable. Of five profiles of the 2-core AMD EPYC (benchmarks/results/planner/profile-drift-amd),
-four priced a nine-row step at 1.14-1.17x a one-row step at 128 tokens of context, and one,
+not stable. Of six profiles of the 2-core AMD EPYC (benchmarks/results/planner/profile-drift-amd),
+five priced a nine-row step at 1.14-1.17x a one-row step at 128 tokens of context, and one,
 measured the same way, at 1.37x (its one-row step 15.7 ms against 17.5-18.7). A plan's speedups
 are ratios of one-row steps (plain decoding) to multi-row ones (verification), so such a
 profile moves every prediction, and a validation disagrees with the plan by as much
