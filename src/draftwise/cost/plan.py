@@ -59,7 +59,7 @@ from .intervals import percentile_interval
 from .formulas import breakeven_acceptance, effective_acceptance
 from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .loop_fit import fit_loop, fitted_profile
-from .plan_pick import Per, Spread, aggregate, choose, route_units, score_by, spread_note
+from .plan_pick import Per, Spread, aggregate, choose, route_units, routed_items, score_by, spread_note
 from .profile import Profile
 from .route import policy_for
 from .replay import (
@@ -226,10 +226,7 @@ def _unfitted(plan: Plan, per: Per) -> dict[str, float]:
         items = [x for x in per.get((d, k), []) if cat == "overall" or x["category"] == cat]
         if items:
             out[cat] = round(aggregate(items), 4)
-    routed = [next(x for x in per[setting] if (x["question_id"], x["sample"]) == (u["question_id"], u["sample"]))
-              for u in next(iter(per.values())) if (setting := plan.recommended[u["category"]])[0] != NONE]
-    if routed and len(routed) == len(next(iter(per.values()))):
-        out["overall (routed)"] = round(aggregate(routed), 4)
+    out["overall (routed)"] = round(aggregate(routed_items(plan.recommended, per, next(iter(per)))[0]), 4)
     return out
 
 

@@ -114,14 +114,14 @@ def spread_note(c: Candidate, *, sampled: bool, wide: float = 1.5) -> str | None
     return f"{c.draft} k={c.k} pays {min(c.samples):.1f}-{max(c.samples):.1f}x here, depending on {why}"
 
 
-def route_units(
-    rows: list[Question], recommended: dict[str, tuple[str, KValue]], per: Per, spread: Spread,
-    any_setting: tuple[str, KValue],
-) -> tuple[float, list[float]]:
-    """The predicted speedup, and its interval, of decoding each prompt with its category's
-    recommendation; a prompt routed to plain decoding takes its plain time from ``any_setting``'s
-    items (every item holds it) and has no uncertainty of its own."""
-    routed, settings = [], []
+def routed_items(
+    recommended: dict[str, tuple[str, KValue]], per: Per, any_setting: tuple[str, KValue],
+) -> tuple[list[dict[str, Any]], list[tuple[str, KValue] | None]]:
+    """Each unit's item under its category's recommendation, and the setting it ran (None: plain
+    decoding, whose item is ``any_setting``'s with the method's time set to plain's: every item
+    holds plain's time)."""
+    routed: list[dict[str, Any]] = []
+    settings: list[tuple[str, KValue] | None] = []
     for item in per[any_setting]:
         d, k = recommended[item["category"]]
         if d == NONE:
@@ -132,6 +132,17 @@ def route_units(
         else:
             routed.append(next(x for x in per[(d, k)] if (x["question_id"], x["sample"]) == (item["question_id"], item["sample"])))
             settings.append((d, k))
+    return routed, settings
+
+
+def route_units(
+    rows: list[Question], recommended: dict[str, tuple[str, KValue]], per: Per, spread: Spread,
+    any_setting: tuple[str, KValue],
+) -> tuple[float, list[float]]:
+    """The predicted speedup, and its interval, of decoding each prompt with its category's
+    recommendation (:func:`routed_items`); a prompt routed to plain decoding has no uncertainty
+    of its own."""
+    routed, settings = routed_items(recommended, per, any_setting)
     routed_overall = aggregate(routed)
     return routed_overall, list(percentile_interval(spread.draws(routed, settings, "routed"), routed_overall))
 

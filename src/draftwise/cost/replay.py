@@ -361,7 +361,7 @@ def price_item(
 
 
 def merge_turns(turns: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One question's prediction from its turns' (``_prompt_item``): tokens, seconds and counts
+    """One question's prediction from its turns' (:func:`price_item`): tokens, seconds and counts
     add up, as bench counts a question's turns (its tokens/s is all its tokens over all its
     time); the context is the turns' mean."""
     out = dict(turns[0])
