@@ -9,10 +9,11 @@ import pytest
 from draftwise.cost.formulas import expected_committed_by_position
 from draftwise.cost.intervals import (
     Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, price_per_token, speedup_draws,
-    uniforms,
+    timing_spread, uniforms,
 )
 from draftwise.cost.measure import measure_profile
 from draftwise.cost.plan import load_plan, make_plan
+from draftwise.cost.plan_pick import Spread
 from draftwise.cost.profile import Profile
 from draftwise.cost.replay import predict_seconds
 from draftwise.cost.validate import validate_plan
@@ -195,3 +196,52 @@ def test_runs_of_hits_widen_the_interval_enough_to_hold_a_rerun():
     assert inside[1] / trials >= 0.88, inside
     assert inside[0] / trials < 0.75, inside
     assert dispersion([[(2, i % 3) for i in range(300)]]) < 1.5  # no runs: about 1
+
+
+# -- timing noise, and where a validation's error comes from --------------------------------
+def test_timing_noise_widens_an_interval_as_the_two_variances_add():
+    """A measured speedup carries the stopwatch's noise as well as the continuations': with a
+    unit's timing variance s2 over n units, the interval's log-width grows as the two variances
+    add (the t draws are near normal at 6 degrees of freedom; hence the tolerance)."""
+    items = [{"category": "c", "question_id": q, "sample": s, "new_tokens": 10, "plain_s": 1.0,
+              "method_s": 0.5 + 0.02 * s} for q in (1, 2) for s in range(4)]
+    per = {("lookup", 2): items}
+    settings = [("lookup", 2)] * len(items)
+
+    def log_width(timing: float) -> float:
+        draws = Spread(None, per, ["c"], [2], True, bootstrap=True, timing=timing).draws(items, settings, "c")
+        lo, hi = np.quantile(np.log(draws), [0.025, 0.975])
+        return float(hi - lo)
+
+    quiet, noisy = log_width(0.0), log_width(0.04)
+    added = 2 * 1.96 * np.sqrt(0.04 / len(items))
+    assert quiet < noisy == pytest.approx(np.hypot(quiet, added), rel=0.15)
+
+
+def test_timing_spread_pairs_each_run_with_plain_on_the_same_unit():
+    """A slow spell both runs of a unit share cancels: runs twice as slow as priced, plain too,
+    carry no noise; a run that alone is slow on one unit does."""
+    def unit(run: float, plain: float) -> dict:
+        return {"runs": {"plain": {"measured_s": plain, "predicted_s": 1.0},
+                         "lookup k=8": {"measured_s": run, "predicted_s": 1.0}}}
+
+    assert timing_spread([unit(2.0, 2.0), unit(1.0, 1.0), unit(3.0, 3.0)]) == (0.0, 2)
+    s2, df = timing_spread([unit(2.0, 1.0), unit(1.0, 1.0), unit(1.0, 1.0)])
+    assert df == 2 and s2 == pytest.approx(np.var(np.log([2.0, 1.0, 1.0]), ddof=1))
+    assert timing_spread([{"runs": {}}, {}]) == (0.0, 0)
+
+
+def test_plan_keeps_its_timing_noise_and_greedy_validation_splits_the_error(tiny):
+    """The plan measures the timing noise of its own runs; a greedy validation of an exact replay
+    (lookup at a fixed k) measures the plan's tokens per pass exactly, so all of its error is
+    price, and the two factors multiply to predicted / measured."""
+    rows = [Question(i, "copy", (t,)) for i, t in enumerate(PROMPTS[:2])]
+    plan = make_plan(tiny, rows, fake_profile(tiny), drafts=["lookup"], ks=[2], max_new_tokens=24, auto=False)
+    assert plan.config["timing_df"] >= 1 and plan.config["timing_sd"] >= 0
+    v = validate_plan(tiny, plan, rows)
+    check = next(x for x in v["checks"] if x["category"] == "copy")
+    assert check["mat_measured"] == pytest.approx(check["mat_predicted"], abs=1e-3) and check["mat_measured"] > 1
+    assert check["acceptance_error"] == pytest.approx(0.0, abs=1e-3)
+    whole = (1 + check["acceptance_error"]) * (1 + check["price_error"])
+    assert whole == pytest.approx(check["predicted"] / check["measured"], rel=1e-3)
+    assert all(len(u["counts"]) == 2 for u in v["units"])

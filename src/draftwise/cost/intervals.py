@@ -22,7 +22,12 @@ rerun may copy a different amount. :func:`dispersion` measures that on the trace
 autocorrelation of the tokens committed per step, and every count is divided by it (fewer,
 effective trials) before step 1.
 
-Timing noise is not in the interval: only the acceptance is.
+**Timing noise.** ``plan --validate`` times real runs, and a shared machine's pauses move each
+unit's measured speedup. The plan times plain decoding and each traced run on every turn, side
+by side, so :func:`timing_spread` measures that noise from the plan's own runs (how a run's
+measured-to-priced ratio differs from the plain run's on the same unit), and every draw above
+is multiplied by a log-normal factor of that variance over the units measured
+(:func:`timing_draws`). A plan without timed runs has intervals on the acceptance only.
 
 **With several continuations per prompt** (sampling, ``plan --samples S``), the binomial draws
 above say nothing about how differently the next continuation goes: whether it quotes the
@@ -301,3 +306,46 @@ def rerun_t_draws(items: Sequence[dict], spread: tuple[float, int], *, seed: int
         return np.full(draws, point)
     se = math.sqrt(s2 * 2.0 / len(items))
     return point * np.exp(se * np.random.default_rng(seed).standard_t(df, draws))
+
+
+def timing_spread(prompts: Sequence[dict]) -> tuple[float, int]:
+    """The variance of the timing noise in one unit's measured speedup, and its degrees of
+    freedom, from the plan's timed runs (``runs`` of each prompt, :mod:`~draftwise.cost.loop_fit`):
+    per unit and per run other than plain, d = log(measured / priced) of the run minus the same
+    of plain decoding on that unit (adjacent runs, so a slow spell both share cancels, as it
+    does in a validation that interleaves them), its variance about each run's mean, pooled
+    over the runs. (0.0, 0) without timed runs.
+
+    >>> runs = lambda a, b: {"runs": {"plain": {"measured_s": 1.0, "predicted_s": 1.0},
+    ...                               "lookup k=8": {"measured_s": a, "predicted_s": b}}}
+    >>> s2, df = timing_spread([runs(1.0, 1.0), runs(math.e, 1.0), runs(1.0, 1.0)])
+    >>> round(s2, 3), df
+    (0.333, 2)
+    """
+    per_run: dict[str, list[float]] = {}
+    for p in prompts:
+        runs = p.get("runs") or {}
+        plain = runs.get("plain")
+        if not plain or plain["predicted_s"] <= 0 or plain["measured_s"] <= 0:
+            continue
+        base = math.log(plain["measured_s"] / plain["predicted_s"])
+        for run, t in runs.items():
+            if run != "plain" and t["predicted_s"] > 0 and t["measured_s"] > 0:
+                per_run.setdefault(run, []).append(math.log(t["measured_s"] / t["predicted_s"]) - base)
+    squares = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in per_run.values())
+    df = sum(len(v) - 1 for v in per_run.values())
+    return (squares / df if df > 0 else 0.0), max(df, 0)
+
+
+def timing_draws(s2: float, units: int, *, seed: int, draws: int) -> np.ndarray:
+    """Factors by which timing noise moves a speedup measured over ``units`` units, each unit's
+    log noise of variance ``s2`` (:func:`timing_spread`) and independent of the others: the
+    exponential of a normal draw of variance s2 / units (all ones when ``s2`` is 0).
+
+    >>> f = timing_draws(0.04, 4, seed=0, draws=20000)
+    >>> round(float(np.std(np.log(f))), 2)
+    0.1
+    """
+    if s2 <= 0 or units < 1:
+        return np.ones(draws)
+    return np.exp(math.sqrt(s2 / units) * np.random.default_rng(seed).standard_normal(draws))

@@ -41,6 +41,7 @@ decoding is told to decode plainly. Intervals: :class:`Spread`; docs/planner.md.
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 import time
 from dataclasses import replace
@@ -55,7 +56,7 @@ from ..drafters.spec import DraftSpec, KValue
 from ..errors import ConfigError
 from ..questions import Question, parse_question
 from ..sampling import SamplingConfig
-from .intervals import percentile_interval
+from .intervals import percentile_interval, timing_spread
 from .formulas import breakeven_acceptance, effective_acceptance
 from .plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
 from .loop_fit import fit_loop, fitted_profile
@@ -327,8 +328,10 @@ def _recommend(
     workload (each prompt decoded with its category's recommendation)."""
     sampled = not cfg.greedy
     cats = list(dict.fromkeys(r.category for r in rows)) + ["overall"]
+    timing, config["timing_df"] = timing_spread(prompts)
+    config["timing_sd"] = round(math.sqrt(timing), 4)
     spread = Spread(profile, per, cats[:-1], [k for k in ks if isinstance(k, int)], sampled,
-                     bootstrap=int(config.get("samples", 1)) > 1)
+                     bootstrap=int(config.get("samples", 1)) > 1, timing=timing)
     categories = {c: _ranked(profile, per, spread, c, pick, sampled) for c in cats}
     recommended: dict[str, tuple[str, KValue]] = {}
     predicted: dict[str, float] = {}

@@ -19,7 +19,7 @@ from ..questions import Question
 from .formulas import mean_rate_speedup
 from .intervals import (
     Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, pooled_log_spread, rerun_draws,
-    rerun_t_draws, speedup_draws, uniforms,
+    rerun_t_draws, speedup_draws, timing_draws, uniforms,
 )
 from .plan_file import AUTO, NONE, Candidate
 from .profile import Profile
@@ -156,11 +156,14 @@ class Spread:
     binomial draws of each (category, draft, k)'s counts
     (:func:`~draftwise.cost.intervals.cost_ratio_draws`): every k of a draft uses the same
     uniform numbers (one seed per category and draft), so its draws at different k move
-    together; ``auto`` takes the draws of the fixed k nearest its mean proposal."""
+    together; ``auto`` takes the draws of the fixed k nearest its mean proposal. Every draw is
+    then multiplied by the timing noise of a measurement over as many units (``timing``: the
+    variance of :func:`~draftwise.cost.intervals.timing_spread`, 0 for none)."""
 
     def __init__(self, profile: Profile, per: Per, cats: list[str], ks: list[int], sampled: bool, *,
-                 bootstrap: bool) -> None:
+                 bootstrap: bool, timing: float = 0.0) -> None:
         self.bootstrap = bootstrap
+        self.timing = timing
         self.ratio: dict[tuple[str, str, KValue], Any] = {}
         self.log_spread = {key: pooled_log_spread(items) for key, items in per.items()} if bootstrap else {}
         if bootstrap:
@@ -187,8 +190,15 @@ class Spread:
 
     def draws(self, items: Sequence[dict[str, Any]], settings: Sequence[tuple[str, KValue] | None], key: str) -> Any:
         """Speedup draws of ``items`` (one per unit), each run with its ``settings`` entry (None:
-        plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap, so
-        every candidate of one category resamples the same units (paired comparisons)."""
+        plain decoding, no uncertainty in the binomial draws); ``key`` seeds the bootstrap and the
+        timing noise, so every candidate of one category resamples the same units and draws the
+        same noise (paired comparisons)."""
+        draws = self._acceptance_draws(items, settings, key)
+        timing = timing_draws(self.timing, len(items), seed=zlib.crc32(f"{key}\0timing".encode()), draws=len(draws))
+        return draws * timing
+
+    def _acceptance_draws(self, items: Sequence[dict[str, Any]], settings: Sequence[tuple[str, KValue] | None],
+                          key: str) -> Any:
         if self.bootstrap:
             seed = zlib.crc32(key.encode())
             if len({x["category"] for x in items}) == 1 and len(set(settings)) == 1 and settings[0] is not None:

@@ -96,6 +96,10 @@ def render_plan_markdown(plan: Plan) -> str:
         lines += [f"- {cat}: {note}" for cat, note in plan.notes.items()] + [""]
     if fit := plan.config.get("loop_fit"):
         lines += [loop_fit_text(fit), ""]
+    if plan.config.get("timing_df"):
+        lines += [f"The intervals hold the timing noise of a measured speedup: one unit's, from the plan's own "
+                  f"runs beside plain decoding's, {100 * plan.config['timing_sd']:.1f}% (standard deviation of its "
+                  f"log), shrinking with the units measured.", ""]
     if plan.validation:
         lines += render_validation_markdown(plan.validation).splitlines() + [""]
     cmd = plan.config.get("command")
@@ -119,10 +123,11 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
     """The checks as a table (with the validation's own noise when it ran 2 or more repeats)
     and :func:`validation_summary` under it."""
     noisy = validation.get("median_noise") is not None
+    split = any("acceptance_error" in c for c in validation["checks"])
     lines = [
         "| category | draft | k | predicted [95% interval] | measured | error | inside |"
-        + (" noise |" if noisy else ""),
-        "|---|---|---:|---:|---:|---:|:-:|" + ("---:|" if noisy else ""),
+        + (" noise |" if noisy else "") + (" tokens/pass predicted, measured | from acceptance | from price |" if split else ""),
+        "|---|---|---:|---:|---:|---:|:-:|" + ("---:|" if noisy else "") + ("---:|---:|---:|" if split else ""),
     ]
     for c in validation["checks"]:
         k = "-" if c["k"] is None else c["k"]
@@ -130,6 +135,9 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
                 f"{c['measured']:.2f}x | {100 * c['error']:.1f}% | {inside_text(c)} |")
         if noisy:
             line += f" {noise_text(c)} |"
+        if split:
+            line += (f" {c['mat_predicted']:.2f}, {c['mat_measured']:.2f} | {100 * c['acceptance_error']:+.1f}% | "
+                     f"{100 * c['price_error']:+.1f}% |" if "acceptance_error" in c else " - | - | - |")
         lines.append(line)
     lines += ["", validation_summary(validation) + "."]
     seeds = validation.get("seeds")
@@ -137,7 +145,10 @@ def render_validation_markdown(validation: dict[str, Any]) -> str:
         lines += ["", f"Each prompt measured with {seeds} seed{'s' if seeds > 1 else ''} none of which the plan "
                   f"traced (each (prompt, seed) one unit of the mean tokens/s), best of {validation.get('repeats', 1)} "
                   "repeats." + (" Noise: the same speedup from repeat round 1 alone against round 2 alone, "
-                                "|s1 - s2| / mean; an error well above it is the plan's." if noisy else "")]
+                                "|s1 - s2| / mean; an error well above it is the plan's." if noisy else "")
+                  + (" The error's two factors (predicted over measured, minus 1; they multiply to the whole): "
+                     "tokens committed per target pass, and the rest, what each pass cost against plain "
+                     "decoding's." if split else "")]
     for note in validation.get("notes") or ():
         lines += ["", f"Note: {note}."]
     return "\n".join(lines)

@@ -108,13 +108,15 @@ def validate_plan(
             # repeat by repeat: a slow spell of several seconds then costs each setting at most one
             # run, where back-to-back repeats let it take every run of one setting
             runs: dict[Setting, list[float]] = {s: [] for s in order}
+            counts: dict[Setting, list[int]] = {}  # [committed, passes]: the same in every repeat
             for r in range(repeats):
                 for i, s in enumerate(order):
                     if progress:
                         done = (r * len(order) + i) / (repeats * len(order))
                         progress(f"{_label(s)} on q{row.question_id} seed {unit_seed}", (n + done) / total)
-                    runs[s].append(_timed(model, row.turns, max_new, cfg, drafters.get((s, j)), s,
-                                          last=r == repeats - 1))
+                    tps, *counts[s] = _timed(model, row.turns, max_new, cfg, drafters.get((s, j)), s,
+                                             last=r == repeats - 1)
+                    runs[s].append(tps)
             base = {"question_id": row.question_id, "category": row.category,
                     "seed": unit_seed if temperature else None}
             if rec == PLAIN:  # the routed workload decodes this prompt plainly: plain against itself
@@ -122,7 +124,7 @@ def validate_plan(
                               "plain": runs[PLAIN], "method": runs[PLAIN]})
             for s in mine:
                 units.append({**base, "setting": _label(s), "draft": s[0], "k": s[1], "recommended": s == rec,
-                              "plain": runs[PLAIN], "method": runs[s]})
+                              "plain": runs[PLAIN], "method": runs[s], "counts": counts[s]})
     if progress:
         progress("done", 1.0)
     return _score(plan, rows, units, extra_settings, repeats=repeats, per_prompt=per_prompt, notes=notes)
@@ -137,7 +139,9 @@ def _score(plan: Plan, rows: Sequence[Question], units: list[dict[str, Any]], ex
         if d == NONE:
             continue  # plain decoding is 1.00x by definition: nothing to check
         items = [u for u in units if u["category"] == c and u["recommended"]]
-        checks.append(_check(c, d, k, plan.predicted[c], items, plan.intervals.get(c)))
+        check = _check(c, d, k, plan.predicted[c], items, plan.intervals.get(c))
+        cand = plan.candidate(c, d, k)  # type: ignore[arg-type]  # k may be "auto"
+        checks.append({**check, **error_split(check, cand.mat if cand else None, items)})
     per_category = list(checks)  # before the overall checks
     routed = [u for u in units if u["recommended"]]
     checks.append(_check("overall (routed)", "per category", None, plan.routed_overall, routed,
@@ -212,6 +216,28 @@ def _check(category: str, draft: str, k: KValue | None, predicted: float, items:
     return {"category": category, "draft": draft, "k": k, "predicted": predicted, "measured": measured,
             "error": abs(predicted - measured) / measured, "noise": noise, "prompts": len({_prompt(x) for x in items}),
             "units": len(items), **_inside(measured, interval)}
+
+
+def error_split(check: dict[str, Any], mat: float | None, items: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Where a check's error comes from: its predicted mean accepted tokens per target pass
+    (``mat``, the plan's) beside the measured one (committed tokens over passes in the units'
+    ``counts``), and the prediction's ratio to the measurement split in two factors that
+    multiply to it: ``acceptance_error`` (predicted over measured tokens per pass, minus 1: the
+    continuations accepted less than the plan's, or more) and ``price_error`` (the rest: per pass,
+    the method ran slower against plain decoding than the profile priced it, or faster). Empty
+    without counts (a validation made before they were kept).
+
+    >>> error_split({"predicted": 1.32, "measured": 1.1}, 1.2, [{"counts": [110, 100]}])
+    {'mat_predicted': 1.2, 'mat_measured': 1.1, 'acceptance_error': 0.0909, 'price_error': 0.1}
+    """
+    counted = [u["counts"] for u in items if u.get("counts")]
+    passes = sum(c[1] for c in counted)
+    if mat is None or not passes or check["measured"] <= 0:
+        return {}
+    measured = sum(c[0] for c in counted) / passes
+    ratio = check["predicted"] / check["measured"]
+    return {"mat_predicted": round(mat, 4), "mat_measured": round(measured, 4),
+            "acceptance_error": round(mat / measured - 1, 4), "price_error": round(ratio * measured / mat - 1, 4)}
 
 
 def unit_speedup(units: Sequence[dict[str, Any]], round_: int | None = None) -> float:
@@ -305,14 +331,16 @@ def _label(s: Setting) -> str:
 
 
 def _timed(model: Any, turns: Sequence[str], max_new: int, cfg: SamplingConfig, drafter: Any, setting: Setting,
-           *, last: bool) -> float:
+           *, last: bool) -> tuple[float, int, int]:
     """Tokens/s of one question: every turn, each answer going into the next turn's history, all
-    its tokens over all its time (as bench counts a question, and as the plan predicts it). A
+    its tokens over all its time (as bench counts a question, and as the plan predicts it); and
+    the tokens its steps committed and the target passes they took (prefills included), whose
+    ratio is the plan's mean accepted tokens (``mat``). A
     repeat before the last is not remembered by a draft that learns across generations (it
     would otherwise see its own answer again). ``k="auto"``: a fresh adaptive policy for each
     generation (a policy keeps per-generation state)."""
     answers: list[str] = []
-    tokens, seconds = 0, 0.0
+    tokens, seconds, committed, passes = 0, 0.0, 0, 0
     for i in range(len(turns)):
         policy: Any = 1
         if drafter is not None:
@@ -322,4 +350,6 @@ def _timed(model: Any, turns: Sequence[str], max_new: int, cfg: SamplingConfig, 
         answers.append(res.text)
         tokens += res.new_tokens
         seconds += res.seconds
-    return tokens / seconds if seconds > 0 else 0.0
+        committed += res.stats.committed
+        passes += res.stats.target_passes
+    return (tokens / seconds if seconds > 0 else 0.0), committed, passes
