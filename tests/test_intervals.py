@@ -237,7 +237,8 @@ def test_plan_keeps_its_timing_noise_and_greedy_validation_splits_the_error(tiny
     price, and the two factors multiply to predicted / measured."""
     rows = [Question(i, "copy", (t,)) for i, t in enumerate(PROMPTS[:2])]
     plan = make_plan(tiny, rows, fake_profile(tiny), drafts=["lookup"], ks=[2], max_new_tokens=24, auto=False)
-    assert plan.config["timing_df"] >= 1 and plan.config["timing_sd"] >= 0
+    s2, df = timing_spread(plan.prompts)
+    assert plan.config["timing_df"] == df >= 1 and plan.config["timing_sd"] == round(s2 ** 0.5, 4)
     v = validate_plan(tiny, plan, rows)
     check = next(x for x in v["checks"] if x["category"] == "copy")
     assert check["mat_measured"] == pytest.approx(check["mat_predicted"], abs=1e-3) and check["mat_measured"] > 1

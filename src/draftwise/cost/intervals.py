@@ -45,7 +45,7 @@ over several categories bootstraps the units (:func:`rerun_draws`); see their do
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,8 +277,19 @@ def pooled_log_spread(items: Sequence[dict]) -> tuple[float, int]:
     groups: dict[Any, list[float]] = {}
     for x in items:
         groups.setdefault((x["category"], x["question_id"]), []).append(math.log(x["plain_s"] / x["method_s"]))
-    squares = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups.values())
-    df = sum(len(v) - 1 for v in groups.values())
+    return pooled_variance(groups.values())
+
+
+def pooled_variance(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
+    """The variance of values about their own group's mean, pooled over the groups, and its
+    degrees of freedom (values minus groups); (0.0, 0) with none to spare.
+
+    >>> pooled_variance([[1.0, 3.0], [5.0]])
+    (2.0, 1)
+    """
+    groups = list(groups)
+    squares = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in groups)
+    df = sum(len(v) - 1 for v in groups)
     return (squares / df if df else 0.0), df
 
 
@@ -332,9 +343,7 @@ def timing_spread(prompts: Sequence[dict]) -> tuple[float, int]:
         for run, t in runs.items():
             if run != "plain" and t["predicted_s"] > 0 and t["measured_s"] > 0:
                 per_run.setdefault(run, []).append(math.log(t["measured_s"] / t["predicted_s"]) - base)
-    squares = sum(float(((np.array(v) - np.mean(v)) ** 2).sum()) for v in per_run.values())
-    df = sum(len(v) - 1 for v in per_run.values())
-    return (squares / df if df > 0 else 0.0), max(df, 0)
+    return pooled_variance(per_run.values())
 
 
 def timing_draws(s2: float, units: int, *, seed: int, draws: int) -> np.ndarray:
