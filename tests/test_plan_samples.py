@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from draftwise.cost.adaptive import AdaptiveK
-from draftwise.cost.intervals import pooled_log_spread, rerun_draws, rerun_t_draws
+from draftwise.cost.intervals import pooled_variance, rerun_draws, rerun_t_draws
+from draftwise.cost.moderation import log_spreads
 from draftwise.cost.plan import load_plan, make_plan
 from draftwise.cost.plan_file import Plan
 from draftwise.cost.replay import replay_lookup, trace_generation
@@ -175,16 +176,44 @@ def test_a_category_interval_holds_a_rerun_of_s_new_continuations_95_percent_of_
         centre = rng.uniform(1.1, 2.5, cats)
         plan = [[{"category": c, "question_id": c, "new_tokens": 96, "plain_s": 1.0, "method_s": 1.0 / u}
                  for u in centre[c] * np.exp(rng.normal(0, sd, s))] for c in range(cats)]
-        spread = pooled_log_spread([x for units in plan for x in units])
+        spreads = log_spreads([x for units in plan for x in units])
         for c, units in enumerate(plan):
             rerun = (centre[c] * np.exp(rng.normal(0, sd, s))).mean()  # what --validate measures
-            for name, draws in (("t", rerun_t_draws(units, spread, seed=r * cats + c)),
+            for name, draws in (("t", rerun_t_draws(units, spreads[c], seed=r * cats + c)),
                                 ("bootstrap", rerun_draws(units, seed=r * cats + c))):
                 lo, hi = np.quantile(draws, [0.025, 0.975])
                 held[name] += bool(lo <= rerun <= hi)
     n = rounds * cats
     assert 0.91 <= held["t"] / n <= 0.99, held
     assert held["bootstrap"] / n < 0.88, held  # the test can tell a too-narrow interval (0.83 here)
+
+
+def test_a_category_that_varies_more_than_the_others_gets_a_wider_interval():
+    """13 categories at S = 8, three of which spread by 25% and the rest by 8%: the variance
+    pooled over all of them holds a wide category's rerun well under 95% of the time; each
+    category's variance moderated towards the others' holds it about 95% of the time, and
+    still every category's overall."""
+    rng = np.random.default_rng(11)
+    cats, s, rounds = 13, 8, 60
+    sds = np.array([0.25] * 3 + [0.08] * 10)
+    held = {"pooled": [0, 0], "moderated": [0, 0]}  # [wide categories, all]
+    for r in range(rounds):
+        centre = rng.uniform(1.1, 2.5, cats)
+        plan = [[{"category": c, "question_id": c, "new_tokens": 96, "plain_s": 1.0, "method_s": 1.0 / u}
+                 for u in centre[c] * np.exp(rng.normal(0, sds[c], s))] for c in range(cats)]
+        moderated = log_spreads([x for units in plan for x in units])
+        pooled = pooled_variance([[np.log(x["plain_s"] / x["method_s"]) for x in units] for units in plan])
+        for c, units in enumerate(plan):
+            rerun = (centre[c] * np.exp(rng.normal(0, sds[c], s))).mean()
+            for name, spread in (("pooled", pooled), ("moderated", moderated[c])):
+                lo, hi = np.quantile(rerun_t_draws(units, spread, seed=r * cats + c), [0.025, 0.975])
+                inside = bool(lo <= rerun <= hi)
+                held[name][0] += inside and c < 3
+                held[name][1] += inside
+    wide, n = rounds * 3, rounds * cats
+    assert held["pooled"][0] / wide < 0.80, held  # the test can tell the pooled interval's miss
+    assert held["moderated"][0] / wide >= 0.88, held
+    assert 0.91 <= held["moderated"][1] / n <= 0.995, held
 
 
 def test_a_costlier_draft_must_beat_the_simple_choice_by_the_margin_in_each_category():

@@ -32,7 +32,7 @@ is multiplied by a log-normal factor of that variance over the units measured
 **With several continuations per prompt** (sampling, ``plan --samples S``), the binomial draws
 above say nothing about how differently the next continuation goes: whether it quotes the
 prompt decides most of a copying draft's gain. There a category's interval comes from the
-spread between continuations (:func:`pooled_log_spread`, :func:`rerun_t_draws`), and an interval
+spread between continuations (:func:`~draftwise.cost.moderation.log_spreads`, :func:`rerun_t_draws`), and an interval
 over several categories bootstraps the units (:func:`rerun_draws`); see their docstrings.
 
 >>> c = counts_from_steps([(4, 4), (4, 0), (4, 2), (0, 0)], k=4)
@@ -258,28 +258,6 @@ def rerun_draws(items: Sequence[dict], *, seed: int, draws: int = 400) -> np.nda
     return point + scale * (fut_m / fut_p - est_m / est_p)
 
 
-def pooled_log_spread(items: Sequence[dict]) -> tuple[float, int]:
-    """The variance between continuations of one prompt, of the log of each unit's speedup
-    (``plain_s / method_s``), pooled over every prompt in ``items`` (all categories), and its
-    degrees of freedom (units minus prompts).
-
-    A category holds one or two prompts of S continuations: S - 1 degrees of freedom each, too
-    few for a variance of its own (a bootstrap over 4 units covers well under 95%). Pooling
-    assumes the *relative* spread is alike between categories, which the log scale makes
-    plausible: a copying draft's gain varies by a similar share wherever it copies.
-
-    >>> items = [{"category": c, "question_id": c, "plain_s": 1.0, "method_s": m}
-    ...          for c, ms in (("a", (0.5, 0.5)), ("b", (1.0, 0.5))) for m in ms]
-    >>> s2, df = pooled_log_spread(items)
-    >>> round(s2, 4), df
-    (0.1201, 2)
-    """
-    groups: dict[Any, list[float]] = {}
-    for x in items:
-        groups.setdefault((x["category"], x["question_id"]), []).append(math.log(x["plain_s"] / x["method_s"]))
-    return pooled_variance(groups.values())
-
-
 def pooled_variance(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
     """The variance of values about their own group's mean, pooled over the groups, and its
     degrees of freedom (values minus groups); (0.0, 0) with none to spare.
@@ -293,13 +271,14 @@ def pooled_variance(groups: Iterable[Sequence[float]]) -> tuple[float, int]:
     return (squares / df if df else 0.0), df
 
 
-def rerun_t_draws(items: Sequence[dict], spread: tuple[float, int], *, seed: int, draws: int = 4000) -> np.ndarray:
+def rerun_t_draws(items: Sequence[dict], spread: tuple[float, float], *, seed: int, draws: int = 4000) -> np.ndarray:
     """Speedup draws for a rerun of ``items`` (one category's units: its prompts, S continuations
     each) with S new continuations, as ``plan --validate`` measures it.
 
     The rerun's mean and the plan's own each average n = len(items) continuations, so their
-    difference, on the log scale, has variance 2 s^2 / n with s^2 the pooled variance of
-    :func:`pooled_log_spread`; with s^2 itself estimated on its degrees of freedom, the
+    difference, on the log scale, has variance 2 s^2 / n with s^2 the variance between continuations of
+    :func:`~draftwise.cost.moderation.log_spreads` (the category's variance, moderated towards
+    the others'); with s^2 itself estimated on its degrees of freedom, the
     difference over its standard error follows Student's t. Each draw is the point prediction
     (Spec-Bench's: mean tokens/s over plain's) times exp(se * t).
 

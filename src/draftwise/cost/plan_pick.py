@@ -18,9 +18,10 @@ from ..drafters.spec import KValue
 from ..questions import Question
 from .formulas import mean_rate_speedup
 from .intervals import (
-    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, pooled_log_spread, rerun_draws,
+    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws,
     rerun_t_draws, speedup_draws, timing_draws, uniforms,
 )
+from .moderation import log_spreads
 from .plan_file import AUTO, NONE, Candidate
 from .profile import Profile
 
@@ -149,8 +150,9 @@ def route_units(
 
 class Spread:
     """The draws behind every interval. With several continuations per prompt, one category's
-    from Student's t on the spread between continuations, pooled over the categories for each
-    (draft, k) (:func:`~draftwise.cost.intervals.rerun_t_draws`), and several categories' from a
+    from Student's t on the spread between continuations, the category's own moderated towards
+    the other categories' for each (draft, k) (:func:`~draftwise.cost.moderation.log_spreads`,
+    :func:`~draftwise.cost.intervals.rerun_t_draws`), and several categories' from a
     bootstrap over prompts and continuations (:func:`~draftwise.cost.intervals.rerun_draws`,
     enough units there for one); otherwise the
     binomial draws of each (category, draft, k)'s counts
@@ -165,7 +167,7 @@ class Spread:
         self.bootstrap = bootstrap
         self.timing = timing
         self.ratio: dict[tuple[str, str, KValue], Any] = {}
-        self.log_spread = {key: pooled_log_spread(items) for key, items in per.items()} if bootstrap else {}
+        self.log_spread = {key: log_spreads(items) for key, items in per.items()} if bootstrap else {}
         if bootstrap:
             return
         for (d, k), items in per.items():
@@ -202,7 +204,7 @@ class Spread:
         if self.bootstrap:
             seed = zlib.crc32(key.encode())
             if len({x["category"] for x in items}) == 1 and len(set(settings)) == 1 and settings[0] is not None:
-                return rerun_t_draws(items, self.log_spread[settings[0]], seed=seed)
+                return rerun_t_draws(items, self.log_spread[settings[0]][items[0]["category"]], seed=seed)
             return rerun_draws(items, seed=seed)
         n = len(next(iter(self.ratio.values()))) if self.ratio else 400
         ratios = [np.ones(n) if s is None else self.ratio[(x["category"], *s)] for x, s in zip(items, settings)]
