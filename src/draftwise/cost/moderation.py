@@ -17,8 +17,7 @@ uses for the same problem (a few replicates per gene, thousands of genes):
   differ (d0 small). When the spread of the s_c^2 is no more than chi-square noise would give,
   d0 is infinite and every category gets the pooled variance, as before.
 
-The digamma and trigamma functions are written here (their asymptotic series) rather than
-taken from SciPy, which draftwise does not otherwise need.
+Digamma and trigamma come from ``torch.special`` (torch is already a dependency).
 """
 
 from __future__ import annotations
@@ -26,6 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
+
+import torch
 
 from .intervals import pooled_variance
 
@@ -36,12 +37,7 @@ def digamma(x: float) -> float:
     >>> round(digamma(1.0), 6), round(digamma(0.5), 6)  # -gamma, -gamma - 2 ln 2
     (-0.577216, -1.96351)
     """
-    shift = 0.0
-    while x < 6.0:
-        shift -= 1.0 / x
-        x += 1.0
-    inv2 = 1.0 / (x * x)
-    return shift + math.log(x) - 0.5 / x - inv2 * (1 / 12 - inv2 * (1 / 120 - inv2 / 252))
+    return float(torch.special.digamma(torch.tensor(x, dtype=torch.float64)))
 
 
 def trigamma(x: float) -> float:
@@ -50,12 +46,7 @@ def trigamma(x: float) -> float:
     >>> round(trigamma(1.0), 6), round(trigamma(0.5), 6)  # pi^2 / 6, pi^2 / 2
     (1.644934, 4.934802)
     """
-    shift = 0.0
-    while x < 6.0:
-        shift += 1.0 / (x * x)
-        x += 1.0
-    inv2 = 1.0 / (x * x)
-    return shift + 1 / x + inv2 / 2 + inv2 / x * (1 / 6 - inv2 * (1 / 30 - inv2 * (1 / 42 - inv2 / 30)))
+    return float(torch.special.polygamma(1, torch.tensor(x, dtype=torch.float64)))
 
 
 def _inverse_trigamma(v: float) -> float:
