@@ -7,7 +7,8 @@ the tokens committed per target pass. No model runs. From the repository root:
     python benchmarks/results/planner/copy-union/replay.py "lookup;suffix;union;union:mode=fixed:prior=0.5;union:mode=choose"
 
 `union...` is the prototype in `union.py` (options: mode=calib|fixed|choose|suffix_first,
-decay, prior); anything else is a draft spec.
+decay, prior); `pick...` the one in `pick.py` (options: mode=request|session, decay, margin,
+warm); anything else is a draft spec.
 """
 import json
 import statistics
@@ -24,6 +25,7 @@ from draftwise.questions import category_group
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from pick import Pick  # noqa: E402
 from union import Union  # noqa: E402
 
 PROFILE = Profile.load(HERE / "auto_profile.json")
@@ -54,16 +56,21 @@ def summarize(res):
                 statistics.mean(x[2] for x in v)) for g, v in groups.items()}
 
 
+def per_question(name):
+    """Each turn's (category, priced tokens/s, plain tokens/s, tokens a pass) for one draft name."""
+    opts = dict(p.split("=") for p in name.split(":")[1:])
+    if name.startswith("union"):
+        kw = {k: float(v) if k in ("decay", "prior") else v for k, v in opts.items()}
+        return run(lambda: Union(**kw), "suffix")
+    if name.startswith("pick"):
+        kw = {k: v if k == "mode" else float(v) for k, v in opts.items()}
+        return run(lambda: Pick(**kw), "suffix")
+    spec = DraftSpec.parse(name)
+    return run(lambda: make_drafter(spec, None), str(spec))
+
+
 def main():
-    table = {}
-    for name in sys.argv[1].split(";"):
-        if name.startswith("union"):
-            opts = dict(p.split("=") for p in name.split(":")[1:])
-            kw = {k: float(v) if k in ("decay", "prior") else v for k, v in opts.items()}
-            table[name] = summarize(run(lambda: Union(**kw), "suffix"))
-        else:
-            spec = DraftSpec.parse(name)
-            table[name] = summarize(run(lambda: make_drafter(spec, None), str(spec)))
+    table = {name: summarize(per_question(name)) for name in sys.argv[1].split(";")}
     groups = list(next(iter(table.values())))
     print("| draft | " + " | ".join(groups) + " |")
     print("|---|" + "---:|" * len(groups))
