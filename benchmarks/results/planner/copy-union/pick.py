@@ -12,6 +12,7 @@ from draftwise.tree import TokenTree
 from draftwise.drafters.lookup import PromptLookupDrafter
 from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.spec import DraftSpec
+from union import count_chain  # replay.py puts this folder on the path
 
 
 class Pick:
@@ -39,14 +40,7 @@ class Pick:
         sd, ld = self.last
         self.cs = self.cs * self.decay + (accepted_along(sd, committed) if sd.tokens else 0)
         self.cl = self.cl * self.decay + (accepted_along(ld, committed) if ld.tokens else 0)
-        for d, t in enumerate(ld.tokens):  # lookup's own per-depth acceptance (censored)
-            if d >= len(committed):
-                break
-            self.tot[d] = self.tot[d] * 0.9 + 1
-            ok = committed[d] == t
-            self.hit[d] = self.hit[d] * 0.9 + ok
-            if not ok:
-                break
+        count_chain(self.hit, self.tot, ld.tokens, committed, 0.9)  # lookup's own per-depth acceptance
 
     def propose(self, context, k):
         self._learn(context)

@@ -17,6 +17,19 @@ from draftwise.drafters.spec import DraftSpec
 from draftwise.tree import TokenTree
 
 
+def count_chain(hit, tot, chain, committed, decay):
+    """Decayed per-depth counts of a chain's tokens against the committed ones: depth d is
+    tested when every earlier one matched, and censored past the committed length."""
+    for d, t in enumerate(chain):
+        if d >= len(committed):
+            break  # censored
+        tot[d] = tot[d] * decay + 1
+        ok = committed[d] == t
+        hit[d] = hit[d] * decay + ok
+        if not ok:
+            break
+
+
 class Union:
     """suffix's scored tree with lookup's chain merged in; lookup nodes scored by an online
     per-depth acceptance estimate of lookup (counted on its own chain every step, censored at
@@ -52,15 +65,7 @@ class Union:
         # how far did last step's lookup chain match the committed tokens?
         if not self.chain:
             return
-        committed = context[self.ctx_len:]
-        for d, t in enumerate(self.chain):
-            if d >= len(committed):
-                break  # censored
-            self.tot[d] = self.tot[d] * self.decay + 1
-            ok = committed[d] == t
-            self.hit[d] = self.hit[d] * self.decay + ok
-            if not ok:
-                break
+        count_chain(self.hit, self.tot, self.chain, context[self.ctx_len:], self.decay)
 
     def propose(self, context, k):
         self._learn(context)
