@@ -25,11 +25,12 @@ class Pick:
         self.decay, self.margin, self.warm = decay, margin, warm
         self.mode = mode
         self.hit = [0.5] * 16; self.tot = [1.0] * 16
+        self.cs = self.cl = 0.0  # tokens each draft's proposals matched (this request, or decayed)
 
     def start(self, prompt, sampling, generator):
         self.s.start(prompt, sampling, generator); self.l.start(prompt, sampling, generator)
         self.last = None; self.ctx_len = 0
-        if self.mode == "request" or not hasattr(self, "cs"):
+        if self.mode == "request":
             self.cs = self.cl = 0.0
         self.steps = 0
 
