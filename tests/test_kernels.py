@@ -72,6 +72,71 @@ def test_each_row_is_the_same_alone_as_in_its_pass() -> None:
             row += n
 
 
+F32 = torch.float32
+
+
+def _tree16(x: torch.Tensor) -> torch.Tensor:
+    """attention.c's sum of 16 lanes (the last axis): lane l + 8, then l + 4, l + 2, l + 1."""
+    for half in (8, 4, 2, 1):
+        x = x[..., :half] + x[..., half : 2 * half]
+    return x[..., 0]
+
+
+def _exp(x: torch.Tensor) -> torch.Tensor:
+    """attention.c's exp for x <= 0, one float32 rounding per operation as written."""
+    c = lambda value: torch.tensor(value, dtype=F32)  # noqa: E731
+    under = x < c(-87.0)
+    x = torch.maximum(x, c(-87.0))
+    n = (x * c(1.44269504088896341) + c(12582912.0)) - c(12582912.0)
+    r = (x - n * c(0.693359375)) - n * c(-2.12194440e-4)
+    p = c(1.9875691500e-4)
+    for coeff in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        p = p * r + c(coeff)
+    p = (p * (r * r) + r) + c(1.0)
+    scale = ((n.to(torch.int32) + 127) << 23).view(F32)
+    return ((p * scale).view(torch.int32) & ~under.to(torch.int32).neg()).view(F32)
+
+
+def _row_as_the_header_says(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """One query row over the ``n`` keys it sees, step by step as attention.c's header states."""
+    n, hd = keys.shape
+    prods = q.view(1, hd // 16, 16) * keys.view(n, hd // 16, 16)  # lane d mod 16, in order over d
+    acc = prods[:, 0]
+    for c in range(1, hd // 16):
+        acc = acc + prods[:, c]
+    tiles = -(-n // 16)
+    row = torch.full((tiles * 16,), float("-inf"), dtype=F32)
+    row[:n] = _tree16(acc) * torch.tensor(scale, dtype=F32)
+    e = _exp(row - row.max())
+    lanes = torch.zeros(16, dtype=F32)
+    for t in range(tiles):  # the denominator: lane j mod 16, tile by tile
+        lanes = lanes + e[16 * t : 16 * t + 16]
+    out = torch.zeros(hd, dtype=F32)
+    for j in range(n):  # the values, key by key from key 0
+        out = out + e[j] * values[j]
+    return out * (torch.tensor(1.0, dtype=F32) / _tree16(lanes))
+
+
+@needs_kernel
+@pytest.mark.parametrize("hd", [16, 64])
+def test_the_kernel_does_the_arithmetic_its_header_states(hd: int) -> None:
+    """Bit for bit: the lanes' layout in registers and the blocking of rows are free, the
+    arithmetic is not (attention.c holds 16 lanes as two halves, and blocks 4 rows)."""
+    gen = torch.Generator().manual_seed(hd)
+    kv, group, start, rows = 2, 3, 37, 3
+    k = torch.randn(1, kv, 64, hd, generator=gen)
+    v = torch.randn(1, kv, 64, hd, generator=gen)
+    q = torch.randn(rows, kv * group, hd, generator=gen)
+    seq = torch.tensor([[0, start, rows, 0, -1]], dtype=torch.int64)
+    scale = hd ** -0.5
+    got = kernels.attend(q, k, v, seq, torch.zeros(1, dtype=torch.uint8), scale, 2).view(rows, kv * group, hd)
+    for j in range(rows):  # row j sees keys 0 .. start + j
+        for head in range(kv * group):
+            n, h = start + j + 1, head // group
+            want = _row_as_the_header_says(q[j, head], k[0, h, :n], v[0, h, :n], scale)
+            assert torch.equal(got[j, head], want), (j, head, (got[j, head] - want).abs().max().item())
+
+
 def test_without_the_kernel_the_runtime_takes_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kernels, "_state", {})
     monkeypatch.setenv("DRAFTWISE_KERNELS", "off")

@@ -5,7 +5,7 @@ Torch has no attention whose summation order ignores the rest of the batch, so
 sequence cost twice ``F.scaled_dot_product_attention``. ``attention.c`` does the same job in one
 call per layer for every sequence of a pass, each row's arithmetic fixed by the code alone (its
 header says how). It is compiled once per machine with the system's C compiler
-(``cc -O3 -march=native -fopenmp``, about two seconds) into the draftwise cache folder, under a
+(``cc -O3 -march=native -fopenmp -ffp-contract=off``, about two seconds) into the draftwise cache folder, under a
 name that covers the source, the compiler and the CPU, and loaded with :mod:`ctypes`; its OpenMP
 threads are torch's own (the same ``libgomp``).
 
@@ -33,7 +33,7 @@ from ...fsutil import cache_root
 
 SOURCE = Path(__file__).with_name("attention.c")
 HEAD_DIMS = (16, 32, 64, 128)  # what attention.c covers
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
 _state: dict[str, object] = {}

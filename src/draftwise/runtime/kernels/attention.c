@@ -1,9 +1,10 @@
 /* Row-invariant attention for a ragged batch of sequences, in one call per layer.
  *
- * Built at first use by draftwise.runtime.kernels (cc -O3 -march=native -fopenmp). Every query
- * row is computed by one thread, with arithmetic fixed by this code alone: what a row gets
- * depends on its own query, its own sequence's keys and values and which of them it sees,
- * never on the other rows of the pass, their number, or how the work is split between threads.
+ * Built at first use by draftwise.runtime.kernels (cc -O3 -march=native -fopenmp
+ * -ffp-contract=off). Every query row is computed by one thread, with arithmetic fixed by this
+ * code alone: what a row gets depends on its own query, its own sequence's keys and values and
+ * which of them it sees, never on the other rows of the pass, their number, or how the work is
+ * split between threads.
  *
  *   score_j = scale * sum_d q_d k_jd    the sum over d in 16 lanes (one lane per d mod 16, in
  *                                       order over d), the lanes added in a fixed tree
@@ -17,71 +18,73 @@
  * exactly 0 to the values, so running further over masked keys cannot change a bit, and a tree
  * row's denominator counts lanes over the keys it sees: it gets its path's chain's bits.
  *
- * No -ffast-math: the compiler keeps the order written here. It may fuse a multiply and an add
- * into one FMA (GCC's default contraction); it does so per line of code, the same for every row,
- * so a row's bits still depend on this code alone (tests/test_row_invariance.py checks them).
+ * The 16 lanes are held as two 8-float halves (lanes 0-7 and 8-15), so that a block of rows
+ * fits the sixteen 256-bit registers of AVX2: written with 16-float vectors, GCC split every
+ * one in two and spilled the block's accumulators to memory, and attention cost 2.3x (one
+ * row) to 3x (two rows) what it does now at 1,024 keys (docs/runtime.md). Neither the lanes'
+ * layout nor the grouping of rows into blocks changes a row's arithmetic.
+ *
+ * No -ffast-math, and no contraction of a multiply and an add into one FMA (-ffp-contract=off):
+ * every operation rounds as written, whatever the compiler and the CPU, so a row's bits depend
+ * on this code alone (tests/test_row_invariance.py checks them).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t i16 __attribute__((vector_size(64)));
-typedef uint32_t u16x32 __attribute__((vector_size(64)));
-typedef uint16_t h16 __attribute__((vector_size(32)));
+typedef float v8 __attribute__((vector_size(32)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+typedef uint32_t u8x32 __attribute__((vector_size(32)));
+typedef uint16_t h8 __attribute__((vector_size(16)));
 
 #define QB 4         /* query rows per register block */
 #define ITEM_ROWS 32 /* query rows per unit of work handed to a thread */
-#define MAX_NC 8     /* head_dim up to 128 */
+#define MAX_NC 8     /* head_dim up to 128: 16-lane groups of d */
 
-static inline v16 load_f(const float *p) { v16 r; memcpy(&r, p, sizeof r); return r; }
-static inline void store_f(float *p, v16 v) { memcpy(p, &v, sizeof v); }
-static inline v16 load_bf(const uint16_t *p) {
-    h16 h; memcpy(&h, p, sizeof h);
-    u16x32 w = __builtin_convertvector(h, u16x32) << 16;
-    v16 r; memcpy(&r, &w, sizeof r); return r;
+static inline v8 load8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+static inline v8 load_bf8(const uint16_t *p) {
+    h8 h; memcpy(&h, p, sizeof h);
+    u8x32 w = __builtin_convertvector(h, u8x32) << 16;
+    v8 r; memcpy(&r, &w, sizeof r); return r;
 }
-static inline v16 load_kv(const void *base, int64_t off, int bf16) {
-    return bf16 ? load_bf((const uint16_t *)base + off) : load_f((const float *)base + off);
+static inline v8 load_kv8(const void *base, int64_t off, int bf16) {
+    return bf16 ? load_bf8((const uint16_t *)base + off) : load8((const float *)base + off);
 }
-static inline v16 splat(float x) { return (v16){x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x}; }
-static inline v16 vmax(v16 a, v16 b) {
-    i16 m = a > b;
-    return (v16)(((i16)a & m) | ((i16)b & ~m));
+static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
+static inline v8 vmax8(v8 a, v8 b) {
+    i8 m = a > b;
+    return (v8)(((i8)a & m) | ((i8)b & ~m));
 }
 
-/* The sum of each of four vectors' 16 lanes, one fixed tree for all four:
- * lane l + 8 onto lane l, then l + 4, then l + 2, then l + 1. */
-static inline v16 sum4(v16 a, v16 b, v16 c, v16 d) {
-    v16 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-             __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    v16 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
-             __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
-    v16 s = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
-            __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
-    s = s + __builtin_shufflevector(s, s, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
-    s = s + __builtin_shufflevector(s, s, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
-    return s; /* the four sums in lanes 0, 4, 8 and 12 */
+/* The sums of four 16-lane vectors, one fixed tree for all four: lane l + 8 onto lane l (the
+ * caller adds the two halves: x[l] + x[l + 8] in lane l of its argument), then l + 4, then
+ * l + 2, then l + 1. The four sums come in lanes 0, 2, 4 and 6. */
+static inline v8 sum4h(v8 a, v8 b, v8 c, v8 d) {
+    v8 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15);
+    v8 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
+    v8 s = __builtin_shufflevector(ab, cd, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
+    return s + __builtin_shufflevector(s, s, 1, 0, 3, 2, 5, 4, 7, 6);
 }
 
 /* exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r); exactly 0 below -87. */
-static inline v16 vexp(v16 x) {
-    v16 lo = splat(-87.0f);
-    i16 under = x < lo;
-    x = vmax(x, lo);
-    v16 t = x * splat(1.44269504088896341f) + splat(12582912.0f);
-    v16 n = t - splat(12582912.0f); /* round to nearest */
-    v16 r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);
-    v16 p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * (r * r) + r + splat(1.0f);
-    i16 bits = (__builtin_convertvector(n, i16) + 127) << 23;
-    v16 scale; memcpy(&scale, &bits, sizeof scale);
-    return (v16)((i16)(p * scale) & ~under);
+static inline v8 vexp8(v8 x) {
+    v8 lo = splat8(-87.0f);
+    i8 under = x < lo;
+    x = vmax8(x, lo);
+    v8 t = x * splat8(1.44269504088896341f) + splat8(12582912.0f);
+    v8 n = t - splat8(12582912.0f); /* round to nearest */
+    v8 r = x - n * splat8(0.693359375f) - n * splat8(-2.12194440e-4f);
+    v8 p = splat8(1.9875691500e-4f);
+    p = p * r + splat8(1.3981999507e-3f);
+    p = p * r + splat8(8.3334519073e-3f);
+    p = p * r + splat8(4.1665795894e-2f);
+    p = p * r + splat8(1.6666665459e-1f);
+    p = p * r + splat8(5.0000001201e-1f);
+    p = p * (r * r) + r + splat8(1.0f);
+    i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
+    v8 scale; memcpy(&scale, &bits, sizeof scale);
+    return (v8)((i8)(p * scale) & ~under);
 }
 
 typedef struct {
@@ -119,7 +122,7 @@ static int run_item(const Args *a, const Item *it, int nc) {
     float *S = scratch((size_t)(nq + QB + 1) * span); /* the last row: a tree row's packed weights */
     if (!S) return 1;
     for (int b = 0; b < nq; b += QB) {
-        v16 qv[QB][MAX_NC];
+        v8 ql[QB][MAX_NC], qh[QB][MAX_NC];
         int64_t end[QB], last = 0;
         const uint8_t *mask[QB];
         for (int i = 0; i < QB; i++) {
@@ -127,11 +130,11 @@ static int run_item(const Args *a, const Item *it, int nc) {
             if (b + i < nq) {
                 int64_t j = qi / G;
                 const float *src = a->q + (row0 + j) * a->q_row + (int64_t)(h * G + qi % G) * a->q_head;
-                for (int c = 0; c < nc; c++) qv[i][c] = load_f(src + 16 * c);
+                for (int c = 0; c < nc; c++) ql[i][c] = load8(src + 16 * c), qh[i][c] = load8(src + 16 * c + 8);
                 end[i] = start + j + 1;
                 mask[i] = tree >= 0 ? a->trees + tree + j * count : NULL;
             } else {
-                for (int c = 0; c < nc; c++) qv[i][c] = splat(0.0f);
+                for (int c = 0; c < nc; c++) ql[i][c] = qh[i][c] = splat8(0.0f);
                 end[i] = 0;
                 mask[i] = NULL;
             }
@@ -141,15 +144,16 @@ static int run_item(const Args *a, const Item *it, int nc) {
         /* scores: key by key, four rows at a time */
         for (int64_t t = 0; t < last; t++) {
             const int64_t off = kv_off + t * a->c_pos;
-            v16 acc[QB];
-            v16 kc = load_kv(a->k, off, a->bf16);
-            for (int i = 0; i < QB; i++) acc[i] = qv[i][0] * kc;
+            v8 lo[QB], hi[QB];
+            v8 kl = load_kv8(a->k, off, a->bf16), kh = load_kv8(a->k, off + 8, a->bf16);
+            for (int i = 0; i < QB; i++) lo[i] = ql[i][0] * kl, hi[i] = qh[i][0] * kh;
             for (int c = 1; c < nc; c++) {
-                kc = load_kv(a->k, off + 16 * c, a->bf16);
-                for (int i = 0; i < QB; i++) acc[i] = acc[i] + qv[i][c] * kc;
+                kl = load_kv8(a->k, off + 16 * c, a->bf16);
+                kh = load_kv8(a->k, off + 16 * c + 8, a->bf16);
+                for (int i = 0; i < QB; i++) lo[i] = lo[i] + ql[i][c] * kl, hi[i] = hi[i] + qh[i][c] * kh;
             }
-            v16 s = sum4(acc[0], acc[1], acc[2], acc[3]);
-            for (int i = 0; i < QB; i++) Sb[(size_t)i * span + t] = s[4 * i] * a->scale;
+            v8 s = sum4h(lo[0] + hi[0], lo[1] + hi[1], lo[2] + hi[2], lo[3] + hi[3]);
+            for (int i = 0; i < QB; i++) Sb[(size_t)i * span + t] = s[2 * i] * a->scale;
         }
         /* softmax numerators, row by row, over whole 16-key tiles (masked keys: -inf) */
         float inv[QB];
@@ -162,12 +166,12 @@ static int run_item(const Args *a, const Item *it, int nc) {
             if (mask[i])
                 for (int64_t t = start; t < n; t++)
                     if (!mask[i][t - start]) row[t] = -__builtin_inff();
-            v16 m = load_f(row);
-            for (int64_t t = 1; t < tiles; t++) m = vmax(m, load_f(row + 16 * t));
+            v8 m = vmax8(load8(row), load8(row + 8));
+            for (int64_t t = 1; t < tiles; t++) m = vmax8(m, vmax8(load8(row + 16 * t), load8(row + 16 * t + 8)));
             float top = m[0];
-            for (int l = 1; l < 16; l++) top = m[l] > top ? m[l] : top;
-            v16 mx = splat(top);
-            for (int64_t t = 0; t < tiles; t++) store_f(row + 16 * t, vexp(load_f(row + 16 * t) - mx));
+            for (int l = 1; l < 8; l++) top = m[l] > top ? m[l] : top;
+            v8 mx = splat8(top);
+            for (int64_t t = 0; t < 2 * tiles; t++) store8(row + 8 * t, vexp8(load8(row + 8 * t) - mx));
             /* A tree row's denominator sums its visible weights packed in order, so that each
              * lands in the lane it has in its path's chain (where the keys are consecutive). */
             const float *w = row;
@@ -181,27 +185,33 @@ static int run_item(const Args *a, const Item *it, int nc) {
                 for (int64_t t = used; t < tiles * 16; t++) packed[t] = 0.0f;
                 w = packed;
             }
-            v16 sum = splat(0.0f);
-            for (int64_t t = 0; t < tiles; t++) sum = sum + load_f(w + 16 * t);
-            v16 z = splat(0.0f);
-            inv[i] = 1.0f / sum4(sum, z, z, z)[0];
+            v8 lo = splat8(0.0f), hi = splat8(0.0f);
+            for (int64_t t = 0; t < tiles; t++) lo = lo + load8(w + 16 * t), hi = hi + load8(w + 16 * t + 8);
+            v8 z = splat8(0.0f);
+            inv[i] = 1.0f / sum4h(lo + hi, z, z, z)[0];
         }
-        /* values: key by key in order, four rows at a time */
-        v16 acc[QB][MAX_NC];
-        for (int i = 0; i < QB; i++)
-            for (int c = 0; c < nc; c++) acc[i][c] = splat(0.0f);
-        for (int64_t t = 0; t < last; t++) {
-            const int64_t off = kv_off + t * a->c_pos;
-            for (int c = 0; c < nc; c++) {
-                v16 vc = load_kv(a->v, off + 16 * c, a->bf16);
-                for (int i = 0; i < QB; i++)
-                    if (t < end[i]) acc[i][c] = acc[i][c] + splat(Sb[(size_t)i * span + t]) * vc;
+        /* values: per 16 lanes of the head, key by key in order, four rows at a time; the
+         * keys every row of the block sees run without a test */
+        int64_t common = last;
+        for (int i = 0; i < QB && b + i < nq; i++) common = end[i] < common ? end[i] : common;
+        for (int c = 0; c < 2 * nc; c++) {
+            v8 acc[QB];
+            const int64_t vo = kv_off + 8 * c;
+            for (int i = 0; i < QB; i++) acc[i] = splat8(0.0f);
+            for (int64_t t = 0; t < common; t++) {
+                v8 vc = load_kv8(a->v, vo + t * a->c_pos, a->bf16);
+                for (int i = 0; i < QB; i++) acc[i] = acc[i] + splat8(Sb[(size_t)i * span + t]) * vc;
             }
-        }
-        for (int i = 0; i < QB && b + i < nq; i++) {
-            int qi = it->q0 + b + i;
-            float *dst = a->out + (row0 + qi / G) * a->out_row + (int64_t)(h * G + qi % G) * a->hd;
-            for (int c = 0; c < nc; c++) store_f(dst + 16 * c, acc[i][c] * splat(inv[i]));
+            for (int64_t t = common; t < last; t++) {
+                v8 vc = load_kv8(a->v, vo + t * a->c_pos, a->bf16);
+                for (int i = 0; i < QB; i++)
+                    if (t < end[i]) acc[i] = acc[i] + splat8(Sb[(size_t)i * span + t]) * vc;
+            }
+            for (int i = 0; i < QB && b + i < nq; i++) {
+                int qi = it->q0 + b + i;
+                float *dst = a->out + (row0 + qi / G) * a->out_row + (int64_t)(h * G + qi % G) * a->hd;
+                store8(dst + 8 * c, acc[i] * splat8(inv[i]));
+            }
         }
     }
     return 0;

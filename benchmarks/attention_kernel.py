@@ -1,0 +1,152 @@
+"""The attention kernel of two revisions, side by side: one layer's call, and a whole pass of the
+default model, with each build swapped into the same process and the builds interleaved.
+
+    python benchmarks/attention_kernel.py --against 85a59bc --out benchmarks/results/attention-kernel
+
+``--against REV`` builds that revision's ``attention.c`` with that revision's compiler flags (read
+from its ``kernels/__init__.py``); the working tree's kernel runs beside it. Both must compute the
+same thing: the script reports the largest difference between their outputs too (the bits may
+differ: a build with FMA contraction rounds otherwise). Writes ``attention_kernel.json`` and
+``attention_kernel.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import ctypes
+import json
+import platform
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from draftwise.runtime import kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNEL_DIR = "src/draftwise/runtime/kernels"
+LAYER_SHAPES = [(1, 128), (1, 512), (1, 1024), (2, 512), (2, 1024), (3, 1024), (5, 1024), (9, 1024)]
+PASS_CONTEXTS = (128, 512, 1024)
+PASS_ROWS = (1, 2, 3, 5, 9)
+
+
+def _build(source: str, flags: list[str], out: Path) -> ctypes.CDLL:
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    subprocess.run(["cc", *flags, str(src), "-o", str(out)], check=True, capture_output=True)
+    lib = ctypes.CDLL(str(out))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_int,
+                              ptr, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    lib.dw_attend.restype = ctypes.c_int
+    return lib
+
+
+def _revision_kernel(rev: str) -> tuple[str, list[str]]:
+    """``rev``'s attention.c and the flags its kernels module compiled it with."""
+    show = lambda path: subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,  # noqa: E731
+                                       capture_output=True, text=True).stdout
+    module = ast.parse(show(f"{KERNEL_DIR}/__init__.py"))
+    flags = next(ast.literal_eval(n.value) for n in module.body
+                 if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "FLAGS")
+    return show(f"{KERNEL_DIR}/attention.c"), list(flags)
+
+
+def _median_us(times: list[float]) -> float:
+    return statistics.median(times[len(times) // 10:]) * 1e6
+
+
+def layer_calls(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
+    """One layer of the default model's shape (9 query heads, 3 KV heads of 64), 2 threads."""
+    H, KV, hd = 9, 3, 64
+    torch.manual_seed(0)
+    k_cache, v_cache = torch.randn(1, KV, 2048, hd), torch.randn(1, KV, 2048, hd)
+    trees = torch.zeros(1, dtype=torch.uint8)
+    rows_out = []
+    for rows, keys in LAYER_SHAPES:
+        q = torch.randn(rows, H, hd)
+        seq = torch.tensor([[0, keys, rows, 0, -1]], dtype=torch.int64)
+        outs, times = {}, {name: [] for name in libs}
+        for _ in range(repeats):
+            for name, lib in libs.items():
+                kernels._state["lib"] = lib
+                t = time.perf_counter()
+                outs[name] = kernels.attend(q, k_cache, v_cache, seq, trees, hd ** -0.5, 2)
+                times[name].append(time.perf_counter() - t)
+        first, second = list(outs.values())
+        rows_out.append({"rows": rows, "keys": keys, **{name: _median_us(t) for name, t in times.items()},
+                         "max_abs_diff": float((first - second).abs().max())})
+    return rows_out
+
+
+def model_passes(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
+    """A whole pass of the default model: ``rows`` new rows after ``context`` tokens."""
+    from draftwise.loaders import load_model
+
+    runtime = load_model("default").runtime
+    ids = [1000 + (i * 7919) % 20000 for i in range(max(PASS_CONTEXTS) + max(PASS_ROWS))]
+    out = []
+    for context in PASS_CONTEXTS:
+        runtime.prefill(ids[:context])
+        times = {(name, n): [] for name in libs for n in PASS_ROWS}
+        for _ in range(repeats):
+            for name, lib in libs.items():
+                kernels._state["lib"] = lib
+                for n in PASS_ROWS:
+                    runtime.rollback(context)
+                    t = time.perf_counter()
+                    runtime.forward(ids[context:context + n])
+                    times[name, n].append(time.perf_counter() - t)
+        for n in PASS_ROWS:
+            out.append({"context": context, "rows": n,
+                        **{name: _median_us(times[name, n]) / 1e3 for name in libs}})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", required=True, help="the git revision whose kernel to compare with")
+    ap.add_argument("--repeats", type=int, default=200, help="calls per layer shape and build")
+    ap.add_argument("--pass-repeats", type=int, default=25, help="passes per context, row count and build")
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+    if kernels.library() is None:
+        raise SystemExit(f"the working tree's kernel is not built here: {kernels.why_not()}")
+    source, flags = _revision_kernel(args.against)
+    with tempfile.TemporaryDirectory() as tmp:
+        old = _build(source, flags, Path(tmp) / "before.so")
+        libs = {args.against: old, "working tree": kernels.library()}
+        layers = layer_calls(libs, args.repeats)
+        passes = model_passes(libs, args.pass_repeats)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    flags_now = " ".join(kernels.FLAGS)
+    result = {"against": args.against, "against_flags": " ".join(flags), "flags": flags_now, "cpu": cpu,
+              "avx512": "avx512f" in Path("/proc/cpuinfo").read_text(), "layer_calls_us": layers,
+              "model_passes_ms": passes}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "attention_kernel.json").write_text(json.dumps(result, indent=1) + "\n")
+    a, b = args.against, "working tree"
+    lines = [f"# The attention kernel: {a} against the working tree", "",
+             f"{cpu} (AVX-512: {'yes' if result['avx512'] else 'no'}), 2 threads; builds interleaved in one "
+             f"process. {a}: `cc {' '.join(flags)}`; working tree: `cc {flags_now}`.", "",
+             "## One layer (9 query heads, 3 KV heads of 64), microseconds", "",
+             f"| rows | keys | {a} | working tree | ratio | max abs diff |", "|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {r['rows']} | {r['keys']} | {r[a]:.1f} | {r[b]:.1f} | {r[a] / r[b]:.2f}x | {r['max_abs_diff']:.1e} |"
+              for r in layers]
+    lines += ["", "## A pass of the default model, milliseconds (and against one row at that context)", "",
+              f"| context | rows | {a} | working tree | ratio |", "|---:|---:|---:|---:|---:|"]
+    one = {(r["context"], name): r[name] for r in passes if r["rows"] == 1 for name in (a, b)}
+    lines += [f"| {r['context']} | {r['rows']} | {r[a]:.1f} ({r[a] / one[r['context'], a]:.2f}) | "
+              f"{r[b]:.1f} ({r[b] / one[r['context'], b]:.2f}) | {r[a] / r[b]:.2f}x |" for r in passes]
+    lines += ["", f"Command: `python benchmarks/attention_kernel.py --against {a} --out {args.out}`", ""]
+    (args.out / "attention_kernel.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
