@@ -32,6 +32,7 @@ KERNEL_DIR = "src/draftwise/runtime/kernels"
 LAYER_SHAPES = [(1, 128), (1, 512), (1, 1024), (2, 512), (2, 1024), (3, 1024), (5, 1024), (9, 1024)]
 PASS_CONTEXTS = (128, 512, 1024)
 PASS_ROWS = (1, 2, 3, 5, 9)
+TORCH = "torch path"
 
 
 def _build(source: str, flags: list[str], out: Path) -> ctypes.CDLL:
@@ -84,7 +85,8 @@ def layer_calls(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
 
 
 def model_passes(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
-    """A whole pass of the default model: ``rows`` new rows after ``context`` tokens."""
+    """A whole pass of the default model: ``rows`` new rows after ``context`` tokens, with each
+    build, and with the runtime's torch path (:mod:`draftwise.runtime.attention`) beside them."""
     from draftwise.loaders import load_model
 
     runtime = load_model("default").runtime
@@ -92,10 +94,13 @@ def model_passes(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
     out = []
     for context in PASS_CONTEXTS:
         runtime.prefill(ids[:context])
-        times = {(name, n): [] for name in libs for n in PASS_ROWS}
+        names = [*libs, TORCH]
+        times = {(name, n): [] for name in names for n in PASS_ROWS}
         for _ in range(repeats):
-            for name, lib in libs.items():
-                kernels._state["lib"] = lib
+            for name in names:
+                runtime.kernel_attention = name != TORCH
+                if name != TORCH:
+                    kernels._state["lib"] = libs[name]
                 for n in PASS_ROWS:
                     runtime.rollback(context)
                     t = time.perf_counter()
@@ -103,7 +108,7 @@ def model_passes(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
                     times[name, n].append(time.perf_counter() - t)
         for n in PASS_ROWS:
             out.append({"context": context, "rows": n,
-                        **{name: _median_us(times[name, n]) / 1e3 for name in libs}})
+                        **{name: _median_us(times[name, n]) / 1e3 for name in names}})
     return out
 
 
@@ -139,10 +144,12 @@ def main() -> None:
     lines += [f"| {r['rows']} | {r['keys']} | {r[a]:.1f} | {r[b]:.1f} | {r[a] / r[b]:.2f}x | {r['max_abs_diff']:.1e} |"
               for r in layers]
     lines += ["", "## A pass of the default model, milliseconds (and against one row at that context)", "",
-              f"| context | rows | {a} | working tree | ratio |", "|---:|---:|---:|---:|---:|"]
-    one = {(r["context"], name): r[name] for r in passes if r["rows"] == 1 for name in (a, b)}
-    lines += [f"| {r['context']} | {r['rows']} | {r[a]:.1f} ({r[a] / one[r['context'], a]:.2f}) | "
-              f"{r[b]:.1f} ({r[b] / one[r['context'], b]:.2f}) | {r[a] / r[b]:.2f}x |" for r in passes]
+              f"| context | rows | {a} | working tree | {a} / working tree | {TORCH} (no kernel) |",
+              "|---:|---:|---:|---:|---:|---:|"]
+    one = {(r["context"], name): r[name] for r in passes if r["rows"] == 1 for name in (a, b, TORCH)}
+    cell = lambda r, name: f"{r[name]:.1f} ({r[name] / one[r['context'], name]:.2f})"  # noqa: E731
+    lines += [f"| {r['context']} | {r['rows']} | {cell(r, a)} | {cell(r, b)} | {r[a] / r[b]:.2f}x | {cell(r, TORCH)} |"
+              for r in passes]
     lines += ["", f"Command: `python benchmarks/attention_kernel.py --against {a} --out {args.out}`", ""]
     (args.out / "attention_kernel.md").write_text("\n".join(lines))
     print("\n".join(lines))
