@@ -41,12 +41,7 @@ def _build(source: str, flags: list[str], out: Path) -> ctypes.CDLL:
     src = out.with_suffix(".c")
     src.write_text(source)
     subprocess.run(["cc", *flags, str(src), "-o", str(out)], check=True, capture_output=True)
-    lib = ctypes.CDLL(str(out))
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_int,
-                              ptr, ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-    lib.dw_attend.restype = ctypes.c_int
-    return lib
+    return kernels.bind(ctypes.CDLL(str(out)))
 
 
 def _revision_kernel(rev: str) -> tuple[str, list[str]]:

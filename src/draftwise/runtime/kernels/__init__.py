@@ -5,9 +5,9 @@ Torch has no attention whose summation order ignores the rest of the batch, so
 sequence cost twice ``F.scaled_dot_product_attention``. ``attention.c`` does the same job in one
 call per layer for every sequence of a pass, each row's arithmetic fixed by the code alone (its
 header says how). It is compiled once per machine with the system's C compiler
-(``cc -O3 -march=native -fopenmp -ffp-contract=off``, about two seconds) into the draftwise cache folder, under a
-name that covers the source, the compiler and the CPU, and loaded with :mod:`ctypes`; its OpenMP
-threads are torch's own (the same ``libgomp``).
+(``cc -O3 -march=native -fopenmp -ffp-contract=off``, about two seconds) into the draftwise cache
+folder, under a name that covers the source, the compiler and the CPU, and loaded with
+:mod:`ctypes`; its OpenMP threads are torch's own (the same ``libgomp``).
 
 Where it cannot be built (no compiler, a head size it does not cover) or ``DRAFTWISE_KERNELS=off``,
 the runtime runs :mod:`..attention` instead. Both are row-invariant; they differ from each other in
@@ -86,14 +86,17 @@ def _load() -> ctypes.CDLL | str:
     if cc is None:
         return "no C compiler on PATH"
     try:
-        lib = ctypes.CDLL(str(_build(cc)))
+        return bind(ctypes.CDLL(str(_build(cc))))
     except (OSError, ConfigError, subprocess.SubprocessError) as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    f = lib.dw_attend
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """``lib`` (a build of ``attention.c``) with ``dw_attend``'s argument and result types set."""
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    f.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_int, ptr, ptr,
-                  ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-    f.restype = ctypes.c_int
+    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_int, ptr,
+                              ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
+    lib.dw_attend.restype = ctypes.c_int
     return lib
 
 

@@ -20,9 +20,9 @@
  *
  * The 16 lanes are held as two 8-float halves (lanes 0-7 and 8-15), so that a block of rows
  * fits the sixteen 256-bit registers of AVX2: written with 16-float vectors, GCC split every
- * one in two and spilled the block's accumulators to memory, and attention cost 2.3x (one
- * row) to 3x (two rows) what it does now at 1,024 keys (docs/runtime.md). Neither the lanes'
- * layout nor the grouping of rows into blocks changes a row's arithmetic.
+ * one in two and the block's accumulators did not fit (most likely spilled), and attention
+ * cost 2.3x (one row) to 3x (two rows) what it does now at 1,024 keys (docs/runtime.md).
+ * Neither the lanes' layout nor the grouping of rows into blocks changes a row's arithmetic.
  *
  * No -ffast-math, and no contraction of a multiply and an add into one FMA (-ffp-contract=off):
  * every operation rounds as written, whatever the compiler and the CPU, so a row's bits depend
