@@ -51,3 +51,26 @@ def test_the_workload_it_records_is_what_the_clients_sent():
     assert validate.workload(units) == [[
         {"question_id": 1, "category": "writing", "turn": 1, "prompt_tokens": 30, "new_tokens": 3},
         {"question_id": 1, "category": "writing", "turn": 2, "prompt_tokens": 50, "new_tokens": 1}]]
+
+
+def test_the_policy_runs_summary_reads_the_goal_both_ways(tmp_path):
+    """run_policy.py compares goodput with the best fixed k at each N (chosen in hindsight per N)
+    and with the one k a static configuration would set for every N; --rescore adds the second
+    to a finished run's result.json."""
+    import json
+
+    policy = load_benchmark("results/goodput-policy/run_policy")
+    measured = {"1": {"plain": 10.0, "goodput": 15.0, "k=1": 12.0, "k=8": 15.0},
+                "16": {"plain": 50.0, "goodput": 52.0, "k=1": 60.0, "k=8": 40.0}}
+    one = policy.single_k(measured)
+    # k=1: 1.2 and 1.2 over plain, geomean 1.2; k=8: 1.5 and 0.8, geomean 1.095
+    assert one["k"] == "k=1" and one["geomean_vs_plain"] == pytest.approx(1.2)
+    assert one["goodput_over"] == pytest.approx({"1": 1.25, "16": 52 / 60})
+    result = {"measured": measured, "paired": {}, "equal": [4, 4], "config": {"rounds": 1},
+              "goals": {"every_n_097": True, "n1_13": True, "beats_fixed_105": False}}
+    (tmp_path / "result.json").write_text(json.dumps(result))
+    assert policy.rescore(tmp_path) == 0
+    again = json.loads((tmp_path / "result.json").read_text())
+    assert again["goals"]["beats_single_105"] is True and again["goals"]["beats_fixed_105"] is False
+    assert "One k for every N" in (tmp_path / "result.md").read_text()
+    assert policy.single_k({"1": {"plain": 1.0, "goodput": 1.0}}) is None
