@@ -359,6 +359,22 @@ def test_validation_scores_and_crossover_steps() -> None:
     assert "Median |error|" in text
 
 
+def test_the_validation_predicts_the_policy_the_server_runs() -> None:
+    """serve --k auto runs each request's own adaptive k at --max-batch 1 and the goodput policy on
+    a batch, so by default the speculative phase is scored against ``plan`` at N = 1 and
+    ``goodput`` above (it was ``plan`` at every N)."""
+    result = predict(two_kinds(), StepCost(STEEP), [1, 2, 16], requests_per_client=2)
+    pred = {r["n"]: r["policies"] for r in result["rows"]}
+    assert pred[2]["goodput"]["aggregate_tps"] != pred[2]["plan"]["aggregate_tps"]  # else this test shows nothing
+    measured = {1: {"auto": pred[1]["plan"]["aggregate_tps"]},
+                2: {"auto": pred[2]["goodput"]["aggregate_tps"]}, 16: {"auto": pred[16]["goodput"]["aggregate_tps"]}}
+    v = capacity.compare_measured(result, measured)
+    assert [(r["n"], r["policy"]) for r in v["rows"]] == [(1, "plan"), (2, "goodput"), (16, "goodput")]
+    assert v["max_error"] == pytest.approx(0.0) and v["policy"] == "served"
+    assert "`plan` at N = 1, `goodput` at N > 1" in capacity.render_validation_markdown(v)
+    assert capacity.compare_measured(result, measured, "plan")["max_error"] > 0.0
+
+
 def test_markdown_and_plot(tmp_path: Path) -> None:
     result = predict(two_kinds(), StepCost(STEEP), [1, 4, 16], requests_per_client=2)
     result.update(model="m", linear_fit={"128": STEEP.linear_fit()[128]})
