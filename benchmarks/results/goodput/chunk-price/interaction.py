@@ -9,61 +9,18 @@ the third plus 15/16 of the step from the first to the second.
     python benchmarks/results/goodput/chunk-price/interaction.py OUT_DIR
 """
 import json
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from draftwise import load_model
-from draftwise.cost.batch_measure import _fill, _tokens, spread_contexts
-from draftwise.runtime.base import Rows
+from passes import B, C, CHUNK, ROUNDS, Passes
 
-B, C, CHUNK, ROUNDS = 16, 300, 224, 8
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
-model = load_model("default")
-rt = model.runtime
-lengths = spread_contexts(C, B, 0.5)
-rt.allocate_slots(B, max(lengths) + CHUNK + 8)
-_fill(rt, lengths, 256)
-V = rt.vocab_size
-
-
-def rows(kind: str) -> list[Rows]:
-    r = 3 if "3" in kind else 1
-    if not kind.startswith("chunk"):
-        return [Rows(s, _tokens(r, 100 + s, V)) for s in range(B)]
-    return [Rows(s, _tokens(r, 100 + s, V)) for s in range(B - 1)] + [
-        Rows(B - 1, _tokens(CHUNK, 7, V), last_only=True, logits=True)]
-
-
-def timed(kind: str) -> float:
-    chunk = kind.startswith("chunk")
-    if chunk:
-        rt.rollback_slot(B - 1, 0)  # the last slot becomes a new request's prompt
-    passes = rows(kind)
-    t0 = time.perf_counter()
-    rt.forward_batch(passes)
-    dt = time.perf_counter() - t0
-    for s, n in enumerate(lengths):
-        if chunk and s == B - 1:
-            ids = _tokens(n, s + 1, V)
-            rt.rollback_slot(s, 0)
-            for lo in range(0, n, 256):
-                rt.forward_batch([Rows(s, ids[lo:lo + 256], last_only=True, logits=lo + 256 >= n)])
-        else:
-            rt.rollback_slot(s, n)
-    return dt
-
-
-kinds = ["decode 1", "decode 3", "chunk + 15 x 1", "chunk + 15 x 3"]
-times: dict[str, list[float]] = {k: [] for k in kinds}
-for r in range(ROUNDS + 1):
-    for k in kinds:
-        t = timed(k)
-        if r:
-            times[k].append(t)
-med = {k: statistics.median(v) * 1000 for k, v in times.items()}
+p = Passes()
+med = {k: v * 1000 for k, v in p.medians({
+    "decode 1": lambda: p.timed(1), "decode 3": lambda: p.timed(3),
+    "chunk + 15 x 1": lambda: p.timed(1, "last"), "chunk + 15 x 3": lambda: p.timed(3, "last")}).items()}
 additive = med["chunk + 15 x 1"] + (med["decode 3"] - med["decode 1"]) * (B - 1) / B
 result = {"measured_ms": med, "additive_ms": additive, "together_over_additive": med["chunk + 15 x 3"] / additive,
           "config": {"batch": B, "context": C, "chunk": CHUNK, "rounds": ROUNDS, "date": time.strftime("%Y-%m-%d %H:%M")}}
