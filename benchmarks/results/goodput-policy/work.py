@@ -16,14 +16,21 @@ import statistics
 import sys
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
+
+COUNTED = ("generation_tokens_total", "request_success_total", "spec_decode_num_drafts_total",
+           "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total")
+
 
 def counters(text: str) -> dict[str, float]:
+    """The counters ``work`` reads from a /metrics page, each summed over its labels."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        m = re.match(r"draftwise:(\w+?)(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
-        if m and m.group(1) in ("generation_tokens_total", "request_success_total", "spec_decode_num_drafts_total",
-                                "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total"):
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            name = sample.name.removeprefix("draftwise:")
+            if name in COUNTED:
+                out[name] = out.get(name, 0.0) + sample.value
     return out
 
 
