@@ -198,7 +198,8 @@ class Worker:
                                  context=context)
         self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
         if self.engine is not None:  # k auto: each step's k's from the batch (when profiled)
-            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k)
+            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k,
+                                          on_guard=self.metrics.observe_guard)
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
