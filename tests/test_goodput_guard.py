@@ -102,7 +102,7 @@ def test_idle_gaps_and_skipped_passes_are_not_counted() -> None:
     guard.begin(5, n=2, prefill_rows=0, prefilling=0, context=50.0)
     clock.t += 0.1
     guard.begin(6, n=2, prefill_rows=0, prefilling=0, context=50.0)
-    assert guard.dropped == 2 and guard.samples((2, False)) == (0.0, 1.0)  # only pass 5's step counts
+    assert guard.dropped == 2 and guard.samples((2, False)) == (1.0, 0.0)  # only pass 5's step counts
 
 
 def test_bad_settings_are_refused() -> None:
@@ -138,16 +138,17 @@ def test_the_coordinator_runs_plain_steps_when_the_guard_says_so() -> None:
     other = coord.policy(Fake(trees=True), "suffix")
     epoch[0] = 1
     assert alone.choose(100) == 5  # still alone: the other has not asked yet
-    assert other.choose(100) == 8 and says.begun == [(1, 2)]  # it joins: a guarded step of two
+    assert other.choose(100) == 0 and says.begun == [(1, 2)]  # it joins: a guarded step of two, plain
+    assert len(other.trim(tree([0.95, 0.9, 0.9]), 100)) == 0 and other.adaptive.skipped == [3]  # kept to none
     epoch[0] = 2
-    assert alone.choose(100) == 0 and other.choose(100) == 8  # the tree is proposed whole ...
-    assert len(other.trim(tree([0.95, 0.9, 0.9]), 100)) == 0 and other.adaptive.skipped == [3]  # ... kept to none
+    assert alone.choose(100) == 0 and other.choose(100) == 0  # a plain step: not even a tree is drafted
     assert says.begun == [(1, 2), (2, 2)] and decisions == [False, False]
     alone.observe(2, 1)
     assert says.seen == [(2, 2, 1)]
     says.follow = True
     epoch[0] = 3
     alone.choose(100)
+    assert other.choose(100) == 8  # the policy runs: the tree is proposed whole again
     assert decisions == [False, False, True] and not coord.plain
 
 

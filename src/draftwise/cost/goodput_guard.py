@@ -19,12 +19,13 @@ Per *kind* of step (the band of the decoding sequences' count n, by its bit leng
 weighted by ``decay`` per newer sample of the same mode (so a window of about
 1 / (1 - decay) steps: contexts grow):
 
-    gain = (sum of tokens / n over speculative steps / sum of their normalised times)
+    gain = (sum of tokens / n over the policy's steps / sum of their normalised times)
            / (plain steps / sum of their normalised times)
 
-A step counts as speculative when some sequence verified a proposal in it, as plain when
-none did (whether the policy or the guard made it so). Each step the guard says whether the
-policy runs: yes until both modes have ``warmup`` samples of this kind, then yes while the
+A step counts as the policy's when the guard let the policy run it (whether or not the policy
+chose to speculate), as plain when the guard made it plain: a plain step drafts nothing, where
+a policy step that ends up plain has built and dropped its proposals, and it is these two
+decisions the guard compares. Each step the guard says whether the policy runs: yes until both modes have ``warmup`` samples of this kind, then yes while the
 gain is at least 1. Either way every ``explore``-th step of a kind runs the other mode, so
 both estimates stay current, and every ``4 explore``-th once the gain is 10% or more from 1
 (there a wrong mode costs more, and the estimate is firm). One sequence alone in the pass is
@@ -38,7 +39,7 @@ True
 True
 >>> g.begin(2, n=4, prefill_rows=0, prefilling=0, context=100.0)  # pass 1's step is complete
 True
->>> g.samples(g.kind(4, prefill_rows=0))  # (speculative, plain) weights of its kind
+>>> g.samples(g.kind(4, prefill_rows=0))  # (policy, plain) weights of its kind
 (1.0, 0.0)
 """
 
@@ -63,6 +64,7 @@ class _Step:
     n: int
     price: float
     start: float
+    follow: bool
     end: float | None = None
     positions: int = 0
     accepted: int = 0
@@ -70,7 +72,7 @@ class _Step:
 
 @dataclass
 class _Tally:
-    """Decayed sums of one kind's samples: speculative (tokens / n, normalised time) and plain."""
+    """Decayed sums of one kind's samples: the policy's steps (tokens / n, normalised time) and plain ones."""
 
     spec_weight: float = 0.0
     spec_rate: float = 0.0  # sum of weight x tokens / n
@@ -116,8 +118,8 @@ class GoodputGuard:
             self._close(self._steps.pop(e))
         kind = self.kind(n, prefill_rows)
         price = self.price(n + prefilling, n + prefill_rows, context)
-        self._steps[epoch + 1] = _Step(kind, n, price, now)
         self.follow = self._decide(kind)
+        self._steps[epoch + 1] = _Step(kind, n, price, now, self.follow)
         return self.follow
 
     def resize(self, epoch: int, *, n: int, prefill_rows: int, prefilling: int, context: float) -> None:
@@ -145,14 +147,14 @@ class GoodputGuard:
         t = self.tallies.setdefault(step.kind, _Tally())
         t.steps += 1
         d = self.decay
-        if step.positions:
+        if step.follow:
             t.spec_weight, t.spec_time = d * t.spec_weight + 1.0, d * t.spec_time + tau
             t.spec_rate = d * t.spec_rate + (step.n + step.accepted) / step.n
         else:
             t.plain_weight, t.plain_time = d * t.plain_weight + 1.0, d * t.plain_time + tau
 
     def gain(self, kind: Kind) -> float | None:
-        """Speculative steps' tokens per normalised time over plain steps' (None: too few)."""
+        """The policy's steps' tokens per normalised time over plain steps' (None: too few)."""
         t = self.tallies.get(kind)
         if t is None or t.spec_weight < self.warmup or t.plain_weight < self.warmup:
             return None

@@ -17,8 +17,8 @@ decides, exactly as ``--k auto`` does alone: the batch has nothing to share.
 
 With a :class:`~draftwise.cost.goodput_guard.GoodputGuard` (the server's default), each step of
 two or more sequences first asks it whether the policy runs: where the policy's steps have
-measured slower than plain steps in that kind of batch, the step is plain (every k 0, every tree
-kept to none).
+measured slower than plain steps in that kind of batch, the step is plain (every k 0, nothing
+drafted).
 """
 
 from __future__ import annotations
@@ -259,6 +259,9 @@ class BatchSlotPolicy:
     def choose(self, context_len: int) -> int:
         self.context = context_len
         k = self.coordinator.k_for(self)
+        if self.coordinator.plain:  # the guard's plain step: nothing is drafted
+            self.coordinator.on_k(self.draft, 0)
+            return 0
         if self.adaptive.trees:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
         if self.coordinator.alone:

@@ -33,6 +33,7 @@ coming pass are not its to choose (prompt chunks, plain and fixed-k requests).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import queue
 import threading
@@ -169,6 +170,7 @@ class Worker:
         self._thread = thread or ModelThread()
         self._running: Future[None] | None = None
         self.running = 0
+        self._guard_logged = 0  # the guard's step count when it was last logged
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
@@ -267,6 +269,16 @@ class Worker:
                 engine.step()
                 if engine.stats.passes > before:
                     self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+                if not engine.running:
+                    self._log_guard()
+
+    def _log_guard(self) -> None:
+        """The batch emptied: what the goodput guard has measured so far, in one line (if new)."""
+        guard = self.speculation.coordinator.guard if self.speculation.coordinator is not None else None
+        steps = sum(t.steps for t in guard.tallies.values()) if guard is not None else 0
+        if guard is not None and steps != self._guard_logged:
+            self._guard_logged = steps
+            log.info("goodput guard: %s", json.dumps(guard.summary()))
 
     def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
         def run(slot_model: Any) -> None:
