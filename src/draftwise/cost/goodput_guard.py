@@ -10,26 +10,34 @@ measures what the policy cannot, each step's wall time, and turns speculation of
 kinds of batch where following the policy measures slower than plain steps.
 
 A *step* is one engine iteration: from the first sequence's choice of k for a pass to the
-first choice for the next one (drafting, the pass, verifying, streaming). Its *normalised
-time* is that wall time over the batch profile's price of a plain pass over the same batch
-(its sequences, prompt rows and mean context), so that steps at other batch sizes and
-contexts compare; what the profile gets wrong for both kinds of step alike cancels below.
-Per *kind* of step (the band of the decoding sequences' count n, by its bit length: 2-3,
-4-7, 8-15, 16-31...; and whether a prompt chunk or other rows share the pass), with samples
-weighted by ``decay`` per newer sample of the same mode (so a window of about
-1 / (1 - decay) steps: contexts grow):
+first choice for the next one (drafting, the pass, verifying, streaming). Its time is priced as
+the policy's own objective prices it (:func:`~draftwise.cost.goodput.choose_ks`): a prompt
+chunk (or other rows that do not choose) in the pass costs the same whatever the k's, so the
+batch profile's price of those rows is taken off, and the rest is measured in units of the
+profile's plain decode-only pass of the step's n sequences at their mean context. A step's
+*value* is then its tokens a sequence less that time: tokens / n - (T - chunk) / T_plain(n). A
+speculative step pays against a plain one when it adds more tokens a sequence than plain-step
+times, whatever the chunk beside it (counting the chunk's seconds against the step's tokens,
+every proposal beside a chunk would look cheap: it does not make the chunk faster). What the
+profile misprices for both kinds of step alike (the chunk, Python work around the pass) cancels
+in the difference:
 
-    gain = (sum of tokens / n over the policy's steps / sum of their normalised times)
-           / (plain steps / sum of their normalised times)
+    margin = mean value of the policy's steps - mean value of plain steps
+
+per *kind* of step (the band of the decoding sequences' count n, by its bit length: 2-3, 4-7,
+8-15, 16-31...; and whether a prompt chunk or other rows share the pass), with samples weighted
+by ``decay`` per newer sample of the same mode (a window of about 1 / (1 - decay) steps:
+contexts grow).
 
 A step counts as the policy's when the guard let the policy run it (whether or not the policy
 chose to speculate), as plain when the guard made it plain: a plain step drafts nothing, where
 a policy step that ends up plain has built and dropped its proposals, and it is these two
-decisions the guard compares. Each step the guard says whether the policy runs: yes until both modes have ``warmup`` samples of this kind, then yes while the
-gain is at least 1. Either way every ``explore``-th step of a kind runs the other mode, so
-both estimates stay current, and every ``4 explore``-th once the gain is 10% or more from 1
-(there a wrong mode costs more, and the estimate is firm). One sequence alone in the pass is
-not guarded: its adaptive k decides, as at N = 1.
+decisions the guard compares. Each step the guard says whether the policy runs: yes until both
+modes have ``warmup`` samples of this kind, then yes while the margin is at least 0. Either way
+every ``explore``-th step of a kind runs the other mode, so both estimates stay current, and
+every ``4 explore``-th once the margin is 0.1 or more either way (there a wrong mode costs more,
+and the estimate is firm). One sequence alone in the pass is not guarded: its adaptive k
+decides, as at N = 1.
 
 >>> g = GoodputGuard(lambda batch, rows, context: 0.1, clock=iter([0.0, 0.12, 0.24]).__next__)
 >>> g.begin(0, n=4, prefill_rows=0, prefilling=0, context=100.0)  # no samples yet: the policy
@@ -45,7 +53,6 @@ True
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,11 +65,12 @@ PLAIN_STEP, POLICY_STEP = "plain", "policy"
 
 @dataclass
 class _Step:
-    """One step as it ran: its kind, its sequences, the plain price, its span of the clock."""
+    """One step as it ran: its kind, its sequences, its prices, its span of the clock."""
 
     kind: Kind
     n: int
-    price: float
+    price: float  # the plain decode-only pass of its n sequences
+    chunk: float  # the price of the rows that do not choose (a prompt chunk)
     start: float
     follow: bool
     end: float | None = None
@@ -72,13 +80,12 @@ class _Step:
 
 @dataclass
 class _Tally:
-    """Decayed sums of one kind's samples: the policy's steps (tokens / n, normalised time) and plain ones."""
+    """Decayed sums of one kind's samples, the policy's steps and plain ones: weights and values."""
 
     spec_weight: float = 0.0
-    spec_rate: float = 0.0  # sum of weight x tokens / n
-    spec_time: float = 0.0
+    spec_value: float = 0.0
     plain_weight: float = 0.0
-    plain_time: float = 0.0
+    plain_value: float = 0.0
     steps: int = 0
     decisions: dict[str, int] = field(default_factory=lambda: {POLICY_STEP: 0, PLAIN_STEP: 0})
 
@@ -117,17 +124,22 @@ class GoodputGuard:
         for e in [e for e in self._steps if e < epoch]:
             self._close(self._steps.pop(e))
         kind = self.kind(n, prefill_rows)
-        price = self.price(n + prefilling, n + prefill_rows, context)
+        price, chunk = self._prices(n, prefill_rows, prefilling, context)
         self.follow = self._decide(kind)
-        self._steps[epoch + 1] = _Step(kind, n, price, now, self.follow)
+        self._steps[epoch + 1] = _Step(kind, n, price, chunk, now, self.follow)
         return self.follow
+
+    def _prices(self, n: int, prefill_rows: int, prefilling: int, context: float) -> tuple[float, float]:
+        plain = self.price(n, n, context)
+        whole = self.price(n + prefilling, n + prefill_rows, context) if prefill_rows or prefilling else plain
+        return plain, max(whole - plain, 0.0)
 
     def resize(self, epoch: int, *, n: int, prefill_rows: int, prefilling: int, context: float) -> None:
         """A sequence joined pass ``epoch + 1`` after its step began: its kind and price again."""
         step = self._steps.get(epoch + 1)
         if step is not None:
             step.kind, step.n = self.kind(n, prefill_rows), n
-            step.price = self.price(n + prefilling, n + prefill_rows, context)
+            step.price, step.chunk = self._prices(n, prefill_rows, prefilling, context)
 
     def observed(self, epoch: int, *, positions: int, accepted: int) -> None:
         """A sequence verified ``positions`` proposed rows in pass ``epoch``, ``accepted`` kept."""
@@ -140,25 +152,25 @@ class GoodputGuard:
         if step.end is None or step.n < 1 or step.price <= 0:
             self.dropped += 1
             return
-        tau = (step.end - step.start) / step.price
-        if not 0 < tau < self.outlier:
+        seconds = step.end - step.start
+        if not 0 < seconds < self.outlier * (step.price + step.chunk):
             self.dropped += 1  # an idle gap, a pause: not a step's cost
             return
+        value = (step.n + step.accepted) / step.n - (seconds - step.chunk) / step.price
         t = self.tallies.setdefault(step.kind, _Tally())
         t.steps += 1
         d = self.decay
         if step.follow:
-            t.spec_weight, t.spec_time = d * t.spec_weight + 1.0, d * t.spec_time + tau
-            t.spec_rate = d * t.spec_rate + (step.n + step.accepted) / step.n
+            t.spec_weight, t.spec_value = d * t.spec_weight + 1.0, d * t.spec_value + value
         else:
-            t.plain_weight, t.plain_time = d * t.plain_weight + 1.0, d * t.plain_time + tau
+            t.plain_weight, t.plain_value = d * t.plain_weight + 1.0, d * t.plain_value + value
 
-    def gain(self, kind: Kind) -> float | None:
-        """The policy's steps' tokens per normalised time over plain steps' (None: too few)."""
+    def margin(self, kind: Kind) -> float | None:
+        """The policy's steps' mean value less plain steps' (None: too few of either)."""
         t = self.tallies.get(kind)
         if t is None or t.spec_weight < self.warmup or t.plain_weight < self.warmup:
             return None
-        return (t.spec_rate / t.spec_time) / (t.plain_weight / t.plain_time)
+        return t.spec_value / t.spec_weight - t.plain_value / t.plain_weight
 
     def samples(self, kind: Kind) -> tuple[float, float]:
         t = self.tallies.get(kind)
@@ -166,9 +178,9 @@ class GoodputGuard:
 
     def _decide(self, kind: Kind) -> bool:
         t = self.tallies.setdefault(kind, _Tally())
-        g = self.gain(kind)
-        follow = g is None or g >= 1.0
-        every = self.explore * (4 if g is not None and abs(math.log(g)) >= math.log(1.1) else 1)
+        m = self.margin(kind)
+        follow = m is None or m >= 0.0
+        every = self.explore * (4 if m is not None and abs(m) >= 0.1 else 1)
         n = t.decisions[POLICY_STEP] + t.decisions[PLAIN_STEP]
         if n % every == every - 1:
             follow = not follow  # explore the other mode
@@ -176,13 +188,13 @@ class GoodputGuard:
         return follow
 
     def summary(self) -> dict[str, dict[str, float | int | None]]:
-        """Per kind: its samples, gain and decisions (for logs and tests)."""
+        """Per kind: its samples, margin and decisions (for logs and tests)."""
         out: dict[str, dict[str, float | int | None]] = {}
         for (bits, others), t in sorted(self.tallies.items()):
             lo = 1 << (bits - 1)
             name = f"n={lo}-{2 * lo - 1}" + (" +prompt" if others else "")
-            g = self.gain((bits, others))
-            out[name] = {"steps": t.steps, "speculative": round(t.spec_weight, 2), "plain": round(t.plain_weight, 2),
-                         "gain": None if g is None else round(g, 4), "policy_steps": t.decisions[POLICY_STEP],
+            m = self.margin((bits, others))
+            out[name] = {"steps": t.steps, "policy": round(t.spec_weight, 2), "plain": round(t.plain_weight, 2),
+                         "margin": None if m is None else round(m, 4), "policy_steps": t.decisions[POLICY_STEP],
                          "plain_steps": t.decisions[PLAIN_STEP]}
         return out
