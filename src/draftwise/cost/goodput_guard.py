@@ -84,8 +84,10 @@ class _Tally:
 
     spec_weight: float = 0.0
     spec_value: float = 0.0
+    spec_time: float = 0.0  # of the value's two terms, the time (in plain decode-only steps)
     plain_weight: float = 0.0
     plain_value: float = 0.0
+    plain_time: float = 0.0
     steps: int = 0
     decisions: dict[str, int] = field(default_factory=lambda: {POLICY_STEP: 0, PLAIN_STEP: 0})
 
@@ -156,14 +158,17 @@ class GoodputGuard:
         if not 0 < seconds < self.outlier * (step.price + step.chunk):
             self.dropped += 1  # an idle gap, a pause: not a step's cost
             return
-        value = (step.n + step.accepted) / step.n - (seconds - step.chunk) / step.price
+        spent = (seconds - step.chunk) / step.price
+        value = (step.n + step.accepted) / step.n - spent
         t = self.tallies.setdefault(step.kind, _Tally())
         t.steps += 1
         d = self.decay
         if step.follow:
             t.spec_weight, t.spec_value = d * t.spec_weight + 1.0, d * t.spec_value + value
+            t.spec_time = d * t.spec_time + spent
         else:
             t.plain_weight, t.plain_value = d * t.plain_weight + 1.0, d * t.plain_value + value
+            t.plain_time = d * t.plain_time + spent
 
     def margin(self, kind: Kind) -> float | None:
         """The policy's steps' mean value less plain steps' (None: too few of either)."""
@@ -195,6 +200,9 @@ class GoodputGuard:
             name = f"n={lo}-{2 * lo - 1}" + (" +prompt" if others else "")
             m = self.margin((bits, others))
             out[name] = {"steps": t.steps, "policy": round(t.spec_weight, 2), "plain": round(t.plain_weight, 2),
-                         "margin": None if m is None else round(m, 4), "policy_steps": t.decisions[POLICY_STEP],
+                         "margin": None if m is None else round(m, 4),
+                         "policy_time": round(t.spec_time / t.spec_weight, 4) if t.spec_weight else None,
+                         "plain_time": round(t.plain_time / t.plain_weight, 4) if t.plain_weight else None,
+                         "policy_steps": t.decisions[POLICY_STEP],
                          "plain_steps": t.decisions[PLAIN_STEP]}
         return out

@@ -11,14 +11,11 @@ or ``error``) that the worker posts into the handle's asyncio queue from its thr
   the worker moves on to the next job within one step. A job cancelled while queued is skipped.
 - Whatever a job raises is its own ``error`` event; the worker thread never dies of a request.
 
-One thread for the model, from loading to serving (:class:`ModelThread`). GNU OpenMP spins a
+One thread for the model, from loading to serving (:class:`ModelThread`): GNU OpenMP spins a
 waiting worker for about 3 ms only while the process's OpenMP threads fit on the cores; a
-second thread that runs parallel regions (the main thread that loaded the model, say) brings
-its own team, and from then on every team sleeps and wakes through futex calls between
-regions. Measured here: plain decoding on a thread other than the one that loaded the model ran
-at 21 tok/s instead of 30. ``draftwise serve`` therefore loads the model, makes its plan and
-warms up on the same thread that later runs the jobs, and the main thread only runs the
-event loop.
+second thread that runs parallel regions brings its own team, and then every team sleeps and
+wakes through futex calls between regions (plain decoding on a thread other than the one that
+loaded the model: 21 tok/s instead of 30). So the model thread loads, plans, warms up and serves.
 
 Continuous batching (``max_batch`` > 1): the worker runs up to ``max_batch`` jobs at once on
 the batched engine (:mod:`draftwise.engine`): between two steps it admits queued jobs into free
@@ -170,7 +167,7 @@ class Worker:
         self._thread = thread or ModelThread()
         self._running: Future[None] | None = None
         self.running = 0
-        self._guard_logged = 0  # the guard's step count when it was last logged
+        self._stepping, self._logged_passes = 0.0, 0  # seconds in engine.step(); passes at the last log
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
@@ -265,20 +262,23 @@ class Worker:
                 self._handles.append(handle)
                 engine.start(self._batched_job(handle))
             if engine.running:
-                before = engine.stats.passes
+                before, t0 = engine.stats.passes, time.perf_counter()
                 engine.step()
+                self._stepping += time.perf_counter() - t0
                 if engine.stats.passes > before:
                     self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
                 if not engine.running:
-                    self._log_guard()
+                    self._log_idle(engine)
 
-    def _log_guard(self) -> None:
-        """The batch emptied: what the goodput guard has measured so far, in one line (if new)."""
-        guard = self.speculation.coordinator.guard if self.speculation.coordinator is not None else None
-        steps = sum(t.steps for t in guard.tallies.values()) if guard is not None else 0
-        if guard is not None and steps != self._guard_logged:
-            self._guard_logged = steps
-            log.info("goodput guard: %s", json.dumps(guard.summary()))
+    def _log_idle(self, engine: Engine) -> None:
+        """The batch emptied: the engine's passes against its steps' time (the rest is drafting,
+        verifying, streaming), and what the goodput guard has measured, in a line each (if new)."""
+        if engine.stats.passes != self._logged_passes:
+            self._logged_passes = engine.stats.passes
+            log.info("engine: %d passes, %.1f s in passes of %.1f s stepping", engine.stats.passes,
+                     engine.stats.seconds, self._stepping)
+            if self.speculation.coordinator is not None and self.speculation.coordinator.guard is not None:
+                log.info("goodput guard: %s", json.dumps(self.speculation.coordinator.guard.summary()))
 
     def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
         def run(slot_model: Any) -> None:
