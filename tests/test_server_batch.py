@@ -5,6 +5,7 @@ shares its passes; a client that hangs up frees its slot; /metrics counts the ba
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any
@@ -74,6 +75,22 @@ def test_concurrent_greedy_responses_equal_each_request_alone(reference: Any, ba
     assert sizes and float(sizes[0].split()[-1]) > 0
     assert "draftwise:tokens_per_pass_bucket" in metrics
     assert app.state.worker.engine.stats.batch_sizes and max(app.state.worker.engine.stats.batch_sizes) > 1
+
+
+def test_the_worker_says_how_much_of_its_stepping_was_passes(batched: Any, caplog: Any) -> None:
+    """When the batch empties, one line: passes, their seconds, and the seconds stepping around them."""
+    _, _, c = batched
+    with caplog.at_level("INFO", logger="draftwise.server"):
+        run_all([lambda p=p: c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": p}],
+                                                         temperature=0, max_tokens=12) for p in PROMPTS[:3]])
+        for _ in range(100):  # the line follows the step that ended the last request
+            lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("engine: ")]
+            if lines:
+                break
+            time.sleep(0.02)
+    assert lines, "no engine line after the batch emptied"
+    passes, in_passes, stepping = (float(x) for x in re.findall(r"[\d.]+", lines[-1]))
+    assert passes >= 12 and 0 < in_passes <= stepping
 
 
 def test_sampled_with_a_seed_is_the_same_alone_and_batched(reference: Any, batched: Any) -> None:

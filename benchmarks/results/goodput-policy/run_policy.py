@@ -83,12 +83,12 @@ def references(args: argparse.Namespace, prompts: list[dict[str, Any]]) -> None:
     gc.collect()
 
 
-def start_server(args: argparse.Namespace, batch: int, log: Path, *, guard: bool = True) -> subprocess.Popen[bytes]:
+def start_server(args: argparse.Namespace, batch: int, log: Path) -> subprocess.Popen[bytes]:
     exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
     cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--k", "auto",
            "--port", str(args.port), "--max-batch", str(batch), "--max-queue", "256",
            "--max-tokens-cap", str(args.max_tokens), "--request-timeout", "3600",
-           "--dtype", args.dtype, "--quant", args.quant, "--guard" if guard else "--no-guard"]
+           "--dtype", args.dtype, "--quant", args.quant]
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     for _ in range(600):  # bounded: 5 minutes to load
         if proc.poll() is not None:
@@ -141,19 +141,14 @@ async def phase(url: str, prompts: list[dict[str, Any]], spec_of: Any, clients: 
         return [r for rs in out for r in rs], time.perf_counter() - t0
 
 
-def policies(plan: dict[str, Any], fixed_ks: list[int], unguarded: bool = False) -> dict[str, Any]:
+def policies(plan: dict[str, Any], fixed_ks: list[int]) -> dict[str, Any]:
     overall = plan["recommended"]["overall"]
     draft = overall["draft"] if isinstance(overall, dict) else overall[0]
     out: dict[str, Any] = {"plain": lambda p: {"draft": "none"},
                            "goodput": lambda p: {"category": p["category"], "k": "auto"}}
-    if unguarded:  # the same requests, on a server started with --no-guard
-        out[UNGUARDED] = out["goodput"]
     for k in fixed_ks:
         out[f"k={k}"] = lambda p, k=k: {"draft": draft, "k": k}
     return out
-
-
-UNGUARDED = "goodput-unguarded"
 
 
 def rotation(names: list[str], r: int) -> list[str]:
@@ -216,9 +211,6 @@ def table(result: dict[str, Any]) -> str:
                   f"{result['config']['rounds']} rounds):", ""]
         lines += [f"- N = {n}: {p['best_fixed']}, median {p['median']:.2f}, range {p['min']:.2f}-{p['max']:.2f}"
                   for n, p in pairs.items()]
-    if UNGUARDED in names:
-        lines += ["", "The guard's effect, goodput (guarded) / goodput-unguarded: " + ", ".join(
-            f"{row['goodput'] / row[UNGUARDED]:.2f} at N = {n}" for n, row in result["measured"].items()) + "."]
     one = result.get("single_k")
     if one:
         lines += ["", f"One k for every N (the best by geometric mean over plain across the grid: {one['k']}, "
@@ -255,8 +247,6 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8767)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default="none")
-    ap.add_argument("--unguarded", action="store_true", help="one more policy, goodput-unguarded: the goodput "
-                    "policy on a server started with --no-guard (the guard's own effect)")
     ap.add_argument("--rounds", type=int, default=1, help="phases per policy at each N, in rotating order")
     ap.add_argument("--out", default="benchmarks/results/goodput-policy/run")
     ap.add_argument("--rescore", metavar="DIR", help="recompute DIR/result.json's summary (adds the one-k reading "
@@ -278,14 +268,14 @@ def main() -> int:
     measured: dict[str, dict[str, float]] = {}
     by_round: dict[str, dict[str, list[float]]] = {}
     records: list[dict[str, Any]] = []
-    every = policies(plan, [int(k) for k in args.fixed_ks.split(",")], args.unguarded)
+    every = policies(plan, [int(k) for k in args.fixed_ks.split(",")])
     for n in grid:
         by_round[str(n)] = {name: [] for name in every}
         for r, name in [(i, nm) for i in range(args.rounds) for nm in rotation(list(every), i)]:
             spec_of = every[name]
             batch = args.max_batch or n
             tag = f"n{n}-{name}" + (f"-r{r}" if args.rounds > 1 else "")
-            proc = start_server(args, batch, out / f"server-{tag}.log", guard=name != UNGUARDED)
+            proc = start_server(args, batch, out / f"server-{tag}.log")
             try:
                 warm = {"question_id": "warm-up", "requests": [{"users": ["Say hello."], "answers": [],
                                                                 "reference": None}]}

@@ -63,9 +63,6 @@ def serve(
     prefill_chunk: Annotated[int, typer.Option(
         "--prefill-chunk", help="Prompt tokens a request feeds per step while more requests decode than "
         "prefill (otherwise up to 512).")] = DEFAULT_PREFILL_CHUNK,
-    guard: Annotated[bool, typer.Option("--guard/--no-guard", help="With --k auto at batch: measure the goodput "
-                                        "policy's steps against plain steps and speculate only where they "
-                                        "measure faster.")] = True,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
                                                    "included) before a request is ended.")] = 600.0,
@@ -112,8 +109,7 @@ def serve(
             loaded_plan = model_thread.call(startup_plan, loaded)
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
-        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed,
-                                  guard=guard)
+        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed)
         max_batch = _max_batch(max_batch, speculation, loaded)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,

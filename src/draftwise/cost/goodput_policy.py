@@ -14,11 +14,6 @@ others' k's (:meth:`BatchGoodput.respond`), never more than its own single-strea
 
 At N = 1 (one decoding sequence and nothing else in the pass) the request's own adaptive policy
 decides, exactly as ``--k auto`` does alone: the batch has nothing to share.
-
-With a :class:`~draftwise.cost.goodput_guard.GoodputGuard` (the server's default), each step of
-two or more sequences first asks it whether the policy runs: where the policy's steps have
-measured slower than plain steps in that kind of batch, the step is plain (every k 0, nothing
-drafted).
 """
 
 from __future__ import annotations
@@ -30,7 +25,6 @@ from typing import Any
 from ..errors import ConfigError
 from .batch_profile import BatchProfile
 from .goodput import NONE, PLAIN, Choice, StepCost, choose_ks, default_rows_budget, rates_outcomes
-from .goodput_guard import GoodputGuard
 from .profile import Profile
 
 
@@ -160,16 +154,11 @@ class BatchKCoordinator:
 
     def __init__(self, goodput: BatchGoodput, *, epoch: Callable[[], int],
                  prefill: Callable[[], tuple[int, int]] | None = None,
-                 on_k: Callable[[str, int], None] | None = None, guard: GoodputGuard | None = None,
-                 on_guard: Callable[[bool], None] | None = None) -> None:
+                 on_k: Callable[[str, int], None] | None = None) -> None:
         self.goodput = goodput
         self.epoch = epoch
         self.prefill = prefill or (lambda: (0, 0))
         self.on_k = on_k or (lambda draft, k: None)
-        self.guard = guard
-        self.on_guard = on_guard or (lambda follow: None)
-        self.plain = False  # the guard made this step plain
-        self._guarded: int | None = None  # the epoch whose step the guard has begun
         self._members: dict[int, tuple[BatchSlotPolicy, int]] = {}  # id -> (policy, last epoch it asked)
         self._index: dict[int, int] = {}  # id -> its place in the last choice
         self._epoch: int | None = None
@@ -190,41 +179,15 @@ class BatchKCoordinator:
         if id(member) not in self._index:
             live = [m for m, _ in self._members.values()]
             rows, seqs = self.prefill()
-            states = [m.state() for m in live]
-            self.goodput.choose(states, prefill_rows=rows, prefilling=seqs)
+            self.goodput.choose([m.state() for m in live], prefill_rows=rows, prefilling=seqs)
             self._index = {id(m): i for i, m in enumerate(live)}
             self.alone = len(live) == 1 and not seqs
-            self._check(now, states, rows, seqs)
         return self.goodput.last[self._index[id(member)]]
-
-    def _check(self, now: int, states: list[SeqState], rows: int, seqs: int) -> None:
-        """The guard's word on this step (alone, the request's own policy decides unguarded)."""
-        if self.guard is None or self.alone:
-            self.plain = False
-            return
-        shape = {"n": len(states), "prefill_rows": rows, "prefilling": seqs,
-                 "context": sum(s.context for s in states) / len(states)}
-        if self._guarded != now:
-            self._guarded = now
-            self.plain = not self.guard.begin(now, **shape)
-            self.on_guard(not self.plain)
-        else:  # a sequence joined after the step began
-            self.guard.resize(now, **shape)
-        if self.plain:
-            self.goodput.last = [0] * len(states)
 
     def respond(self, member: BatchSlotPolicy, tokens: Sequence[float], context: float) -> int:
         if id(member) not in self._index:  # chosen for before someone left: choose again, with it
             self.k_for(member)
-        if self.plain:
-            self.goodput.settle(self._index[id(member)], 0, 1.0, context)
-            return 0
         return self.goodput.respond(self._index[id(member)], tokens, context)
-
-    def observed(self, positions: int, accepted: int) -> None:
-        """A sequence verified ``positions`` proposed rows in the pass just run, kept ``accepted``."""
-        if self.guard is not None:
-            self.guard.observed(self.epoch(), positions=positions, accepted=accepted)
 
     def settle(self, member: BatchSlotPolicy, n: int, tokens: float, context: float, draft: str = NONE) -> None:
         if id(member) in self._index:
@@ -259,9 +222,6 @@ class BatchSlotPolicy:
     def choose(self, context_len: int) -> int:
         self.context = context_len
         k = self.coordinator.k_for(self)
-        if self.coordinator.plain:  # the guard's plain step: nothing is drafted
-            self.coordinator.on_k(self.draft, 0)
-            return 0
         if self.adaptive.trees:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
         if self.coordinator.alone:
@@ -310,7 +270,6 @@ class BatchSlotPolicy:
 
     def observe(self, positions: int, accepted: int) -> None:
         self.adaptive.observe(positions, accepted)
-        self.coordinator.observed(positions, accepted)
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         self.adaptive.observe_shadow(proposal, committed)

@@ -71,9 +71,6 @@ class ServerMetrics:
                                   buckets=tuple(range(0, 9)), registry=r)
         self.plain_choices = Counter(P + "spec_decode_num_plain_choices", "Steps the goodput policy chose k = 0 "
                                      "for a sequence (plain decoding that step).", [*lab, "draft"], registry=r)
-        self.guard_steps = Counter(P + "spec_decode_guard_steps", "Steps of two or more sequences under the "
-                                   "goodput policy, by what the guard let run: the policy, or a plain step.",
-                                   [*lab, "decision"], registry=r)
         self.success = Counter(P + "request_success", "Finished requests, by finish reason.",
                                [*lab, "finished_reason"], registry=r)
         self.rejected = Counter(P + "request_rejected", "Requests refused before they queued, by HTTP status.",
@@ -125,10 +122,6 @@ class ServerMetrics:
         self.chosen_k.labels(self.model_name, draft).observe(k)
         if k == 0:
             self.plain_choices.labels(self.model_name, draft).inc()
-
-    def observe_guard(self, follow: bool) -> None:
-        """One step's decision by the goodput guard: the policy ran it, or plain decoding."""
-        self.guard_steps.labels(self.model_name, "policy" if follow else "plain").inc()
 
     def observe_gap(self, gap_s: float) -> None:
         self.itl.labels(self.model_name).observe(gap_s)

@@ -43,7 +43,6 @@ from typing import Any
 from ..cost.adaptive import AdaptiveK, TreeSizes, resolve_profile
 from ..cost.batch_profile import BatchProfile, default_batch_profile_path
 from ..cost.defaults import DEFAULT_DRAFTS
-from ..cost.goodput_guard import GoodputGuard
 from ..cost.goodput_policy import BatchGoodput, BatchKCoordinator
 from ..cost.plan import Plan, make_plan
 from ..cost.route import route
@@ -94,9 +93,8 @@ class Speculation:
     """The server's speculation settings, and the drafters and profile of its allowed drafts."""
 
     def __init__(self, model: Any, *, draft: DraftSpec | str, k: KValue, plan: Plan | None,
-                 allow: Iterable[DraftSpec | str] = (), guard: bool = True) -> None:
+                 allow: Iterable[DraftSpec | str] = ()) -> None:
         self.model = model
-        self.guard = guard  # at batch, the goodput policy's steps are measured against plain ones
         self.default_draft = draft if draft == AUTO else DraftSpec.parse(draft)
         self.default_k = k
         self.plan = plan
@@ -138,14 +136,10 @@ class Speculation:
         return resolve_profile(self.model, drafts)
 
     def follow_batch(self, engine: Any, *, others: Callable[[], tuple[int, int]] | None = None,
-                     on_k: Callable[[str, int], None] | None = None,
-                     on_guard: Callable[[bool], None] | None = None) -> None:
+                     on_k: Callable[[str, int], None] | None = None) -> None:
         """With k ``auto`` on a batched ``engine``: the goodput policy (module docstring), priced by
-        the batch profile read now, and (unless the server was made with ``guard=False``) the
-        :class:`~draftwise.cost.goodput_guard.GoodputGuard` that turns it off in the kinds of
-        batch where its steps measure slower than plain ones. ``others()``: rows and sequences of
-        the coming pass that do not choose a k; ``on_k(draft, k)``: every k chosen. Run after
-        :meth:`warm_up`. ``on_guard(follow)``: each guarded step's decision."""
+        the batch profile read now. ``others()``: rows and sequences of the coming pass that do
+        not choose a k; ``on_k(draft, k)``: every k chosen. Run after :meth:`warm_up`."""
         if self._profile is None or self.coordinator is not None:
             return
         make = (f"measure one once with `draftwise plan --concurrency 1,2,4,8,{max(16, engine.max_batch)} --out DIR` "
@@ -158,12 +152,10 @@ class Speculation:
         except ConfigError as exc:
             log.warning("k=auto at batch: %s, so each request keeps its own adaptive k; %s", exc, make)
             return
-        guard = GoodputGuard(batch.pass_time) if self.guard else None
         self.coordinator = BatchKCoordinator(BatchGoodput(batch, self._profile), epoch=lambda: engine.stats.passes,
-                                             prefill=others, on_k=on_k, guard=guard, on_guard=on_guard)
+                                             prefill=others, on_k=on_k)
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
-                 "measured %s, batches up to %d)%s", batch.created or "earlier", batch.max_batch,
-                 ", measured against plain steps" if guard else "")
+                 "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
 
     def _load_batch_profile(self) -> BatchProfile:
         path = default_batch_profile_path(self.model)

@@ -30,7 +30,6 @@ coming pass are not its to choose (prompt chunks, plain and fixed-k requests).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import queue
 import threading
@@ -197,8 +196,7 @@ class Worker:
                                  context=context)
         self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
         if self.engine is not None:  # k auto: each step's k's from the batch (when profiled)
-            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k,
-                                          on_guard=self.metrics.observe_guard)
+            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k)
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
@@ -271,14 +269,12 @@ class Worker:
                     self._log_idle(engine)
 
     def _log_idle(self, engine: Engine) -> None:
-        """The batch emptied: the engine's passes against its steps' time (the rest is drafting,
-        verifying, streaming), and what the goodput guard has measured, in a line each (if new)."""
+        """The batch emptied: the engine's seconds in passes against its seconds stepping (the rest
+        is drafting, verifying, streaming), in one line (if it ran a pass since the last)."""
         if engine.stats.passes != self._logged_passes:
             self._logged_passes = engine.stats.passes
             log.info("engine: %d passes, %.1f s in passes of %.1f s stepping", engine.stats.passes,
                      engine.stats.seconds, self._stepping)
-            if self.speculation.coordinator is not None and self.speculation.coordinator.guard is not None:
-                log.info("goodput guard: %s", json.dumps(self.speculation.coordinator.guard.summary()))
 
     def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
         def run(slot_model: Any) -> None:
