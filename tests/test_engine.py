@@ -3,6 +3,7 @@ and sampled with a seed), whatever its draft, and one that fails ends alone."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -14,6 +15,7 @@ from draftwise.engine import Engine
 from draftwise.errors import ConfigError, DraftwiseError
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
 from draftwise.sampling import SamplingConfig
+from draftwise.server import pass_trace
 
 
 @pytest.fixture(scope="module")
@@ -36,11 +38,21 @@ def prompts(batched_model: Any) -> list[list[int]]:
 KINDS = ("none", "lookup", "suffix", "lookup:branches=3", "self")
 
 
-def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]]) -> None:
+def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]],
+                                                              tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = [generate(batched_model, p, max_new_tokens=16, draft="none").token_ids for p in prompts]
     eng = Engine(batched_model, max_batch=len(KINDS), context=1024, prefill_chunk=32)  # 6 prompts: a slot is reused
+    monkeypatch.setenv(pass_trace.TRACE_ENV, str(tmp_path / "passes.jsonl"))
+    pass_trace.attach(eng)  # and the passes traced, as `serve` does with DRAFTWISE_PASS_TRACE set
     drafters = [make_drafter(spec, slot) for spec, slot in zip(KINDS, eng.slot_models)]  # self runs on its slot
     got = eng.generate_all(prompts, max_new_tokens=16, drafters=drafters, k=4)
+    pass_trace.flush(eng)
+    trace = [json.loads(line) for line in (tmp_path / "passes.jsonl").read_text().splitlines()]
+    assert len(trace) == eng.stats.passes and eng.stats.trace == []
+    assert sum(t["prompt_rows"] + t["rows"] for t in trace) == eng.stats.rows
+    assert sum(t["prompt_rows"] for t in trace) == sum(len(p) for p in prompts)  # every prompt token, once
+    assert all(t["prompting"] <= t["sequences"] and t["seconds"] > 0 for t in trace)
+    assert max(t["context"] for t in trace) > max(len(p) for p in prompts)
     for spec, want, res in zip(KINDS + ("(a reused slot)",), plain, got):
         assert res.token_ids == want, spec
     # prompt i ran in slot i: every kind of draft proposed, and the model rejected some

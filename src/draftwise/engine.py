@@ -196,6 +196,9 @@ class PassStats:
     last_rows: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
+    #: when a list: each pass's sequences, those feeding a prompt, their rows, the other rows,
+    #: the positions already in its sequences' caches (summed), and its seconds
+    trace: list[tuple[int, int, int, int, int, float]] | None = None
 
     def record(self, sequences: int, rows: int, seconds: float) -> None:
         self.passes += 1
@@ -276,12 +279,17 @@ class Engine:
         batch = [s for s in self._live if s.waiting is not None]
         if not batch:
             return 0
+        context = sum(self.runtime.slot_length(s.waiting.slot) for s in batch) if self.stats.trace is not None else 0
         t0 = time.perf_counter()
         try:
             answers = self.runtime.forward_batch([s.waiting for s in batch])
         except DraftwiseError:  # one sequence's rows cannot run (its context is full...)
             answers = self._one_by_one(batch)
-        self.stats.record(len(batch), sum(len(s.waiting.ids) for s in batch), time.perf_counter() - t0)
+        seconds, rows = time.perf_counter() - t0, sum(len(s.waiting.ids) for s in batch)
+        self.stats.record(len(batch), rows, seconds)
+        if self.stats.trace is not None:  # a prompt's rows: only its last row's logits, or none
+            prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
+            self.stats.trace.append((len(batch), len(prompts), sum(prompts), rows - sum(prompts), context, seconds))
         for seq, answer in zip(batch, answers):
             seq.answer, seq.waiting = answer, None
         return len(batch)

@@ -37,6 +37,7 @@ import argparse
 import asyncio
 import gc
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -83,13 +84,14 @@ def references(args: argparse.Namespace, prompts: list[dict[str, Any]]) -> None:
     gc.collect()
 
 
-def start_server(args: argparse.Namespace, batch: int, log: Path) -> subprocess.Popen[bytes]:
+def start_server(args: argparse.Namespace, batch: int, log: Path, trace: Path | None = None) -> subprocess.Popen[bytes]:
     exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
     cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--k", "auto",
            "--port", str(args.port), "--max-batch", str(batch), "--max-queue", "256",
            "--max-tokens-cap", str(args.max_tokens), "--request-timeout", "3600",
            "--dtype", args.dtype, "--quant", args.quant]
-    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    env = {**os.environ, "DRAFTWISE_PASS_TRACE": str(trace)} if trace else None  # each pass's shape and time
+    proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     for _ in range(600):  # bounded: 5 minutes to load
         if proc.poll() is not None:
             raise SystemExit(f"the server exited ({proc.returncode}); see {log}")
@@ -247,6 +249,8 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8767)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default="none")
+    ap.add_argument("--pass-trace", action="store_true", help="each phase's passes to passes-TAG.jsonl "
+                    "(DRAFTWISE_PASS_TRACE; price them with benchmarks/results/goodput/pass-trace/price.py)")
     ap.add_argument("--rounds", type=int, default=1, help="phases per policy at each N, in rotating order")
     ap.add_argument("--out", default="benchmarks/results/goodput-policy/run")
     ap.add_argument("--rescore", metavar="DIR", help="recompute DIR/result.json's summary (adds the one-k reading "
@@ -275,7 +279,8 @@ def main() -> int:
             spec_of = every[name]
             batch = args.max_batch or n
             tag = f"n{n}-{name}" + (f"-r{r}" if args.rounds > 1 else "")
-            proc = start_server(args, batch, out / f"server-{tag}.log")
+            proc = start_server(args, batch, out / f"server-{tag}.log",
+                                out / f"passes-{tag}.jsonl" if args.pass_trace else None)
             try:
                 warm = {"question_id": "warm-up", "requests": [{"users": ["Say hello."], "answers": [],
                                                                 "reference": None}]}

@@ -46,6 +46,7 @@ from ..engine import DEFAULT_PREFILL_CHUNK, Engine
 from ..errors import DraftwiseError
 from ..metrics import SpecStats
 from ..sampling import SamplingConfig
+from . import pass_trace
 from .metrics import ServerMetrics
 from .speculation import Choice, Speculation
 
@@ -196,6 +197,7 @@ class Worker:
                                  context=context)
         self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
         if self.engine is not None:  # k auto: each step's k's from the batch (when profiled)
+            pass_trace.attach(self.engine)
             self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k)
 
     def start(self) -> None:
@@ -271,6 +273,7 @@ class Worker:
     def _log_idle(self, engine: Engine) -> None:
         """The batch emptied: the engine's seconds in passes against its seconds stepping (the rest
         is drafting, verifying, streaming), in one line (if it ran a pass since the last)."""
+        pass_trace.flush(engine)
         if engine.stats.passes != self._logged_passes:
             self._logged_passes = engine.stats.passes
             log.info("engine: %d passes, %.1f s in passes of %.1f s stepping", engine.stats.passes,

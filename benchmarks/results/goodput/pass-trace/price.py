@@ -1,0 +1,47 @@
+"""Price a served phase's passes with the batch profile, by kind of pass (issue 27).
+
+Reads a ``DRAFTWISE_PASS_TRACE`` file (:mod:`draftwise.server.pass_trace`: one JSON line a pass)
+and the batch profile, and prices each pass as the goodput simulation does: ``pass_time(B, R,
+mean context)`` over all its sequences and rows. Passes are grouped by whether a prompt chunk
+shares them and by the decoding rows a sequence (1, 2-3, 4-6, 7+); per group, the passes, the
+seconds measured and priced, and their ratio. No model runs.
+
+    python benchmarks/results/goodput/pass-trace/price.py TRACE.jsonl PROFILE-batch.json [TRACE2.jsonl ...]
+"""
+import json
+import sys
+from collections import defaultdict
+
+from draftwise.cost.batch_profile import BatchProfile
+
+
+def band(rows_each: float) -> str:
+    return "1" if rows_each <= 1 else "2-3" if rows_each <= 3 else "4-6" if rows_each <= 6 else "7+"
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        raise SystemExit(__doc__)
+    profile = BatchProfile.load(sys.argv[2])
+    for path in [sys.argv[1], *sys.argv[3:]]:
+        groups: dict[tuple[bool, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        for line in open(path):
+            p = json.loads(line)
+            decoding = p["sequences"] - p["prompting"]
+            rows = p["prompt_rows"] + p["rows"]
+            price = profile.pass_time(min(p["sequences"], profile.max_batch), rows, p["context"] / p["sequences"])
+            key = (p["prompt_rows"] > 0, band(p["rows"] / decoding) if decoding else "-")
+            g = groups[key]
+            g[0] += 1
+            g[1] += p["seconds"]
+            g[2] += price
+        print(f"\n{path}\n\n| prompt chunk | rows a decoding sequence | passes | measured s | priced s | priced / measured |")
+        print("|---|---|---:|---:|---:|---:|")
+        for (chunk, b), (n, meas, priced) in sorted(groups.items()):
+            print(f"| {'yes' if chunk else 'no'} | {b} | {n} | {meas:.2f} | {priced:.2f} | {priced / meas:.2f} |")
+        n, meas, priced = (sum(g[i] for g in groups.values()) for i in range(3))
+        print(f"| all | | {n} | {meas:.2f} | {priced:.2f} | {priced / meas:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""A trace of the batched server's target passes, for finding which passes a cost model misprices.
+
+With ``DRAFTWISE_PASS_TRACE=FILE`` in the environment, ``draftwise serve --max-batch N`` (N > 1)
+records every pass of its engine and, each time its batch empties, appends them to FILE as JSON
+lines: ``{"sequences", "prompting", "prompt_rows", "rows", "context", "seconds"}``
+(``prompting``: the sequences feeding a prompt chunk, ``prompt_rows`` its rows; ``rows``: the
+other rows, decoding and verification; ``context``: the positions already in the pass's
+sequences' caches, summed). ``benchmarks/results/goodput/pass-trace/price.py`` prices them with the batch profile.
+Off by default: nothing is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TRACE_ENV = "DRAFTWISE_PASS_TRACE"
+FIELDS = ("sequences", "prompting", "prompt_rows", "rows", "context", "seconds")
+
+
+def attach(engine: Any) -> None:
+    """Start recording ``engine``'s passes when the environment names a trace file."""
+    if os.environ.get(TRACE_ENV):
+        engine.stats.trace = []
+
+
+def flush(engine: Any) -> None:
+    """Append the passes recorded since the last flush to the trace file, and forget them."""
+    path, trace = os.environ.get(TRACE_ENV), engine.stats.trace
+    if path and trace:
+        with Path(path).open("a", encoding="utf-8") as f:
+            f.writelines(json.dumps(dict(zip(FIELDS, t, strict=True))) + "\n" for t in trace)
+        trace.clear()
