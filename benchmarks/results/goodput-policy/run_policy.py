@@ -89,7 +89,8 @@ def start_server(args: argparse.Namespace, batch: int, log: Path, trace: Path | 
     cmd = [exe, "serve", "--model", args.model, "--draft", "auto", "--plan", args.plan, "--k", "auto",
            "--port", str(args.port), "--max-batch", str(batch), "--max-queue", "256",
            "--max-tokens-cap", str(args.max_tokens), "--request-timeout", "3600",
-           "--dtype", args.dtype, "--quant", args.quant]
+           "--dtype", args.dtype, "--quant", args.quant,
+           *(["--prefill-chunk", str(args.prefill_chunk)] if args.prefill_chunk else [])]
     env = {**os.environ, "DRAFTWISE_PASS_TRACE": str(trace)} if trace else None  # each pass's shape and time
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env)
     for _ in range(600):  # bounded: 5 minutes to load
@@ -249,6 +250,7 @@ def main() -> int:
     ap.add_argument("--port", type=int, default=8767)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--quant", default="none")
+    ap.add_argument("--prefill-chunk", type=int, default=0, help="serve --prefill-chunk (0: its default)")
     ap.add_argument("--pass-trace", action="store_true", help="each phase's passes to passes-TAG.jsonl "
                     "(DRAFTWISE_PASS_TRACE; price them with benchmarks/results/goodput/pass-trace/price.py)")
     ap.add_argument("--rounds", type=int, default=1, help="phases per policy at each N, in rotating order")
