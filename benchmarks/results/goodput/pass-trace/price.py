@@ -4,10 +4,13 @@ Reads a ``DRAFTWISE_PASS_TRACE`` file (:mod:`draftwise.server.pass_trace`: one J
 and the batch profile, and prices each pass as the goodput simulation does: ``pass_time(B, R,
 mean context)`` over all its sequences and rows. Passes are grouped by whether a prompt chunk
 shares them and by the decoding rows a sequence (1, 2-3, 4-6, 7+); per group, the passes, the
-seconds measured and priced, and their ratio. No model runs.
+seconds measured and priced, and their ratio. Then how the prompts entered: the passes that
+carried a chunk, their mean prompt rows, and the decoding sequences a pass held, weighted by
+its seconds. A trace may be gzipped (``.gz``). No model runs.
 
     python benchmarks/results/goodput/pass-trace/price.py TRACE.jsonl PROFILE-batch.json [TRACE2.jsonl ...]
 """
+import gzip
 import json
 import sys
 from collections import defaultdict
@@ -25,8 +28,8 @@ def main() -> None:
     profile = BatchProfile.load(sys.argv[2])
     for path in [sys.argv[1], *sys.argv[3:]]:
         groups: dict[tuple[bool, str], list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-        for line in open(path):
-            p = json.loads(line)
+        passes = [json.loads(line) for line in (gzip.open(path, "rt") if path.endswith(".gz") else open(path))]
+        for p in passes:
             decoding = p["sequences"] - p["prompting"]
             rows = p["prompt_rows"] + p["rows"]
             price = profile.pass_time(min(p["sequences"], profile.max_batch), rows, p["context"] / p["sequences"])
@@ -41,6 +44,10 @@ def main() -> None:
             print(f"| {'yes' if chunk else 'no'} | {b} | {n} | {meas:.2f} | {priced:.2f} | {priced / meas:.2f} |")
         n, meas, priced = (sum(g[i] for g in groups.values()) for i in range(3))
         print(f"| all | | {n} | {meas:.2f} | {priced:.2f} | {priced / meas:.2f} |")
+        chunks = [p["prompt_rows"] for p in passes if p["prompt_rows"]]
+        weighted = sum((p["sequences"] - p["prompting"]) * p["seconds"] for p in passes) / meas
+        print(f"\n{len(chunks)} of {n} passes carried a prompt chunk, {sum(chunks) / max(len(chunks), 1):.1f} prompt "
+              f"rows on average; decoding sequences a pass, weighted by its seconds: {weighted:.2f}")
 
 
 if __name__ == "__main__":
