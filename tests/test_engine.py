@@ -178,3 +178,25 @@ def test_the_hf_runtime_runs_one_sequence(tiny_chat_folder: Any) -> None:
     model = load_model(str(tiny_chat_folder), runtime="hf")
     with pytest.raises(ConfigError, match="one sequence at a time"):
         Engine(model, max_batch=2)
+
+
+def test_the_pass_trace_is_written_when_the_batch_empties_or_grows_long(tmp_path: Any,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    class Held:
+        stats = engine_mod.PassStats()
+
+    path = tmp_path / "t.jsonl"
+    pass_trace.attach(Held)
+    assert Held.stats.trace is None  # no file named: nothing is kept
+    monkeypatch.setenv(pass_trace.TRACE_ENV, str(path))
+    pass_trace.attach(Held)
+    assert Held.stats.trace is not None
+    Held.stats.trace.extend([(2, 0, 0, 2, 100, 0.01)] * 3)
+    pass_trace.flush(Held, idle=False)  # under load, 3 passes held: kept for later
+    assert not path.exists() and len(Held.stats.trace) == 3
+    Held.stats.trace.extend([(2, 1, 16, 1, 90, 0.02)] * (pass_trace.FLUSH_EVERY - 3))
+    pass_trace.flush(Held, idle=False)
+    lines = path.read_text().splitlines()
+    assert len(lines) == pass_trace.FLUSH_EVERY and Held.stats.trace == []
+    assert json.loads(lines[-1]) == {"sequences": 2, "prompting": 1, "prompt_rows": 16, "rows": 1, "context": 90,
+                                     "seconds": 0.02}

@@ -267,13 +267,13 @@ class Worker:
                 self._stepping += time.perf_counter() - t0
                 if engine.stats.passes > before:
                     self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+                pass_trace.flush(engine, idle=not engine.running)
                 if not engine.running:
                     self._log_idle(engine)
 
     def _log_idle(self, engine: Engine) -> None:
         """The batch emptied: the engine's seconds in passes against its seconds stepping (the rest
         is drafting, verifying, streaming), in one line (if it ran a pass since the last)."""
-        pass_trace.flush(engine)
         if engine.stats.passes != self._logged_passes:
             self._logged_passes = engine.stats.passes
             log.info("engine: %d passes, %.1f s in passes of %.1f s stepping", engine.stats.passes,
