@@ -22,12 +22,13 @@ class Passes:
         _fill(self.rt, self.lengths, 256)
         self.vocab = self.rt.vocab_size
 
-    def timed(self, rows_each: int, chunk: str | None = None) -> float:
-        """One pass: ``rows_each`` rows for every sequence, or with ``chunk`` ("last" or "every":
-        which rows' logits) the last sequence's rows replaced by a prompt chunk."""
+    def timed(self, rows_each: int, chunk: str | None = None, tree: list[int] | None = None) -> float:
+        """One pass: ``rows_each`` rows for every sequence (a chain, or the ``tree`` of those
+        parents), or with ``chunk`` ("last" or "every": which rows' logits) the last sequence's
+        rows replaced by a prompt chunk."""
         rt, V = self.rt, self.vocab
         decoding = B - 1 if chunk else B
-        passes = [Rows(s, _tokens(rows_each, 100 + s, V)) for s in range(decoding)]
+        passes = [Rows(s, _tokens(rows_each, 100 + s, V), tree) for s in range(decoding)]
         if chunk:
             rt.rollback_slot(B - 1, 0)  # the last slot becomes a new request's prompt
             passes.append(Rows(B - 1, _tokens(CHUNK, 7, V), last_only=chunk == "last", logits=True))

@@ -18,8 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "chunk-price"))
 from passes import B, C, Passes  # noqa: E402
 
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path  # noqa: E402
-from draftwise.cost.batch_measure import _tokens  # noqa: E402
-from draftwise.runtime.base import Rows  # noqa: E402
 
 TREES = {5: [-1, 0, 0, 1, 2], 9: [-1, 0, 0, 0, 1, 4, 2, 3, 5]}
 
@@ -27,22 +25,12 @@ out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
 p = Passes()
 bp = BatchProfile.load(default_batch_profile_path(p.model))
+bp.check_model(p.model)
 
-
-def timed(rows: int, tree: list[int] | None) -> float:
-    passes = [Rows(s, _tokens(rows, 100 + s, p.vocab), tree) for s in range(B)]
-    t0 = time.perf_counter()
-    p.rt.forward_batch(passes)
-    dt = time.perf_counter() - t0
-    for s, n in enumerate(p.lengths):
-        p.rt.rollback_slot(s, n)
-    return dt
-
-
-kinds = {"1 row": lambda: timed(1, None)}
+kinds = {"1 row": lambda: p.timed(1)}
 for r, parents in TREES.items():
-    kinds[f"{r} rows, chain"] = lambda r=r: timed(r, None)
-    kinds[f"{r} rows, tree"] = lambda r=r, t=parents: timed(r, t)
+    kinds[f"{r} rows, chain"] = lambda r=r: p.timed(r)
+    kinds[f"{r} rows, tree"] = lambda r=r, t=parents: p.timed(r, tree=t)
 med = p.medians(kinds)
 price = {k: bp.pass_time(B, B * int(k.split()[0]), C) for k in med}
 result = {k: {"measured_ms": v * 1000, "profile_ms": price[k] * 1000} for k, v in med.items()}
