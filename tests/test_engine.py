@@ -161,6 +161,57 @@ def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
         assert got[i] == generate(batched_model, ids, max_new_tokens=new[i]).token_ids, i
 
 
+def test_a_prompt_beside_speculating_decoders_enters_as_many_rows_as_they_bring(
+        batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.step_chunk: three decoders verifying k + 1 = 6 rows a pass let a joining prompt in
+    18 tokens a pass, not prefill_chunk's 8; every answer is still the one alone."""
+    from draftwise.drafters.base import Draft
+
+    class Wrong:  # proposes k tokens every step: each decoder brings k + 1 rows a pass
+        name, capabilities = "wrong", make_drafter("lookup", batched_model).capabilities
+
+        def start(self, *args: Any) -> None: ...
+
+        def propose(self, context: list[int], k: int) -> Any:
+            return Draft([0] * k)
+
+        def observe(self, accepted: int) -> None: ...
+
+        def end(self, output: Any) -> None: ...
+
+    long = prompts[5]
+    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=8)
+    rows: list[dict[int, int]] = []
+    forward = eng.runtime.forward_batch
+
+    def spy(passes: Any, **kw: Any) -> Any:
+        rows.append({p.slot: len(p.ids) for p in passes})
+        return forward(passes, **kw)
+
+    monkeypatch.setattr(eng.runtime, "forward_batch", spy)
+    got: dict[int, list[int]] = {}
+    new = len(long) // 18 + 8
+
+    def job(i: int, ids: list[int], draft: Any):
+        def run(model: Any) -> None:
+            got[i] = generate(model, ids, max_new_tokens=new, draft=draft, k=5).token_ids
+
+        return run
+
+    for i in range(3):
+        eng.start(job(i, prompts[i], Wrong()))
+    eng.step()
+    eng.step()
+    assert rows[-1] == {0: 6, 1: 6, 2: 6}
+    eng.start(job(3, long, "none"))
+    while eng.running:
+        eng.step()
+    chunks = [r[3] for r in rows if 3 in r][: -(-len(long) // 18)]
+    assert sum(chunks) == len(long) and set(chunks[:-1]) == {18}, chunks
+    for i, ids in enumerate(prompts[:3] + [long]):
+        assert got[i] == generate(batched_model, ids, max_new_tokens=new, draft="none").token_ids, i
+
+
 def test_bad_batches_get_one_clear_line(batched_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="max_batch"):

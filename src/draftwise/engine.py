@@ -14,10 +14,9 @@ the runtime. Why the plain loop and not a second, batched one: one code path, so
 tokens are those it gets alone, as long as the pass is row-invariant (it is:
 :mod:`draftwise.runtime.attention`, ``tests/test_row_invariance.py``).
 
-Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; a
-prompt enters ``prefill_chunk`` tokens per step while more generations decode than prefill, so
-a long prompt does not stall the others, and up to :data:`BURST_CHUNK` tokens per step otherwise
-(:func:`step_chunk`); a generation that ends frees its slot at once.
+Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; while
+more generations decode than prefill, a prompt enters in chunks no larger than the decoders'
+rows or ``prefill_chunk``, otherwise :data:`BURST_CHUNK` (:func:`step_chunk`); an end frees a slot.
 
 Example::
 
@@ -59,24 +58,26 @@ def _greenlet() -> Any:
     return greenlet
 
 
-def step_chunk(chunk: int, prefilling: int, decoding: int) -> int:
+def step_chunk(chunk: int, prefilling: int, decoding: int, decode_rows: int = 0) -> int:
     """Prompt tokens each prefilling generation feeds the coming step.
 
     The small ``chunk`` is there for the generations that decode: a step that carries prompt
     rows is a longer gap between their tokens. While they outnumber the generations still in
-    their prompts, each prompt enters ``chunk`` tokens a step; otherwise (a burst of arrivals, a
-    lone request) up to ``max(chunk, BURST_CHUNK)``: the decoders' one long gap buys every
-    waiting prompt its start, and prompts that start late end late, in steps of a small batch.
-    The engine counts as a step starts, before anyone moves: a generation whose prompt's last
-    chunk ran in the previous pass still counts as prefilling (its first gap follows a first
-    token that waited as long), so the short prompts of a burst, which end together, do not at
-    once turn the longer ones back to small chunks. The chunking changes no bit of any result
-    (the pass is row-invariant), only the time.
+    their prompts, the prompts enter ``chunk`` tokens each a step, or together as many rows as
+    the decoders had in the last pass (``decode_rows``) where that is more: speculating decoders
+    bring k + 1 rows each, and a prompt that crawls in beside them leaves its slot idle longer
+    (the gap grows by the share of the pass it does in a plain batch). Otherwise (a burst of
+    arrivals, a lone request) up to ``max(chunk, BURST_CHUNK)``: the decoders' one long gap buys
+    every waiting prompt its start. The engine counts as a step starts: a generation whose
+    prompt's last chunk ran in the previous pass still counts as prefilling, so the short
+    prompts of a burst, which end together, do not at once turn the longer ones back to small
+    chunks. The chunking changes no bit of any result (the pass is row-invariant), only time.
 
-    >>> step_chunk(16, prefilling=1, decoding=8), step_chunk(16, prefilling=15, decoding=1)
-    (16, 512)
+    >>> step_chunk(16, prefilling=1, decoding=8), step_chunk(16, 15, 1), step_chunk(16, 2, 15, decode_rows=90)
+    (16, 512, 45)
     """
-    return chunk if decoding > prefilling else max(chunk, BURST_CHUNK)
+    burst = max(chunk, BURST_CHUNK)
+    return burst if decoding <= prefilling else min(burst, max(chunk, decode_rows // max(prefilling, 1)))
 
 
 def memory_available() -> int | None:
@@ -228,6 +229,7 @@ class Engine:
         self.runtime.allocate_slots(self.max_batch, context)
         self.prefill_chunk = prefill_chunk
         self.chunk = prefill_chunk  # this step's prompt tokens per prefilling generation (step_chunk)
+        self._decode_rows = 0  # the last pass's rows that were not prompt chunks
         self.stats = PassStats()
         self._free = deque(range(self.max_batch))
         self._live: list[Sequence_] = []
@@ -263,7 +265,7 @@ class Engine:
         generations it served (0: nothing is running)."""
         self._main = _greenlet().getcurrent()
         prefilling = sum(s.prefilling for s in self._live)
-        self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling)
+        self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling, self._decode_rows)
         for seq in list(self._live):
             if seq.waiting is None and seq.layers is None:
                 self._resume(seq)
@@ -286,9 +288,10 @@ class Engine:
         except DraftwiseError:  # one sequence's rows cannot run (its context is full...)
             answers = self._one_by_one(batch)
         seconds, rows = time.perf_counter() - t0, sum(len(s.waiting.ids) for s in batch)
-        self.stats.record(len(batch), rows, seconds)
-        if self.stats.trace is not None:  # a prompt's rows: only its last row's logits, or none
-            prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
+        self.stats.record(len(batch), rows, seconds)  # a prompt's rows: only its last row's logits, or none
+        prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
+        self._decode_rows = rows - sum(prompts)
+        if self.stats.trace is not None:
             self.stats.trace.append((len(batch), len(prompts), sum(prompts), rows - sum(prompts), context, seconds))
         for seq, answer in zip(batch, answers):
             seq.answer, seq.waiting = answer, None
