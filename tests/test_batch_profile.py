@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from draftwise.cost import batch_profile as bpmod
-from draftwise.cost.batch_measure import measure_batch_profile, smooth
+from draftwise.cost.batch_measure import measure_batch_profile, prompt_share, smooth
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
 from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.errors import ConfigError
@@ -63,6 +63,18 @@ def test_a_tiny_model_gives_a_sane_monotone_grid(tiny: Model) -> None:
     assert bp.fingerprint and bp.machine_fingerprint == bpmod.machine_fingerprint()
     assert bp.machine["cpu_flags"] == cpu_flags() and bp.machine["cpu"] == cpu_model()
     bp.check_model(tiny)
+    # prompt rows timed at the first and last rows per sequence; the share is the ratio of what
+    # those rows add without logits and with them (a tiny model's time is mostly overhead)
+    assert all(len(bp.prompt_raw[c]) == 3 and all(len(g) == 2 for g in bp.prompt_raw[c]) for c in bp.contexts)
+    assert bp.prompt_share is not None and 0 < bp.prompt_share < 2
+    assert bp.priced_rows(4, 10) == pytest.approx(4 + 10 * bp.prompt_share)
+
+
+def test_the_prompt_share_is_what_prompt_rows_add_over_what_verified_rows_add() -> None:
+    raw = {16: [[0.010, 0.020, 0.030], [0.020, 0.040, 0.060]], 64: [[0.012, 0.022, 0.032], [0.030, 0.050, 0.070]]}
+    prompt = {16: [[0.010, 0.025], [0.020, 0.050]], 64: [[0.012, 0.027], [0.030, 0.060]]}  # 3/4 of each rise
+    assert prompt_share(raw, prompt) == 0.75
+    assert prompt_share({16: [[0.01]]}, {16: [[0.01, 0.01]]}) is None  # one rows value: no rise to compare
 
 
 def test_a_measured_batch_spreads_its_contexts_around_the_mean(tiny: Model, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -142,6 +154,10 @@ def test_files_round_trip_and_bad_files_are_one_line(tmp_path: Path) -> None:
     path = bp.save(tmp_path / "b.json")
     back = BatchProfile.load(path)
     assert back.times == bp.times and back.settings == bp.settings
+    assert back.prompt_share is None and back.priced_rows(3, 10) == 13  # an older profile: prompt rows at 1
+    timed = synthetic(prompt_share=0.8, prompt_raw={64: [[0.01, 0.02]] * 3})
+    back = BatchProfile.load(timed.save(tmp_path / "t.json"))
+    assert (back.prompt_share, back.prompt_raw) == (0.8, timed.prompt_raw) and back.priced_rows(3, 10) == 11
     assert json.loads(path.read_text())["linear_fit"]["64"]["breaks_at_rows"] is None
     with pytest.raises(ConfigError, match="no batch profile at"):
         BatchProfile.load(tmp_path / "missing.json")
@@ -199,6 +215,13 @@ def test_a_stale_cached_profile_is_measured_again_and_a_named_one_refused(tiny: 
     assert batch_measure.resolve_batch_profile(tiny, status=said.append) is fresh
     assert "no longer fits" in said[0]
     assert BatchProfile.load(default_batch_profile_path(tiny)).fingerprint == fresh.fingerprint
+    # one that fits but never timed a prompt's rows (written before they were priced apart) too
+    save_batch_profile(fresh, default_batch_profile_path(tiny), replace=True)
+    timed = synthetic(model=tiny.name, fingerprint=model_fingerprint(tiny), prompt_share=0.8)
+    monkeypatch.setattr(batch_measure, "measure_batch_profile", lambda model, **kw: timed)
+    assert batch_measure.resolve_batch_profile(tiny, status=said.append) is timed
+    assert "prices a prompt's rows as verified rows" in said[-2]
+    assert batch_measure.resolve_batch_profile(tiny).prompt_share == 0.8  # read from the cache now
     named = tmp_path / "theirs.json"
     save_batch_profile(stale, named)
     with pytest.raises(ConfigError, match="measured on model"):

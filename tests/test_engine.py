@@ -122,14 +122,9 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8).token_ids
 
 
-def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
-        batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
-    """engine.step_chunk: a burst of prompts enters in one pass each; a long prompt that joins
-    three decoding generations enters prefill_chunk rows a pass; every answer is the one alone."""
-    long = prompts[5]
-    assert len(long) > 3 * 8
-    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=8)
-    rows: list[dict[int, int]] = []  # per pass: slot -> rows
+def pass_rows(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> list[dict[int, int]]:
+    """Filled as ``eng`` runs: per pass, slot -> rows."""
+    rows: list[dict[int, int]] = []
     forward = eng.runtime.forward_batch
 
     def spy(passes: Any, **kw: Any) -> Any:
@@ -137,6 +132,17 @@ def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
         return forward(passes, **kw)
 
     monkeypatch.setattr(eng.runtime, "forward_batch", spy)
+    return rows
+
+
+def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
+        batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """engine.step_chunk: a burst of prompts enters in one pass each; a long prompt that joins
+    three decoding generations enters prefill_chunk rows a pass; every answer is the one alone."""
+    long = prompts[5]
+    assert len(long) > 3 * 8
+    eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=8)
+    rows = pass_rows(eng, monkeypatch)
     got: dict[int, list[int]] = {}
 
     new = [len(long) // 8 + 8] * 3 + [8]  # the first three decode all through the long prompt's
@@ -181,14 +187,7 @@ def test_a_prompt_beside_speculating_decoders_enters_as_many_rows_as_they_bring(
 
     long = prompts[5]
     eng = Engine(batched_model, max_batch=4, context=1024, prefill_chunk=8)
-    rows: list[dict[int, int]] = []
-    forward = eng.runtime.forward_batch
-
-    def spy(passes: Any, **kw: Any) -> Any:
-        rows.append({p.slot: len(p.ids) for p in passes})
-        return forward(passes, **kw)
-
-    monkeypatch.setattr(eng.runtime, "forward_batch", spy)
+    rows = pass_rows(eng, monkeypatch)
     got: dict[int, list[int]] = {}
     new = len(long) // 18 + 8
 

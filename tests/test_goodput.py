@@ -234,6 +234,24 @@ def test_simulation_accounts_every_token() -> None:
         predict(w, StepCost(STEEP), [32])
 
 
+def test_a_prompt_row_is_priced_at_the_profile_s_share() -> None:
+    """A prompt's chunk brings rows without logits: the simulation prices them at the batch
+    profile's prompt_share, so a load of long prompts runs faster at a share of 0.5 than at 1
+    (a profile without the share prices them as verified rows), and decoding alone does not
+    change."""
+    import dataclasses
+
+    long_prompts = workload_from_rates({"chat": {"lookup": [0.5] * 8}}, k_max=8, new_tokens=16, prompt_tokens=400)
+    half = dataclasses.replace(STEEP, prompt_share=0.5)
+    plain = ("plain", "none", 0)
+    slow = simulate(long_prompts, StepCost(STEEP), 4, plain, requests_per_client=2)
+    fast = simulate(long_prompts, StepCost(half), 4, plain, requests_per_client=2)
+    assert fast.aggregate > 1.3 * slow.aggregate and fast.steps == slow.steps
+    short = workload_from_rates({"chat": {"lookup": [0.5] * 8}}, k_max=8, new_tokens=64, prompt_tokens=1)
+    one, other = (simulate(short, StepCost(bp), 4, plain, requests_per_client=2) for bp in (STEEP, half))
+    assert other.aggregate == pytest.approx(one.aggregate, rel=0.02)
+
+
 def plan_with(cands: dict[str, list[Candidate]], prompts: list[dict[str, Any]]) -> Plan:
     return Plan(model="m", fingerprint="f" * 16, dtype="float32", greedy=True, drafts=["lookup"], ks=[1, 2],
                 categories=cands, recommended={c: ("lookup", 2) for c in cands},

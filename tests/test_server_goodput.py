@@ -103,6 +103,20 @@ def test_k_auto_at_batch_follows_the_goodput_of_the_batch(slow_model: Any, tiny:
     assert coord.members == 0  # every request left the batch's choices when it ended
 
 
+def test_the_policy_prices_a_prompt_s_chunk_at_the_profile_s_share(slow_model: Any, monkeypatch: Any) -> None:
+    """The worker tells the policy its coming pass's plain rows, prompt rows and sequences; the
+    prompt rows (no logits) count at the batch profile's prompt_share."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
+    monkeypatch.setattr(Speculation, "_load_batch_profile", lambda self: dataclasses.replace(KNEE4, prompt_share=0.5))
+    spec = Speculation(slow_model, draft="lookup", k="auto", plan=None)
+    spec.warm_up()
+    spec.follow_batch(SimpleNamespace(max_batch=4, stats=SimpleNamespace(passes=0)), others=lambda: (3, 16, 4))
+    assert spec.coordinator is not None and spec.coordinator.prefill() == (11.0, 4)
+
+
 def test_without_a_batch_profile_each_request_keeps_its_own_adaptive_k(
         slow_model: Any, tiny: Any, monkeypatch: Any, caplog: Any) -> None:
     caplog.set_level(logging.WARNING, logger="draftwise.server")

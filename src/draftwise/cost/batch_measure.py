@@ -106,27 +106,33 @@ def measure_batch_profile(
     done = [0]
     report, bar = _reporter(progress, total)
     raw: dict[int, list[list[float]]] = {}
+    prompt_raw: dict[int, list[list[float]]] = {}  # the same passes, prompt rows (no logits), first and last r
+    ends = (rows_per_seq[0], rows_per_seq[-1])
     try:
         rt.allocate_slots(batches[-1], need)
         for c in contexts:
             samples: list[list[list[float]]] = [[[] for _ in rows_per_seq] for _ in batches]
+            prompt: list[list[list[float]]] = [[[], []] for _ in batches]
             for i, b in enumerate(batches):
                 lengths = spread_contexts(c, b, spread)
                 _fill(rt, lengths, prefill_chunk)  # once a batch: refilling every round would cost 4x
                 for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
-                    for j, r in enumerate(rows_per_seq):  # in rounds over the rows: drift hits each alike
-                        passes = [Rows(s, _tokens(r, 100 + s, rt.vocab_size)) for s in range(b)]
+                    shapes = [(samples[i][j], r, True) for j, r in enumerate(rows_per_seq)]
+                    shapes += [(prompt[i][e], r, False) for e, r in enumerate(ends)]  # a prompt's chunk
+                    for kept, r, logits in shapes:  # in rounds over the shapes: drift hits each alike
+                        passes = [Rows(s, _tokens(r, 100 + s, rt.vocab_size), logits=logits) for s in range(b)]
                         t0 = time.perf_counter()
-                        rt.forward_batch(passes)  # every row's logits, as verification takes them
+                        rt.forward_batch(passes)  # verification takes every row's logits, a prompt none
                         sync()
                         elapsed = time.perf_counter() - t0
                         for s, n in enumerate(lengths):
                             rt.rollback_slot(s, n)
                         if rnd:
-                            samples[i][j].append(elapsed)
+                            kept.append(elapsed)
                 done[0] += 1
                 report(f"batched passes, context {c}", done[0] / total)
             raw[c] = [[fast_half_mean(t) for t in row] for row in samples]
+            prompt_raw[c] = [[fast_half_mean(t) for t in row] for row in prompt]
         report("done", 1.0)
     finally:
         if bar is not None:
@@ -138,8 +144,24 @@ def measure_batch_profile(
         times={c: smooth(g) for c, g in raw.items()}, raw=raw, repeats=repeats, spread=float(spread),
         machine={"threads": torch.get_num_threads(), "cpu": cpu_model(),
                  "cpu_flags": cpu_flags(), "cores": os.cpu_count(), "torch": torch.__version__},
-        created=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        created=time.strftime("%Y-%m-%dT%H:%M:%S"), prompt_share=prompt_share(raw, prompt_raw), prompt_raw=prompt_raw,
     )
+
+
+def prompt_share(raw: dict[int, list[list[float]]], prompt_raw: dict[int, list[list[float]]]) -> float | None:
+    """A prompt row's price as a share of a verified row's: what the rows from the first to the
+    last rows per sequence add to a pass without logits, over what they add with every row's
+    logits, summed over every context and batch (so the large passes, whose differences stand
+    out of the noise, weigh most). None where the grid has one rows value or no difference.
+
+    >>> prompt_share({128: [[0.010, 0.020], [0.020, 0.060]]}, {128: [[0.009, 0.017], [0.018, 0.050]]})
+    0.8
+    """
+    verified = sum(g[b][-1] - g[b][0] for c, g in raw.items() for b in range(len(g)))
+    prompt = sum(g[b][1] - g[b][0] for g in prompt_raw.values() for b in range(len(g)))
+    if not verified > 0 or not prompt > 0:
+        return None
+    return round(prompt / verified, 4)
 
 
 def smooth(grid: Sequence[Sequence[float]]) -> list[list[float]]:
@@ -160,13 +182,16 @@ def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure
     """The batch profile at ``path`` (default: :func:`default_batch_profile_path`), checked
     against ``model`` and this machine; measured (with ``settings``) and saved when missing and
     ``measure``, or when the cached one (no ``path`` given) is stale: another model fingerprint,
-    machine or attention path. A profile named by ``path`` that does not fit is refused."""
+    machine or attention path, or no prompt rows timed. A profile named by ``path`` that does not
+    fit is refused."""
     cached, stale = path is None, False
     path = Path(path).expanduser() if path is not None else default_batch_profile_path(model)
     if path.is_file():
         bp = BatchProfile.load(path)
         try:
             bp.check_model(model)
+            if bp.prompt_share is None and cached and measure:
+                raise ConfigError("it prices a prompt's rows as verified rows: measured before prompt rows were timed")
             return bp
         except ConfigError as exc:
             if not (cached and measure):

@@ -25,6 +25,11 @@ in rounds over one batch's rows (drift hits each alike; the batch's slots are fi
 made non-decreasing in r and in B (a
 pass with more rows or more sequences never costs less: a dip is noise).
 
+A prompt's chunk brings rows whose logits nobody reads (only its last row's, for the first
+token), so the LM head skips them: :attr:`BatchProfile.prompt_share` is a prompt row's price as a
+share of a verified row's, timed beside the grid (about 0.8 on SmolLM2-135M, whose LM head is a
+fifth of a row's weights), and :meth:`BatchProfile.priced_rows` counts a pass's rows at it.
+
 What a pass does not include comes from the ordinary :class:`~draftwise.cost.profile.Profile`:
 each sequence's draft cost D(k) (drafts run one after another on the model's thread) and its
 verification overhead (``step - forward``).
@@ -104,6 +109,12 @@ class BatchProfile:
     machine: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     spread: float = 0.0  # a batch's contexts spread from c (1 - spread) to c (1 + spread); 0: all at c
+    #: a prompt row's price as a share of a verified row's (no logits: the LM head is skipped),
+    #: from :attr:`prompt_raw`; None: measured before draftwise priced prompt rows apart (1.0)
+    prompt_share: float | None = None
+    #: context -> per batch, the seconds of a pass over prompt rows (no logits) at the first and
+    #: the last rows per sequence: what :attr:`prompt_share` was computed from
+    prompt_raw: dict[int, list[list[float]]] = field(default_factory=dict)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -147,6 +158,17 @@ class BatchProfile:
         c0, c1, wc = _between(cs, context)
         y0, y1 = self._at_context(cs[c0], batch, r), self._at_context(cs[c1], batch, r)
         return max(y0 + (y1 - y0) * wc, 0.0)
+
+    def priced_rows(self, rows: float, prompt_rows: float = 0.0) -> float:
+        """The rows a pass is priced at: ``rows`` verified (every row's logits) and
+        ``prompt_rows`` of prompt chunks at :attr:`prompt_share` of a row each.
+
+        >>> bp = BatchProfile(model="m", fingerprint="f", machine_fingerprint="x", dtype="float32", runtime="r",
+        ...                   batches=[1], rows=[1], contexts=[128], times={128: [[0.01]]}, prompt_share=0.8)
+        >>> bp.priced_rows(16, 100)
+        96.0
+        """
+        return rows + (1.0 if self.prompt_share is None else self.prompt_share) * prompt_rows
 
     def rows_curve(self, batch: int, context: float | None = None) -> Callable[[float], float]:
         """R -> :meth:`pass_time` (batch, R, context) for one batch and context, precomputed: the
@@ -217,6 +239,7 @@ class BatchProfile:
         out["schema"] = SCHEMA
         out["times"] = {str(c): v for c, v in self.times.items()}
         out["raw"] = {str(c): v for c, v in self.raw.items()}
+        out["prompt_raw"] = {str(c): v for c, v in self.prompt_raw.items()}
         out["linear_fit"] = {str(c): v for c, v in self.linear_fit().items()}  # for readers; recomputed on load
         return out
 
@@ -243,7 +266,10 @@ class BatchProfile:
                        machine_fingerprint=data["machine_fingerprint"], dtype=data["dtype"],
                        runtime=data["runtime"], batches=batches, rows=rows, contexts=contexts, times=times,
                        raw=raw, repeats=int(data.get("repeats", 0)), machine=dict(data.get("machine", {})),
-                       created=str(data.get("created", "")), spread=float(data.get("spread", 0.0)))
+                       created=str(data.get("created", "")), spread=float(data.get("spread", 0.0)),
+                       prompt_share=_share(data.get("prompt_share")),
+                       prompt_raw=_grids(data["prompt_raw"], contexts, len(batches), 2, "prompt_raw")
+                       if data.get("prompt_raw") else {})
 
     @classmethod
     def load(cls, path: str | Path) -> BatchProfile:
@@ -260,6 +286,15 @@ def _least_squares(points: Sequence[tuple[float, float]]) -> tuple[float, float]
     sxx = sum((x - mx) ** 2 for x, _ in points)
     b = sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else 0.0
     return my - b * mx, b
+
+
+def _share(value: Any) -> float | None:
+    if value is None:
+        return None
+    share = float(value)
+    if not 0 < share <= 2:
+        raise ValueError(f"'prompt_share' must be a number in (0, 2], not {value!r}")
+    return share
 
 
 def _ints(values: Any, what: str) -> list[int]:

@@ -76,8 +76,8 @@ class BatchGoodput:
         self.last: list[int] = []
         self._step: _Step | None = None
 
-    def choose(self, states: Sequence[SeqState], *, prefill_rows: int = 0, prefilling: int = 0) -> list[int]:
-        """One k per state; ``prefill_rows`` rows of ``prefilling`` other sequences (prompt chunks,
+    def choose(self, states: Sequence[SeqState], *, prefill_rows: float = 0, prefilling: int = 0) -> list[int]:
+        """One k per state; ``prefill_rows`` (priced) rows of ``prefilling`` other sequences (prompt chunks,
         plain requests) share the pass."""
         if not states:
             self.last, self._step = [], None
@@ -148,12 +148,13 @@ class BatchKCoordinator:
     :class:`BatchGoodput`; a sequence that was not among them (it just finished its prompt) has
     them chosen again with it. A sequence that did not ask for the last pass, or was released
     (its request ended), drops out. ``prefill()`` -> (rows, sequences) in the coming pass that do
-    not choose (prompt chunks, plain requests), when the server knows. ``on_k(draft, k)`` hears
+    not choose (prompt chunks, plain requests), when the server knows; rows as priced
+    (:meth:`~draftwise.cost.batch_profile.BatchProfile.priced_rows`: a prompt's at its share). ``on_k(draft, k)`` hears
     every k a sequence goes with (``/metrics``).
     """
 
     def __init__(self, goodput: BatchGoodput, *, epoch: Callable[[], int],
-                 prefill: Callable[[], tuple[int, int]] | None = None,
+                 prefill: Callable[[], tuple[float, int]] | None = None,
                  on_k: Callable[[str, int], None] | None = None) -> None:
         self.goodput = goodput
         self.epoch = epoch

@@ -215,7 +215,7 @@ def simulate(
         dec = [(i, r) for i, r in live if r.prefill_left == 0]
         fresh = sum(r.fresh for _, r in dec)  # counted as prefilling, as the engine does
         chunk = step_chunk(prefill_chunk, len(pre) + fresh, len(dec) - fresh, decode_rows)
-        pre_rows = sum(min(chunk, r.prefill_left) for _, r in pre)
+        pre_rows = cost.batch.priced_rows(0, sum(min(chunk, r.prefill_left) for _, r in pre))  # no logits
         context = sum(r.prompt + r.made for _, r in live) / len(live)
         drafts = [_draft_for(policy, r.kind) for _, r in dec]
         if kind_of == "goodput":
@@ -245,10 +245,10 @@ def simulate(
             ks = [0] * len(dec)
         outs = [r.kind.outcome(d, k) for (_, r), d, k in zip(dec, drafts, ks)]
         rows = pre_rows + sum(o.rows for o in outs)
-        decode_rows = round(rows - pre_rows)  # the engine's next step_chunk reads them
+        decode_rows = round(sum(o.rows for o in outs))  # the engine's next step_chunk reads them
         extra = sum(cost.draft(d, k) + cost.overhead(k, r.prompt + r.made) for (_, r), d, k in zip(dec, drafts, ks))
         made = [min(o.at(scenario), r.answer - r.made) for (_, r), o in zip(dec, outs)]
-        dt = cost.seconds(len(live), rows, context, extra, sum(made))
+        dt = cost.seconds(len(live), max(rows, len(live)), context, extra, sum(made))
         t += dt
         steps += 1
         k_sum += sum(ks)

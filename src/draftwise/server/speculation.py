@@ -135,11 +135,12 @@ class Speculation:
     def _resolve_profile(self, drafts: list[str]) -> Any:
         return resolve_profile(self.model, drafts)
 
-    def follow_batch(self, engine: Any, *, others: Callable[[], tuple[int, int]] | None = None,
+    def follow_batch(self, engine: Any, *, others: Callable[[], tuple[int, int, int]] | None = None,
                      on_k: Callable[[str, int], None] | None = None) -> None:
         """With k ``auto`` on a batched ``engine``: the goodput policy (module docstring), priced by
-        the batch profile read now. ``others()``: rows and sequences of the coming pass that do
-        not choose a k; ``on_k(draft, k)``: every k chosen. Run after :meth:`warm_up`."""
+        the batch profile read now. ``others()``: rows, prompt rows and sequences of the coming
+        pass that do not choose a k (prompt rows at the profile's price, no logits); ``on_k(draft,
+        k)``: every k chosen. Run after :meth:`warm_up`."""
         if self._profile is None or self.coordinator is not None:
             return
         make = (f"measure one once with `draftwise plan --concurrency 1,2,4,8,{max(16, engine.max_batch)} --out DIR` "
@@ -152,8 +153,12 @@ class Speculation:
         except ConfigError as exc:
             log.warning("k=auto at batch: %s, so each request keeps its own adaptive k; %s", exc, make)
             return
+        def prefill() -> tuple[float, int]:
+            rows, prompt_rows, seqs = others() if others is not None else (0, 0, 0)
+            return batch.priced_rows(rows, prompt_rows), seqs
+
         self.coordinator = BatchKCoordinator(BatchGoodput(batch, self._profile), epoch=lambda: engine.stats.passes,
-                                             prefill=others, on_k=on_k)
+                                             prefill=prefill, on_k=on_k)
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
 

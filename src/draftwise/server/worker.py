@@ -373,13 +373,13 @@ class Worker:
         self._end(handle, "stop" if result.finish_reason != "length" else "length", started,
                   first or time.monotonic(), result, s.stats, s)
 
-    def _others(self) -> tuple[int, int]:
-        """Rows and sequences of the coming pass that do not choose their k with the batch: a
-        prompt's chunk, a plain request's row, a fixed k's k + 1 (the goodput policy prices
-        its proposals beside them)."""
+    def _others(self) -> tuple[int, int, int]:
+        """Rows, prompt rows and sequences of the coming pass that do not choose their k with the
+        batch: a plain request's row, a fixed k's k + 1, a prompt's chunk (the goodput policy
+        prices its proposals beside them)."""
         chunk = self.engine.chunk if self.engine is not None else self.prefill_chunk  # this step's (engine.step_chunk)
-        rows = [r for r in self._rows.values() if r is not None] + [min(chunk, n) for n in self._prompts.values()]
-        return sum(rows), len(rows)
+        rows, prompts = [r for r in self._rows.values() if r is not None], [min(chunk, n) for n in self._prompts.values()]
+        return sum(rows), sum(prompts), len(rows) + len(prompts)
 
     def _end(self, handle: JobHandle, reason: str, started: float, first: float | None,
              result: GenerationResult | None, stats: SpecStats, s: Any) -> None:
