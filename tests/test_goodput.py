@@ -398,6 +398,9 @@ def test_markdown_and_plot(tmp_path: Path) -> None:
     result.update(model="m", linear_fit={"128": STEEP.linear_fit()[128]})
     text = capacity.render_concurrency_markdown(result)
     assert f"**N = {result['crossover']}**" in text and "| 16 |" in text and "holds over the whole grid" in text
+    assert "priced as a verified row (not measured)" in text
+    result["prompt_share"] = 0.846
+    assert "priced at 0.85 of a verified row (measured)" in capacity.render_concurrency_markdown(result)
     pytest.importorskip("matplotlib")
     path = capacity.plot_concurrency(result, tmp_path / "c.png")
     assert path.stat().st_size > 1000

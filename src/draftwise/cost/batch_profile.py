@@ -27,8 +27,8 @@ pass with more rows or more sequences never costs less: a dip is noise).
 
 A prompt's chunk brings rows whose logits nobody reads (only its last row's, for the first
 token), so the LM head skips them: :attr:`BatchProfile.prompt_share` is a prompt row's price as a
-share of a verified row's, timed beside the grid (about 0.8 on SmolLM2-135M, whose LM head is a
-fifth of a row's weights), and :meth:`BatchProfile.priced_rows` counts a pass's rows at it.
+share of a verified row's, timed beside the grid (0.85 for SmolLM2-135M on the AVX2 EPYC; its LM
+head is a fifth of a row's weights), and :meth:`BatchProfile.priced_rows` counts a pass's rows at it.
 
 What a pass does not include comes from the ordinary :class:`~draftwise.cost.profile.Profile`:
 each sequence's draft cost D(k) (drafts run one after another on the model's thread) and its

@@ -117,7 +117,7 @@ def concurrency_plan(
         plan_date=plan.config.get("date", ""), batch_profile_created=batch_profile.created,
         profile_created=profile.created,
         linear_fit={str(c): v for c, v in batch_profile.linear_fit().items()},
-        validation=None,
+        prompt_share=batch_profile.prompt_share, validation=None,
     )
     return result
 

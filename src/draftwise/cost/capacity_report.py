@@ -61,6 +61,9 @@ def render_concurrency_markdown(result: Mapping[str, Any]) -> str:
                    else f"holds to {f['holds_to_rows']} rows, breaks at {f['breaks_at_rows']}")
             lines.append(f"- context {c}: T = {f['intercept_s'] * 1000:.2f} ms + {f['per_row_s'] * 1000:.3f} ms "
                          f"x rows; {end} (worst miss over the grid {f['max_error'] * 100:.0f}%).")
+        share = result.get("prompt_share")
+        lines.append(f"- a prompt chunk's row (no logits) is priced at {share:.2f} of a verified row (measured)."
+                     if share is not None else "- a prompt chunk's row is priced as a verified row (not measured).")
     if result.get("validation"):
         lines += ["", render_validation_markdown(result["validation"])]
     return "\n".join(lines) + "\n"

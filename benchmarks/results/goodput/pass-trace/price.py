@@ -2,7 +2,8 @@
 
 Reads a ``DRAFTWISE_PASS_TRACE`` file (:mod:`draftwise.server.pass_trace`: one JSON line a pass)
 and the batch profile, and prices each pass as the goodput simulation does: ``pass_time(B, R,
-mean context)`` over all its sequences and rows. Passes are grouped by whether a prompt chunk
+mean context)`` over all its sequences and rows, a prompt's rows at the profile's
+``prompt_share`` where it has one (from 0dac0b2; run 21's tables priced them as verified rows). Passes are grouped by whether a prompt chunk
 shares them and by the decoding rows a sequence (1, 2-3, 4-6, 7+); per group, the passes, the
 seconds measured and priced, and their ratio. Then how the prompts entered: the passes that
 carried a chunk, their mean prompt rows, and the decoding sequences a pass held, weighted by
@@ -31,7 +32,7 @@ def main() -> None:
         passes = [json.loads(line) for line in (gzip.open(path, "rt") if path.endswith(".gz") else open(path))]
         for p in passes:
             decoding = p["sequences"] - p["prompting"]
-            rows = p["prompt_rows"] + p["rows"]
+            rows = max(profile.priced_rows(p["rows"], p["prompt_rows"]), p["sequences"])  # a prompt row at its share
             price = profile.pass_time(min(p["sequences"], profile.max_batch), rows, p["context"] / p["sequences"])
             key = (p["prompt_rows"] > 0, band(p["rows"] / decoding) if decoding else "-")
             g = groups[key]
