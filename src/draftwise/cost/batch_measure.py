@@ -75,13 +75,17 @@ def measure_batch_profile(
     """Time one ``forward_batch`` over B sequences x r rows at each context c, for every B in
     ``batches``, r in ``rows_per_seq`` and c in ``contexts`` (module docstring).
 
-    The runtime's slots are allocated once for the largest batch (refused in one line when that
-    batch's KV cache does not fit in memory: :func:`draftwise.engine.check_batch`). For each c and
-    B, slots 0..B-1 are filled with synthetic text to :func:`spread_contexts` (mean c, from
-    c (1 - spread) to c (1 + spread): a batch of sequences at one length would price the pass
-    below what a serving batch of ragged lengths costs, measured 1.2-1.5x at B = 8-16 here),
-    and every timed pass is rolled back, so each pass over that batch sees the same cache. The
-    slots the runtime had before are restored (their contents are not).
+    The runtime's slots are allocated once, each batch its own (1 + 2 + 4 + 8 + 16 = 31 by
+    default; refused in one line when their KV cache does not fit in memory:
+    :func:`draftwise.engine.check_batch`). For each c, every batch's slots are filled with
+    synthetic text to :func:`spread_contexts` (mean c, from c (1 - spread) to c (1 + spread): a
+    batch of sequences at one length would price the pass below what a serving batch of ragged
+    lengths costs, measured 1.2-1.5x at B = 8-16 here), and every timed pass is rolled back, so
+    each pass over a batch sees the same cache. Each round times every batch and shape once, so a
+    host that slows for a minute slows every batch alike: when each batch was timed in a block
+    of its own, the 16-sequence block of one profile came out ~13% above the 8-sequence one
+    relative to served passes (docs/benchmarks.md, goodput run 26). The slots the runtime had
+    before are restored (their contents are not).
     ``progress``: a ``(description, fraction)`` callback, True for a bar, False for nothing."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
@@ -98,34 +102,36 @@ def measure_batch_profile(
     if need > rt.max_context:
         raise ConfigError(f"contexts up to {contexts[-1]} with {rows_per_seq[-1]} rows need {need} positions; "
                           f"the model holds {rt.max_context}")
-    check_batch(model, batches[-1], need)
+    groups = [sum(batches[:i]) for i in range(len(batches))]  # batch i's first slot: each batch its own slots
+    check_batch(model, sum(batches), need)
     before = (rt.slots, rt.slot_context)
     on_gpu = getattr(getattr(rt, "device", None), "type", "cpu") == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)  # a GPU pass returns before it ends
-    total = len(contexts) * len(batches)
+    total = len(contexts) * (repeats + 1)
     done = [0]
     report, bar = _reporter(progress, total)
     raw: dict[int, list[list[float]]] = {}
     prompt_raw: dict[int, list[list[float]]] = {}  # the same passes, prompt rows (no logits), first and last r
     ends = (rows_per_seq[0], rows_per_seq[-1])
     try:
-        rt.allocate_slots(batches[-1], need)
+        rt.allocate_slots(sum(batches), need)
         for c in contexts:
             samples: list[list[list[float]]] = [[[] for _ in rows_per_seq] for _ in batches]
             prompt: list[list[list[float]]] = [[[], []] for _ in batches]
-            for i, b in enumerate(batches):
-                lengths = spread_contexts(c, b, spread)
-                _fill(rt, lengths, prefill_chunk)  # once a batch: refilling every round would cost 4x
-                for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
+            lengths = [spread_contexts(c, b, spread) for b in batches]
+            _fill(rt, [n for ls in lengths for n in ls], prefill_chunk)  # once a context, every batch's slots
+            for rnd in range(repeats + 1):  # round 0 warms every shape up and is not kept
+                for i, b in enumerate(batches):  # in rounds over every batch and shape: drift hits each alike
                     shapes = [(samples[i][j], r, True) for j, r in enumerate(rows_per_seq)]
                     shapes += [(prompt[i][e], r, False) for e, r in enumerate(ends)]  # a prompt's chunk
-                    for kept, r, logits in shapes:  # in rounds over the shapes: drift hits each alike
-                        passes = [Rows(s, _tokens(r, 100 + s, rt.vocab_size), logits=logits) for s in range(b)]
+                    slots = range(groups[i], groups[i] + b)
+                    for kept, r, logits in shapes:
+                        passes = [Rows(s, _tokens(r, 100 + s - groups[i], rt.vocab_size), logits=logits) for s in slots]
                         t0 = time.perf_counter()
                         rt.forward_batch(passes)  # verification takes every row's logits, a prompt none
                         sync()
                         elapsed = time.perf_counter() - t0
-                        for s, n in enumerate(lengths):
+                        for s, n in zip(slots, lengths[i]):
                             rt.rollback_slot(s, n)
                         if rnd:
                             kept.append(elapsed)

@@ -21,9 +21,9 @@ what a cost model would assume; :meth:`BatchProfile.linear_fit` says where it st
 GPU T is nearly flat in R up to a knee).
 
 Each value is the :func:`~draftwise.cost.timing.fast_half_mean` of ``repeats`` timings taken
-in rounds over one batch's rows (drift hits each alike; the batch's slots are filled once),
-made non-decreasing in r and in B (a
-pass with more rows or more sequences never costs less: a dip is noise).
+in rounds, each over every batch and rows of one context (drift hits each alike; each batch has
+slots of its own, filled once a context), made non-decreasing in r and in B (a pass with more
+rows or more sequences never costs less: a dip is noise).
 
 A prompt's chunk brings rows whose logits nobody reads (only its last row's, for the first
 token), so the LM head skips them: :attr:`BatchProfile.prompt_share` is a prompt row's price as a
