@@ -129,7 +129,7 @@ def test_bad_measure_settings_are_one_line(tiny: Model, monkeypatch: pytest.Monk
     with pytest.raises(ConfigError, match="positions; the model holds 512"):  # 3c/2 of 400 does not fit
         measure_batch_profile(tiny, batches=(1, 2), contexts=(400,))
     monkeypatch.setattr("draftwise.engine.memory_available", lambda: 1000)  # 1 kB free
-    with pytest.raises(ConfigError, match=r"max_batch=5 needs .* GiB of KV cache"):  # 1 + 4 slots, each batch its own
+    with pytest.raises(ConfigError, match=r"batches \[1, 4\] holds 5 sequences' caches at once: max_batch=5 needs .* GiB"):
         measure_batch_profile(tiny, batches=(1, 4), rows_per_seq=(1,), contexts=(16,), repeats=1, progress=False)
 
 

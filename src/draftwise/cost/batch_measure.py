@@ -83,9 +83,9 @@ def measure_batch_profile(
     lengths costs, measured 1.2-1.5x at B = 8-16 here), and every timed pass is rolled back, so
     each pass over a batch sees the same cache. Each round times every batch and shape once, so a
     host that slows for a minute slows every batch alike: when each batch was timed in a block
-    of its own, the 16-sequence block of one profile came out ~13% above the 8-sequence one
-    relative to served passes (docs/benchmarks.md, goodput run 26). The slots the runtime had
-    before are restored (their contents are not).
+    of its own, one profile priced served 16-sequence passes at 1.12-1.14x their seconds and
+    8-sequence ones at 0.95-1.06x (docs/benchmarks.md, goodput run 26). The slots the runtime
+    had before are restored (their contents are not).
     ``progress``: a ``(description, fraction)`` callback, True for a bar, False for nothing."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r} must be an integer >= 1")
@@ -103,7 +103,10 @@ def measure_batch_profile(
         raise ConfigError(f"contexts up to {contexts[-1]} with {rows_per_seq[-1]} rows need {need} positions; "
                           f"the model holds {rt.max_context}")
     groups = [sum(batches[:i]) for i in range(len(batches))]  # batch i's first slot: each batch its own slots
-    check_batch(model, sum(batches), need)
+    try:
+        check_batch(model, sum(batches), need)
+    except ConfigError as exc:
+        raise ConfigError(f"timing batches {batches} holds {sum(batches)} sequences' caches at once: {exc}") from None
     before = (rt.slots, rt.slot_context)
     on_gpu = getattr(getattr(rt, "device", None), "type", "cpu") == "cuda"
     sync = torch.cuda.synchronize if on_gpu else (lambda: None)  # a GPU pass returns before it ends
