@@ -234,11 +234,16 @@ def test_a_stale_cached_profile_is_measured_again_and_a_named_one_refused(tiny: 
     assert BatchProfile.load(default_batch_profile_path(tiny)).fingerprint == fresh.fingerprint
     # one that fits but never timed a prompt's rows (written before they were priced apart) too
     save_batch_profile(fresh, default_batch_profile_path(tiny), replace=True)
-    timed = synthetic(model=tiny.name, fingerprint=model_fingerprint(tiny), prompt_share=0.8)
+    timed = synthetic(model=tiny.name, fingerprint=model_fingerprint(tiny), prompt_share=0.8,
+                      prompt_raw={64: [[0.01, 0.02]] * 3})
     monkeypatch.setattr(batch_measure, "measure_batch_profile", lambda model, **kw: timed)
     assert batch_measure.resolve_batch_profile(tiny, status=said.append) is timed
     assert "prices a prompt's rows as verified rows" in said[-2]
+    monkeypatch.setattr(batch_measure, "measure_batch_profile", lambda model, **kw: pytest.fail("measured again"))
     assert batch_measure.resolve_batch_profile(tiny).prompt_share == 0.8  # read from the cache now
+    no_rise = synthetic(model=tiny.name, fingerprint=model_fingerprint(tiny), prompt_raw={64: [[0.01, 0.01]] * 3})
+    save_batch_profile(no_rise, default_batch_profile_path(tiny), replace=True)
+    assert batch_measure.resolve_batch_profile(tiny).prompt_share is None  # timed, no rise: kept, not measured again
     named = tmp_path / "theirs.json"
     save_batch_profile(stale, named)
     with pytest.raises(ConfigError, match="measured on model"):

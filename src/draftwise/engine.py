@@ -15,8 +15,8 @@ tokens are those it gets alone, as long as the pass is row-invariant (it is:
 :mod:`draftwise.runtime.attention`, ``tests/test_row_invariance.py``).
 
 Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; while
-more generations decode than prefill, a prompt enters in chunks no larger than the decoders'
-rows or ``prefill_chunk``, otherwise :data:`BURST_CHUNK` (:func:`step_chunk`); an end frees a slot.
+more generations decode than prefill, a prompt enters ``prefill_chunk`` tokens a step or, where
+more, the decoders' rows of the last pass, otherwise :data:`BURST_CHUNK` (:func:`step_chunk`).
 
 Example::
 

@@ -199,7 +199,7 @@ def resolve_batch_profile(model: Any, path: str | Path | None = None, *, measure
         bp = BatchProfile.load(path)
         try:
             bp.check_model(model)
-            if bp.prompt_share is None and cached and measure:
+            if not bp.prompt_raw and cached and measure:  # (a share of None after timing them: no rise, kept)
                 raise ConfigError("it prices a prompt's rows as verified rows: measured before prompt rows were timed")
             return bp
         except ConfigError as exc:
