@@ -166,8 +166,8 @@ def prompt_share(raw: dict[int, list[list[float]]], prompt_raw: dict[int, list[l
     >>> prompt_share({128: [[0.010, 0.020], [0.020, 0.060]]}, {128: [[0.009, 0.017], [0.018, 0.050]]})
     0.8
     """
-    verified = sum(g[b][-1] - g[b][0] for c, g in raw.items() for b in range(len(g)))
-    prompt = sum(g[b][1] - g[b][0] for g in prompt_raw.values() for b in range(len(g)))
+    verified = sum(row[-1] - row[0] for g in raw.values() for row in g)
+    prompt = sum(row[1] - row[0] for g in prompt_raw.values() for row in g)
     if not verified > 0 or not prompt > 0:
         return None
     return round(prompt / verified, 4)

@@ -244,8 +244,8 @@ def simulate(
         else:
             ks = [0] * len(dec)
         outs = [r.kind.outcome(d, k) for (_, r), d, k in zip(dec, drafts, ks)]
-        rows = pre_rows + sum(o.rows for o in outs)
-        decode_rows = round(sum(o.rows for o in outs))  # the engine's next step_chunk reads them
+        verified = sum(o.rows for o in outs)
+        rows, decode_rows = pre_rows + verified, round(verified)  # the engine's next step_chunk reads them
         extra = sum(cost.draft(d, k) + cost.overhead(k, r.prompt + r.made) for (_, r), d, k in zip(dec, drafts, ks))
         made = [min(o.at(scenario), r.answer - r.made) for (_, r), o in zip(dec, outs)]
         dt = cost.seconds(len(live), max(rows, len(live)), context, extra, sum(made))
