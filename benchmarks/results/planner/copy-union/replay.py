@@ -1,6 +1,7 @@
 """Offline greedy replay of copy drafts on recorded answers (`answers.jsonl`, written by
 `answers.py`), each step chosen by `--k auto`'s policy and priced with the auto profile that
-policy used (`auto_profile.json`, measured 2026-12-04 19:54 on the 2-core AMD EPYC). Prints,
+policy used (`auto_profile.json`, measured 2026-12-04 19:54 on the 2-core AMD EPYC, before the
+attention kernel of 2f2a98a; the environment variable REPLAY_PROFILE names another). Prints,
 per Spec-Bench group, the priced speedup over plain decoding (mean tokens/s over plain's) and
 the tokens committed per target pass. No model runs. From the repository root:
 
@@ -11,6 +12,7 @@ decay, prior); `pick...` the one in `pick.py` (options: mode=request|session, de
 warm); anything else is a draft spec.
 """
 import json
+import os
 import statistics
 import sys
 from collections import defaultdict
@@ -28,7 +30,7 @@ sys.path.insert(0, str(HERE))
 from pick import Pick  # noqa: E402
 from union import Union  # noqa: E402
 
-PROFILE = Profile.load(HERE / "auto_profile.json")
+PROFILE = Profile.load(os.environ.get("REPLAY_PROFILE") or HERE / "auto_profile.json")
 ROWS = [json.loads(line) for line in open(HERE / "answers.jsonl")]
 EOS = {2}
 
