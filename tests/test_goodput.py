@@ -81,6 +81,19 @@ def test_greedy_choice_is_close_to_the_exhaustive_optimum(profile: BatchProfile)
     assert exact >= 20  # nearly always the very optimum
 
 
+def test_the_written_out_objective_takes_a_chunk_priced_below_one_row_a_sequence() -> None:
+    # a prompt row is priced at its share (0.86 of a verified row on the AVX2 EPYC), so three
+    # prompts' last tokens beside one decoder are 2.6 rows for 4 sequences; step_goodput and the
+    # exhaustive reference raised there (a pass of 4 sequences under 4 rows) while choose_ks,
+    # which prices by the batch's row curve, did not
+    cost = StepCost(STEEP)
+    choices = random_choices(random.Random(3), 1)
+    kw = dict(context=300.0, fixed_rows=2.6, fixed_batch=3)
+    ks = choose_ks(choices, cost, **kw)
+    best_ks, best = best_ks_exhaustive(choices, cost, **kw)
+    assert step_goodput(choices, ks, cost, **kw) == pytest.approx(best) and ks == best_ks
+
+
 def concave_profile() -> BatchProfile:
     """A pass whose price per row falls as rows grow, as measured on CPUs (fixed costs amortised
     over more rows): T = 10 ms + 2 ms x sqrt(R)."""

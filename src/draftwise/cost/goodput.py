@@ -336,7 +336,8 @@ def step_goodput(choices: Sequence[Choice], ks: Sequence[int], cost: StepCost, *
     tokens = sum(c.outcomes[k].at(scenario) for c, k in zip(choices, ks))
     rows = fixed_rows + sum(c.outcomes[k].rows for c, k in zip(choices, ks))
     plain_rows = fixed_rows + sum(c.outcomes[0].rows for c in choices)
-    added = cost.batch.pass_time(batch, rows, context) - cost.batch.pass_time(batch, plain_rows, context)
+    curve = cost.batch.rows_curve(batch, context)  # as choose_ks prices it: a chunk's rows at their share may
+    added = curve(rows) - curve(plain_rows)  # number fewer than the pass's sequences
     seconds = (cost.batch.pass_time(n, n, context) + added + sum(c.extra[k] for c, k in zip(choices, ks))
                + cost.token_overhead * tokens)
     return tokens / seconds
