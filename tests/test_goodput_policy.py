@@ -14,7 +14,7 @@ from draftwise import generate, load_model
 from draftwise.cost.adaptive import AdaptiveK
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.goodput import PLAIN, Choice, Outcome, StepCost, step_goodput
-from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, OutsidePass, SeqState
 from draftwise.drafters.base import Draft
 from draftwise.drafters.factory import make_drafter
 from draftwise.engine import Engine
@@ -227,3 +227,55 @@ def test_the_engine_follows_the_batch_and_stays_exact(tiny_batched: Any, tiny: A
                 assert all(ks == [0, 0, 0, 0] for ks in full)
             elif draft == "lookup" and len(batch) == 2:  # two rows of room, spent
                 assert all(sum(ks) == 2 for ks in full)
+
+
+# -- what a sequence costs outside the pass, measured while serving -----------------------------
+def test_outside_pass_fits_plain_and_speculating_apart_and_keeps_the_prior_for_what_never_ran() -> None:
+    est = OutsidePass(prior=0.001)
+    for i in range(300):  # batches of 8 to 16, a quarter to a half of them speculating
+        n, s = 8 + i % 9, 2 + i % 5
+        est.observe((n - s) * 0.0002 + s * 0.0012 + 0.003, plain=n - s, speculating=s, known=0.003)
+    plain, spec = est.estimate()
+    assert plain == pytest.approx(0.0002, rel=0.05) and spec == pytest.approx(0.0012, rel=0.05)
+    only_plain = OutsidePass(prior=0.001)
+    for _ in range(300):
+        only_plain.observe(16 * 0.0002, plain=16, speculating=0)
+    plain, spec = only_plain.estimate()
+    assert plain == pytest.approx(0.0002, rel=0.05) and spec == pytest.approx(0.001)
+    only_plain.observe(5.0, plain=16, speculating=0)  # a pause: counted at 3x the fit + 2 ms, not 5 s
+    assert only_plain.estimate()[0] < 0.0004
+    with pytest.raises(ConfigError):
+        OutsidePass(prior=-1.0)
+
+
+def test_a_step_cost_with_measured_overheads_charges_plain_and_speculating_apart() -> None:
+    cost = StepCost(LINEAR)
+    assert cost.overhead(0, 128) == cost.overhead(3, 128) == 0.0
+    cost.per_sequence = (0.0002, 0.003)
+    assert (cost.overhead(0, 128), cost.overhead(1, 128), cost.overhead(8, 1024)) == (0.0002, 0.003, 0.003)
+
+
+def test_speculation_a_step_measures_dear_turns_the_crowd_plain() -> None:
+    states = [SeqState("lookup", [0.7] * 8, 300) for _ in range(16)]
+    goodput = BatchGoodput(knee_profile(32, 0.004), k_max=8)
+    assert min(goodput.choose(states)) > 0  # the pass is flat to 32 rows: by the pass alone, every proposal pays
+    goodput.measure_outside()
+    assert goodput.cost.per_sequence == (0.0, 0.0)  # no profile: nothing outside the pass until measured
+    for _ in range(100):  # a speculating sequence costs 10 ms outside the pass, a plain one 0.1 ms
+        goodput.observe_step(8 * 0.0001 + 8 * 0.01, plain=8, speculating=8)
+        goodput.observe_step(16 * 0.0001, plain=16, speculating=0)
+    assert goodput.choose(states) == [0] * 16
+    coord = BatchKCoordinator(BatchGoodput(LINEAR, k_max=8), epoch=lambda: 0)
+    coord.observe_step(1.0, plain=16, speculating=0)  # not measuring: nothing changes
+    assert coord.goodput.cost.per_sequence is None
+
+
+def test_the_engine_counts_the_sequences_that_verify_a_proposal(tiny_batched: Any) -> None:
+    prompts = [tiny_batched.tokenizer.encode(t) for t in ("a b c d a b c d a b", "one two three one two three")]
+    eng = Engine(tiny_batched, max_batch=2, context=160, prefill_chunk=8)
+    for drafters, k in ((None, 1), ([make_drafter("lookup", m) for m in eng.slot_models], 3)):
+        seen: list[tuple[int, int]] = []
+        eng.generate_all(prompts, max_new_tokens=16, drafters=drafters, k=k,
+                         progress=lambda done: seen.append((eng.stats.batch_sizes[-1], eng.stats.last_speculating)))
+        assert all(0 <= s <= n for n, s in seen)
+        assert (max(s for _, s in seen) > 0) == (drafters is not None), seen

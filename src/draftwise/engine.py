@@ -195,6 +195,8 @@ class PassStats:
     passes: int = 0
     rows: int = 0
     last_rows: int = 0
+    #: the last pass's sequences that verified a proposal (more than one row, every row's logits)
+    last_speculating: int = 0
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
     #: when a list: each pass's sequences, those feeding a prompt, their rows, the other rows,
@@ -289,6 +291,8 @@ class Engine:
             answers = self._one_by_one(batch)
         seconds, rows = time.perf_counter() - t0, sum(len(s.waiting.ids) for s in batch)
         self.stats.record(len(batch), rows, seconds)  # a prompt's rows: only its last row's logits, or none
+        self.stats.last_speculating = sum(len(s.waiting.ids) > 1 and s.waiting.logits and not s.waiting.last_only
+                                          for s in batch)
         prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
         self._decode_rows = rows - sum(prompts)
         if self.stats.trace is not None:

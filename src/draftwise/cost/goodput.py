@@ -11,7 +11,11 @@ where T(B, R, c) is the measured batched pass (:class:`~draftwise.cost.batch_pro
 D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence verification
 overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
 verification run one sequence after another on the model's thread), and tau its per-token
-overhead. The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
+overhead. A serving batch measures o itself, apart for a plain and a speculating sequence
+(:class:`~draftwise.cost.goodput_policy.OutsidePass`): one profile value for both charged a plain
+sequence about four times what it costs outside a batched pass and a speculating one nothing
+more, so proposals looked cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
+The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
 draft). At N = 1 this is the single-stream speedup model; as the batch fills, a proposed row
 costs about what another request's row would, so the best k falls, often to 0.
 
@@ -180,6 +184,9 @@ class StepCost:
 
     batch: BatchProfile
     profile: Profile | None = None
+    #: (plain, speculating): a sequence's seconds outside the pass at batch, as measured while
+    #: serving (:class:`~draftwise.cost.goodput_policy.OutsidePass`); None: the profile's overhead
+    per_sequence: tuple[float, float] | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
     _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked
 
@@ -196,11 +203,14 @@ class StepCost:
         """A sequence's verification overhead beyond the pass, for k proposals: one value per
         context whatever k (:meth:`Profile.overhead <draftwise.cost.profile.Profile.overhead>`).
         The policy asks for every k of every sequence before each pass, one sequence's k's
-        in a row, so the last context's value is kept."""
-        if self.profile is None:
-            return 0.0
+        in a row, so the last context's value is kept. With :attr:`per_sequence` set (a
+        server that measures its steps), a plain step's value (k = 0) and a speculating one's."""
         if k < 0:
             raise ConfigError(f"k={k} must be >= 0")
+        if self.per_sequence is not None:
+            return self.per_sequence[1] if k else self.per_sequence[0]
+        if self.profile is None:
+            return 0.0
         last = self._overhead
         if last is None or last[0] != context:
             last = self._overhead = (context, self.profile.overhead(1, context))

@@ -39,6 +39,64 @@ class SeqState:
     context: int
 
 
+class OutsidePass:
+    """What a decoding sequence costs a batched step outside the pass, measured while serving:
+    seconds for a plain sequence (one row) and for a speculating one (its proposal verified,
+    rolled back, observed; its next drafted), by least squares over the steps.
+
+    The engine resumes every sequence of the last pass before it runs the next, so a step's
+    seconds outside its pass (``observe``) are those sequences' work, ``plain`` and
+    ``speculating`` of them, less what their drafts cost by the profile (``known``: counted as
+    D(k) apart). The fit, y = a plain + b speculating, is shrunk toward ``prior`` (the
+    profile's one overhead for both) with the weight of ``weight`` one-sequence steps, and older
+    steps fade by ``decay`` a step; a step far above the fit (a prompt entering its drafter, a
+    collection pause) counts at three times the fit plus 2 ms. Until a kind of sequence has run,
+    its value stays near the prior.
+
+    >>> est = OutsidePass(prior=0.001)
+    >>> for _ in range(200):
+    ...     est.observe(12 * 0.0002 + 4 * 0.0009, plain=12, speculating=4)
+    ...     est.observe(16 * 0.0002, plain=16, speculating=0)
+    >>> [round(x * 1e3, 2) for x in est.estimate()]
+    [0.2, 0.9]
+    """
+
+    def __init__(self, prior: float, *, weight: float = 8.0, decay: float = 0.99) -> None:
+        if not prior >= 0 or not weight > 0 or not 0 < decay <= 1:
+            raise ConfigError(f"OutsidePass(prior={prior!r}, weight={weight!r}, decay={decay!r}): "
+                              "prior >= 0, weight > 0 and 0 < decay <= 1")
+        self.prior, self.weight, self.decay = float(prior), float(weight), float(decay)
+        self.steps = 0
+        self._sums = [0.0] * 5  # decayed sums of p^2, p s, s^2, p y, s y
+        self._fit = (self.prior, self.prior)
+
+    def observe(self, seconds: float, *, plain: int, speculating: int, known: float = 0.0) -> None:
+        """One step: ``seconds`` outside its pass, after a pass of ``plain`` and ``speculating``
+        decoding sequences whose drafts cost ``known`` seconds by the profile."""
+        if plain < 0 or speculating < 0 or plain + speculating == 0 or not 0 <= seconds < float("inf"):
+            return
+        a, b = self._fit
+        y = min(max(seconds - known, 0.0), 3 * (a * plain + b * speculating) + 0.002)
+        d = self.decay
+        for i, v in enumerate((plain * plain, plain * speculating, speculating * speculating,
+                               plain * y, speculating * y)):
+            self._sums[i] = self._sums[i] * d + v
+        self.steps += 1
+        self._fit = self._solve()
+
+    def _solve(self) -> tuple[float, float]:
+        pp, ps, ss, py, sy = self._sums
+        w, p = self.weight, self.prior
+        m11, m22 = pp + w, ss + w
+        r1, r2 = py + w * p, sy + w * p
+        det = m11 * m22 - ps * ps
+        return max((r1 * m22 - r2 * ps) / det, 0.0), max((m11 * r2 - ps * r1) / det, 0.0)
+
+    def estimate(self) -> tuple[float, float]:
+        """(plain, speculating) seconds a sequence, as fitted so far."""
+        return self._fit
+
+
 @dataclass
 class _Step:
     """The last choice, kept so a tree can answer it: the pass's price of R rows (``curve``,
@@ -75,12 +133,33 @@ class BatchGoodput:
         self.rows_budget = rows_budget
         self.last: list[int] = []
         self._step: _Step | None = None
+        self._drafts: list[str] = []
+        #: set by :meth:`measure_outside`: a sequence's seconds outside the pass, as served
+        self.outside: OutsidePass | None = None
+
+    def measure_outside(self) -> OutsidePass:
+        """Price each sequence's work outside the pass by what the served steps measure
+        (:meth:`observe_step`) instead of the profile's one overhead; returns the estimator."""
+        if self.outside is None:
+            prior = self.cost.profile.overhead(1) if self.cost.profile is not None else 0.0
+            self.outside = OutsidePass(prior)
+            self.cost.per_sequence = self.outside.estimate()
+        return self.outside
+
+    def observe_step(self, seconds: float, *, plain: int, speculating: int) -> None:
+        """A served step spent ``seconds`` outside its pass on the last pass's ``plain`` and
+        ``speculating`` decoding sequences (a no-op unless :meth:`measure_outside` ran)."""
+        if self.outside is None:
+            return
+        known = sum(self.cost.draft(d, k) for d, k in zip(self._drafts, self.last))
+        self.outside.observe(seconds, plain=plain, speculating=speculating, known=known)
+        self.cost.per_sequence = self.outside.estimate()
 
     def choose(self, states: Sequence[SeqState], *, prefill_rows: float = 0, prefilling: int = 0) -> list[int]:
         """One k per state; ``prefill_rows`` (priced) rows of ``prefilling`` other sequences (prompt chunks,
         plain requests) share the pass."""
         if not states:
-            self.last, self._step = [], None
+            self.last, self._step, self._drafts = [], None, []
             return []
         n = len(states)
         if n + prefilling > self.cost.batch.max_batch:
@@ -94,6 +173,7 @@ class BatchGoodput:
                 outcomes.update(rates_outcomes(s.rates, self.k_max))
             extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
             choices.append(Choice(outcomes, extra))
+        self._drafts = [s.draft for s in states]
         self.last = choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
                               fixed_batch=prefilling, rows_budget=self.rows_budget)
         batch = self.cost.batch
@@ -193,6 +273,11 @@ class BatchKCoordinator:
     def settle(self, member: BatchSlotPolicy, n: int, tokens: float, context: float, draft: str = NONE) -> None:
         if id(member) in self._index:
             self.goodput.settle(self._index[id(member)], n, tokens, context, draft)
+
+    def observe_step(self, seconds: float, *, plain: int, speculating: int) -> None:
+        """A served step's seconds outside its pass, after a pass of ``plain`` and ``speculating``
+        decoding sequences (:meth:`BatchGoodput.observe_step`)."""
+        self.goodput.observe_step(seconds, plain=plain, speculating=speculating)
 
     def release(self, member: BatchSlotPolicy) -> None:
         """``member``'s request ended: it leaves the batch now, not a step later."""

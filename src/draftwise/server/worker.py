@@ -11,11 +11,7 @@ or ``error``) that the worker posts into the handle's asyncio queue from its thr
   the worker moves on to the next job within one step. A job cancelled while queued is skipped.
 - Whatever a job raises is its own ``error`` event; the worker thread never dies of a request.
 
-One thread for the model, from loading to serving (:class:`ModelThread`): GNU OpenMP spins a
-waiting worker for about 3 ms only while the process's OpenMP threads fit on the cores; a
-second thread that runs parallel regions brings its own team, and then every team sleeps and
-wakes through futex calls between regions (plain decoding on a thread other than the one that
-loaded the model: 21 tok/s instead of 30). So the model thread loads, plans, warms up and serves.
+One thread for the model, from loading to serving: :class:`~draftwise.server.model_thread.ModelThread`.
 
 Continuous batching (``max_batch`` > 1): the worker runs up to ``max_batch`` jobs at once on
 the batched engine (:mod:`draftwise.engine`): between two steps it admits queued jobs into free
@@ -35,9 +31,9 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from ..api import stream
 from ..cost.goodput_policy import BatchSlotPolicy
@@ -48,35 +44,11 @@ from ..metrics import SpecStats
 from ..sampling import SamplingConfig
 from . import pass_trace
 from .metrics import ServerMetrics
+from .model_thread import ModelThread
 from .speculation import Choice, Speculation
 
 log = logging.getLogger("draftwise.server")
 EventKind = Literal["start", "text", "done", "error"]
-T = TypeVar("T")
-
-
-class ModelThread:
-    """The one thread that touches the model: load, plan, warm up and serve all run on it.
-
-    Example::
-
-        mt = ModelThread()
-        model = mt.call(load_model, "default")  # runs on the model thread, returns its result
-        worker = Worker(model, speculation, metrics, max_queue=8, thread=mt)
-    """
-
-    def __init__(self) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="draftwise-model")
-
-    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run ``fn(*args, **kwargs)`` on the model thread and return (or raise) what it did."""
-        return self._executor.submit(fn, *args, **kwargs).result()
-
-    def submit(self, fn: Callable[[], None]) -> Future[None]:
-        return self._executor.submit(fn)
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=False)
 
 
 class QueueFull(Exception):
@@ -168,6 +140,7 @@ class Worker:
         self._running: Future[None] | None = None
         self.running = 0
         self._stepping, self._logged_passes = 0.0, 0  # seconds in engine.step(); passes at the last log
+        self._last_pass: tuple[int, int] | None = None  # the last pass's (plain, speculating) sequences
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
@@ -262,22 +235,38 @@ class Worker:
                 self._handles.append(handle)
                 engine.start(self._batched_job(handle))
             if engine.running:
-                before, t0 = engine.stats.passes, time.perf_counter()
+                before, in_passes, t0 = engine.stats.passes, engine.stats.seconds, time.perf_counter()
                 engine.step()
-                self._stepping += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self._stepping += took
                 if engine.stats.passes > before:
                     self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+                    self._observe_outside(engine, took - (engine.stats.seconds - in_passes))
                 pass_trace.flush(engine, idle=not engine.running)
                 if not engine.running:
                     self._log_idle(engine)
+                    self._last_pass = None
+
+    def _observe_outside(self, engine: Engine, seconds: float) -> None:
+        """Tell the goodput policy what this step cost outside its pass: the work of the last
+        pass's sequences, resumed (verifying, observing, streaming, drafting the next)."""
+        coordinator = self.speculation.coordinator
+        if coordinator is not None and self._last_pass is not None:
+            coordinator.observe_step(seconds, plain=self._last_pass[0], speculating=self._last_pass[1])
+        speculating = engine.stats.last_speculating
+        self._last_pass = (engine.stats.batch_sizes[-1] - speculating, speculating)
 
     def _log_idle(self, engine: Engine) -> None:
         """The batch emptied: the engine's seconds in passes against its seconds stepping (the rest
         is drafting, verifying, streaming), in one line (if it ran a pass since the last)."""
         if engine.stats.passes != self._logged_passes:
             self._logged_passes = engine.stats.passes
-            log.info("engine: %d passes, %.1f s in passes of %.1f s stepping", engine.stats.passes,
-                     engine.stats.seconds, self._stepping)
+            coordinator = self.speculation.coordinator
+            outside = coordinator.goodput.outside if coordinator is not None else None
+            measured = ("" if outside is None else "; outside the pass a sequence costs %.2f ms plain, %.2f ms "
+                        "speculating (fitted over %d steps)" % (*(1e3 * x for x in outside.estimate()), outside.steps))
+            log.info("engine: %d passes, %.1f s in passes of %.1f s stepping%s", engine.stats.passes,
+                     engine.stats.seconds, self._stepping, measured)
 
     def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
         def run(slot_model: Any) -> None:
