@@ -14,7 +14,8 @@ from draftwise import generate, load_model
 from draftwise.cost.adaptive import AdaptiveK
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.goodput import PLAIN, Choice, Outcome, StepCost, step_goodput
-from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, OutsidePass, SeqState
+from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.cost.outside_pass import OutsidePass
 from draftwise.drafters.base import Draft
 from draftwise.drafters.factory import make_drafter
 from draftwise.engine import Engine
@@ -70,6 +71,9 @@ class Fake:
         return draft.prefix(0)
 
     def observe(self, positions: int, accepted: int) -> None:
+        pass
+
+    def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         pass
 
 
@@ -279,3 +283,31 @@ def test_the_engine_counts_the_sequences_that_verify_a_proposal(tiny_batched: An
                          progress=lambda done: seen.append((eng.stats.batch_sizes[-1], eng.stats.last_speculating)))
         assert all(0 <= s <= n for n, s in seen)
         assert (max(s for _, s in seen) > 0) == (drafters is not None), seen
+
+
+def test_the_batch_expects_of_a_draft_what_its_batch_steps_accepted() -> None:
+    line = knee_profile(0, 0.001)  # 16 plain rows 26 ms: a row pays for 0.7 tokens, not for 0.35
+    states = [SeqState("lookup", [0.7] * 8, 300) for _ in range(16)]
+    goodput = BatchGoodput(line, k_max=8)
+    goodput.record("lookup", 2.0, 0)  # not calibrating: nothing is kept
+    assert goodput.factor("lookup") == 1.0 and min(goodput.choose(states)) > 0
+    goodput.calibrate()
+    for _ in range(400):
+        goodput.record("lookup", 2.0, 1)  # expected two draft tokens a step, one accepted
+    assert goodput.factor("lookup") == pytest.approx(0.5, abs=0.02) and goodput.factor("suffix") == 1.0
+    assert goodput.choose(states) == [0] * 16
+
+
+def test_a_slot_in_a_crowd_tells_the_batch_what_it_expected_and_what_was_accepted() -> None:
+    epoch = [0]
+    coord = coordinator(knee_profile(32, 0.004), epoch)
+    coord.goodput.calibrate()
+    crowd = [coord.policy(Fake(rate=0.9), "lookup") for _ in range(4)]  # 4 x 8 rows fit the flat pass
+    [p.choose(100) for p in crowd]  # the first to ask was alone then
+    epoch[0] = 1
+    assert min(p.choose(100) for p in crowd) > 0 and not coord.alone
+    crowd[0].observe(2, 0)  # a chain that found two tokens to propose, both rejected
+    expected, accepted = coord.goodput._calibration["lookup"]
+    assert expected == pytest.approx(0.9 + 0.81) and accepted == 0
+    crowd[1].observe_shadow([1], [1])  # a plain step teaches the batch nothing
+    assert coord.goodput._calibration["lookup"] == [expected, 0]

@@ -12,7 +12,7 @@ D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence veri
 overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
 verification run one sequence after another on the model's thread), and tau its per-token
 overhead. A serving batch measures o itself, apart for a plain and a speculating sequence
-(:class:`~draftwise.cost.goodput_policy.OutsidePass`): one profile value for both charged a plain
+(:class:`~draftwise.cost.outside_pass.OutsidePass`): one profile value for both charged a plain
 sequence about four times what it costs outside a batched pass and a speculating one nothing
 more, so proposals looked cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
 The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
@@ -185,7 +185,7 @@ class StepCost:
     batch: BatchProfile
     profile: Profile | None = None
     #: (plain, speculating): a sequence's seconds outside the pass at batch, as measured while
-    #: serving (:class:`~draftwise.cost.goodput_policy.OutsidePass`); None: the profile's overhead
+    #: serving (:class:`~draftwise.cost.outside_pass.OutsidePass`); None: the profile's overhead
     per_sequence: tuple[float, float] | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
     _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked

@@ -24,8 +24,13 @@ from typing import Any
 
 from ..errors import ConfigError
 from .batch_profile import BatchProfile
-from .goodput import NONE, PLAIN, Choice, StepCost, choose_ks, default_rows_budget, rates_outcomes
+from .goodput import NONE, PLAIN, Choice, Outcome, StepCost, choose_ks, default_rows_budget, rates_outcomes
+from .outside_pass import OutsidePass
 from .profile import Profile
+
+
+CALIBRATION_PRIOR = 8.0  # draft tokens, expected and accepted alike, before a draft's first step at batch
+CALIBRATION_DECAY = 0.995  # a step: about the last 200 steps of a draft count
 
 
 @dataclass(frozen=True)
@@ -37,64 +42,6 @@ class SeqState:
     draft: str
     rates: Sequence[float]
     context: int
-
-
-class OutsidePass:
-    """What a decoding sequence costs a batched step outside the pass, measured while serving:
-    seconds for a plain sequence (one row) and for a speculating one (its proposal verified,
-    rolled back, observed; its next drafted), by least squares over the steps.
-
-    The engine resumes every sequence of the last pass before it runs the next, so a step's
-    seconds outside its pass (``observe``) are those sequences' work, ``plain`` and
-    ``speculating`` of them, less what their drafts cost by the profile (``known``: counted as
-    D(k) apart). The fit, y = a plain + b speculating, is shrunk toward ``prior`` (the
-    profile's one overhead for both) with the weight of ``weight`` one-sequence steps, and older
-    steps fade by ``decay`` a step; a step far above the fit (a prompt entering its drafter, a
-    collection pause) counts at three times the fit plus 2 ms. Until a kind of sequence has run,
-    its value stays near the prior.
-
-    >>> est = OutsidePass(prior=0.001)
-    >>> for _ in range(200):
-    ...     est.observe(12 * 0.0002 + 4 * 0.0009, plain=12, speculating=4)
-    ...     est.observe(16 * 0.0002, plain=16, speculating=0)
-    >>> [round(x * 1e3, 2) for x in est.estimate()]
-    [0.2, 0.9]
-    """
-
-    def __init__(self, prior: float, *, weight: float = 8.0, decay: float = 0.99) -> None:
-        if not prior >= 0 or not weight > 0 or not 0 < decay <= 1:
-            raise ConfigError(f"OutsidePass(prior={prior!r}, weight={weight!r}, decay={decay!r}): "
-                              "prior >= 0, weight > 0 and 0 < decay <= 1")
-        self.prior, self.weight, self.decay = float(prior), float(weight), float(decay)
-        self.steps = 0
-        self._sums = [0.0] * 5  # decayed sums of p^2, p s, s^2, p y, s y
-        self._fit = (self.prior, self.prior)
-
-    def observe(self, seconds: float, *, plain: int, speculating: int, known: float = 0.0) -> None:
-        """One step: ``seconds`` outside its pass, after a pass of ``plain`` and ``speculating``
-        decoding sequences whose drafts cost ``known`` seconds by the profile."""
-        if plain < 0 or speculating < 0 or plain + speculating == 0 or not 0 <= seconds < float("inf"):
-            return
-        a, b = self._fit
-        y = min(max(seconds - known, 0.0), 3 * (a * plain + b * speculating) + 0.002)
-        d = self.decay
-        for i, v in enumerate((plain * plain, plain * speculating, speculating * speculating,
-                               plain * y, speculating * y)):
-            self._sums[i] = self._sums[i] * d + v
-        self.steps += 1
-        self._fit = self._solve()
-
-    def _solve(self) -> tuple[float, float]:
-        pp, ps, ss, py, sy = self._sums
-        w, p = self.weight, self.prior
-        m11, m22 = pp + w, ss + w
-        r1, r2 = py + w * p, sy + w * p
-        det = m11 * m22 - ps * ps
-        return max((r1 * m22 - r2 * ps) / det, 0.0), max((m11 * r2 - ps * r1) / det, 0.0)
-
-    def estimate(self) -> tuple[float, float]:
-        """(plain, speculating) seconds a sequence, as fitted so far."""
-        return self._fit
 
 
 @dataclass
@@ -136,6 +83,38 @@ class BatchGoodput:
         self._drafts: list[str] = []
         #: set by :meth:`measure_outside`: a sequence's seconds outside the pass, as served
         self.outside: OutsidePass | None = None
+        #: per draft, decayed (predicted, accepted) draft tokens of its batch steps; None: not calibrating
+        self._calibration: dict[str, list[float]] | None = None
+
+    def calibrate(self) -> None:
+        """Scale each draft's expected accepted tokens by what its steps at batch accepted against
+        what this policy expected of them (:meth:`record`). A step's k's go to the proposals
+        whose estimates are highest, so the ones it picks are high by chance more often than
+        low: the tokens the policy expected of its tree steps at 16 sequences were 1.24x those
+        accepted (docs/benchmarks.md, goodput-policy run 32)."""
+        if self._calibration is None:
+            self._calibration = {}
+
+    def factor(self, draft: str) -> float:
+        """Accepted over expected draft tokens of ``draft`` at batch, with ``CALIBRATION_PRIOR``
+        tokens of each at 1:1 (so 1.0 before any step, and when not calibrating)."""
+        if self._calibration is None:
+            return 1.0
+        expected, accepted = self._calibration.get(draft, (0.0, 0.0))
+        return (accepted + CALIBRATION_PRIOR) / (expected + CALIBRATION_PRIOR)
+
+    def record(self, draft: str, expected: float, accepted: int) -> None:
+        """A step at batch: ``draft`` was expected (uncalibrated) to add ``expected`` tokens and
+        ``accepted`` were; older steps fade by ``CALIBRATION_DECAY`` a step."""
+        if self._calibration is None or expected <= 0:
+            return
+        sums = self._calibration.setdefault(draft, [0.0, 0.0])
+        sums[0] = sums[0] * CALIBRATION_DECAY + expected
+        sums[1] = sums[1] * CALIBRATION_DECAY + accepted
+
+    def scaled(self, draft: str, tokens: float) -> float:
+        """Committed tokens of a step expected to commit ``tokens`` (uncalibrated), calibrated."""
+        return 1.0 + self.factor(draft) * (tokens - 1.0)
 
     def measure_outside(self) -> OutsidePass:
         """Price each sequence's work outside the pass by what the served steps measure
@@ -170,7 +149,9 @@ class BatchGoodput:
         for s in states:
             outcomes = {0: PLAIN}
             if s.draft != NONE and s.rates:
-                outcomes.update(rates_outcomes(s.rates, self.k_max))
+                f = self.factor(s.draft)
+                outcomes.update({k: Outcome(1 + f * (o.tokens - 1), o.rows, 1 + f * (o.low - 1), 1 + f * (o.high - 1))
+                                 for k, o in rates_outcomes(s.rates, self.k_max).items()})
             extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
             choices.append(Choice(outcomes, extra))
         self._drafts = [s.draft for s in states]
@@ -301,12 +282,15 @@ class BatchSlotPolicy:
         self.shadow = adaptive.shadow
         self.context = 0
         self._plain_run = 0
+        #: the step's expected draft tokens (uncalibrated): a chain's by depth, or a tree's one value
+        self._pending: tuple[bool, list[float]] | None = None
 
     def state(self) -> SeqState:
         return SeqState(self.draft, self.adaptive.rates(), self.context)
 
     def choose(self, context_len: int) -> int:
         self.context = context_len
+        self._pending = None
         k = self.coordinator.k_for(self)
         if self.adaptive.trees:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
@@ -316,6 +300,9 @@ class BatchSlotPolicy:
             chosen, k = k, self._probe(min(k, self.k_max))
             if k != chosen:  # a probe, or past its own k_max: later sequences price what it feeds
                 self.coordinator.settle(self, k, self._expected(k), context_len, self.draft)
+            rates = self.adaptive.rates()
+            if k and rates:
+                self._pending = (False, [o.tokens - 1 for _, o in sorted(rates_outcomes(rates, k).items())])
         self.coordinator.on_k(self.draft, k)
         return k
 
@@ -334,7 +321,7 @@ class BatchSlotPolicy:
 
     def _expected(self, k: int) -> float:
         rates = self.adaptive.rates()
-        return rates_outcomes(rates, k)[k].tokens if k and rates else 1.0
+        return self.coordinator.goodput.scaled(self.draft, rates_outcomes(rates, k)[k].tokens) if k and rates else 1.0
 
     def trim(self, draft: Any, context_len: int) -> Any:
         """A scored tree: the batch's best response (:meth:`BatchGoodput.respond`) caps the
@@ -344,20 +331,29 @@ class BatchSlotPolicy:
         if self.coordinator.alone:
             kept = self.adaptive.trim(draft, context_len)
         else:
-            tokens = [1.0]
+            raw = [1.0]
             for node in self.adaptive.node_tokens(draft.scores[: self.k_max], len(draft.tokens)):
-                tokens.append(tokens[-1] + node)
+                raw.append(raw[-1] + node)
+            tokens = [self.coordinator.goodput.scaled(self.draft, t) for t in raw]
             n = self.coordinator.respond(self, tokens, context_len)
             kept = self.adaptive.trim(draft.prefix(n), context_len, size=len(draft.tokens)) if n else self.adaptive.skip(draft)
             if len(kept) < n:
                 self.coordinator.settle(self, len(kept), tokens[len(kept)], context_len)
+            if len(kept):
+                self._pending = (True, [raw[len(kept)] - 1])
         self.coordinator.on_k(self.draft, len(kept))
         return kept
 
     def observe(self, positions: int, accepted: int) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and positions:  # a chain proposes up to k: what it was expected to at its depth
+            tree, expected = pending
+            self.coordinator.goodput.record(self.draft, expected[0] if tree else expected[min(positions, len(expected)) - 1],
+                                            accepted)
         self.adaptive.observe(positions, accepted)
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
+        self._pending = None
         self.adaptive.observe_shadow(proposal, committed)
 
     def release(self) -> None:

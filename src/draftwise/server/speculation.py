@@ -29,7 +29,7 @@ request and only read afterwards, so it is bounded by the allowed list:
   :class:`~draftwise.cost.goodput_policy.BatchKCoordinator`: each step every such request's k is
   chosen together, from the goodput of the batch as it is, so speculation turns down as the
   batch fills. What a sequence costs the step outside the pass, plain or speculating, it prices
-  by what the worker measures of the served steps (:class:`~draftwise.cost.goodput_policy.OutsidePass`).
+  by what the worker measures of the served steps (:class:`~draftwise.cost.outside_pass.OutsidePass`).
   Without a batch profile (or one measured for smaller batches) each request keeps
   its own adaptive k, and the log says in one line how to make one: the server never measures
   one itself (a minute or more of passes at start-up, and a second writer of the planner's file).
@@ -161,6 +161,7 @@ class Speculation:
 
         goodput = BatchGoodput(batch, self._profile)
         goodput.measure_outside()  # the worker reports each step's seconds outside its pass
+        goodput.calibrate()  # each draft's expected tokens at batch, by what its batch steps accepted
         self.coordinator = BatchKCoordinator(goodput, epoch=lambda: engine.stats.passes, prefill=prefill, on_k=on_k)
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
