@@ -295,6 +295,7 @@ def test_the_batch_expects_of_a_draft_what_its_batch_steps_accepted() -> None:
     for _ in range(400):
         goodput.record("lookup", 2.0, 1)  # expected two draft tokens a step, one accepted
     assert goodput.factor("lookup") == pytest.approx(0.5, abs=0.02) and goodput.factor("suffix") == 1.0
+    assert list(goodput.factors()) == ["lookup"]
     assert goodput.choose(states) == [0] * 16
 
 

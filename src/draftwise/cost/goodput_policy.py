@@ -103,6 +103,10 @@ class BatchGoodput:
         expected, accepted = self._calibration.get(draft, (0.0, 0.0))
         return (accepted + CALIBRATION_PRIOR) / (expected + CALIBRATION_PRIOR)
 
+    def factors(self) -> dict[str, float]:
+        """:meth:`factor` of every draft that has taken a step at batch (for the log)."""
+        return {d: self.factor(d) for d in (self._calibration or {})}
+
     def record(self, draft: str, expected: float, accepted: int) -> None:
         """A step at batch: ``draft`` was expected (uncalibrated) to add ``expected`` tokens and
         ``accepted`` were; older steps fade by ``CALIBRATION_DECAY`` a step."""

@@ -265,6 +265,9 @@ class Worker:
             outside = coordinator.goodput.outside if coordinator is not None else None
             measured = ("" if outside is None else "; outside the pass a sequence costs %.2f ms plain, %.2f ms "
                         "speculating (fitted over %d steps)" % (*(1e3 * x for x in outside.estimate()), outside.steps))
+            if coordinator is not None and coordinator.goodput.factors():
+                measured += "; accepted / expected draft tokens at batch: " + ", ".join(
+                    f"{d} {f:.2f}" for d, f in coordinator.goodput.factors().items())
             log.info("engine: %d passes, %.1f s in passes of %.1f s stepping%s", engine.stats.passes,
                      engine.stats.seconds, self._stepping, measured)
 
