@@ -12,9 +12,10 @@ D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence veri
 overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
 verification run one sequence after another on the model's thread), and tau its per-token
 overhead. A serving batch measures o itself, apart for a plain and a speculating sequence
-(:class:`~draftwise.cost.outside_pass.OutsidePass`): one profile value for both charged a plain
-sequence about four times what it costs outside a batched pass and a speculating one nothing
-more, so proposals looked cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
+(:class:`~draftwise.cost.outside_pass.OutsidePass`): the profile's one value for both (1.24 ms)
+charged a plain sequence three to five times what it costs outside a batched pass (0.25-0.4 ms in
+the load test at N = 16) and a speculating one (0.9-1.0 ms) nothing more, so proposals looked
+cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
 The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
 draft). At N = 1 this is the single-stream speedup model; as the batch fills, a proposed row
 costs about what another request's row would, so the best k falls, often to 0.
