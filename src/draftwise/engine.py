@@ -84,12 +84,9 @@ def memory_available() -> int | None:
     """Bytes of memory this machine has available now (None where it cannot tell)."""
     try:
         with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
     except OSError:
-        pass
-    return None
+        return None
 
 
 def check_batch(model: Model, max_batch: Any, context: int | None = None) -> int:
@@ -195,8 +192,7 @@ class PassStats:
     passes: int = 0
     rows: int = 0
     last_rows: int = 0
-    #: the last pass's sequences that verified a proposal (more than one row, every row's logits)
-    last_speculating: int = 0
+    last_speculating: int = 0  # the last pass's sequences verifying a proposal (rows > 1, every row's logits)
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
     #: when a list: each pass's sequences, those feeding a prompt, their rows, the other rows,
