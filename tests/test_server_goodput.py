@@ -101,6 +101,10 @@ def test_k_auto_at_batch_follows_the_goodput_of_the_batch(slow_model: Any, tiny:
     assert metric(text, "draftwise:spec_decode_num_plain_choices_total") > 0
     assert metric(text, "draftwise:spec_decode_chosen_k_count") > metric(text, "draftwise:spec_decode_num_plain_choices_total")
     assert coord.members == 0  # every request left the batch's choices when it ended
+    outside = coord.goodput.outside  # the worker told the policy what each step cost outside its pass
+    assert outside is not None and outside.steps >= len(seen) // 2 and all(x >= 0 for x in outside.estimate())
+    assert coord.goodput.cost.per_sequence == outside.estimate()
+    assert coord.goodput.factors() and set(coord.goodput.factors()) <= {"suffix", "lookup"}
 
 
 def test_the_policy_prices_a_prompt_s_chunk_at_the_profile_s_share(slow_model: Any, monkeypatch: Any) -> None:
