@@ -15,6 +15,7 @@ from draftwise.cost.adaptive import AdaptiveK
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.goodput import PLAIN, Choice, Outcome, StepCost, step_goodput
 from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.cost.batch_limit import read_capacity, speculating_limit
 from draftwise.cost.outside_pass import OutsidePass
 from draftwise.drafters.base import Draft
 from draftwise.drafters.factory import make_drafter
@@ -312,3 +313,43 @@ def test_a_slot_in_a_crowd_tells_the_batch_what_it_expected_and_what_was_accepte
     assert expected == pytest.approx(0.9 + 0.81) and accepted == 0
     crowd[1].observe_shadow([1], [1])  # a plain step teaches the batch nothing
     assert coord.goodput._calibration["lookup"] == [expected, 0]
+
+
+# -- the speculating limit: the plan's concurrency prediction, at the low end of its interval ------
+def capacity_rows(lows: dict[int, float]) -> list[dict[str, Any]]:
+    return [{"n": n, "policies": {"goodput": {"vs_plain_interval": [lo, lo + 0.2]}}} for n, lo in lows.items()]
+
+
+def test_the_speculating_limit_is_the_largest_n_up_to_which_the_low_end_stays_at_plain(tmp_path: Any) -> None:
+    bp = knee_profile(32, 0.004)
+    bp.created = "2026-12-05T17:44:49"
+    cap = {"model": "m", "batch_profile_created": bp.created, "rows": capacity_rows({16: 0.96, 1: 1.2, 8: 1.07, 4: 1.17})}
+    assert speculating_limit(cap, bp) == 8
+    assert speculating_limit({**cap, "rows": capacity_rows({1: 0.99, 2: 1.3})}, bp) == 0  # not even alone
+    with pytest.raises(ConfigError, match="predict it again"):
+        speculating_limit({**cap, "batch_profile_created": "2026-12-04T10:00:00"}, bp)  # another batch profile
+    with pytest.raises(ConfigError, match="no 'goodput' interval"):
+        speculating_limit({**cap, "rows": [{"n": 1, "policies": {"plain": {}}}]}, bp)
+    assert read_capacity(tmp_path) is None and read_capacity(tmp_path / "plan.json") is None
+    (tmp_path / "concurrency.json").write_text('{"rows": []}')
+    assert read_capacity(tmp_path / "plan.json")["source"] == str(tmp_path / "concurrency.json")
+    (tmp_path / "concurrency.json").write_text('{"concurrency": [1]}')
+    with pytest.raises(ConfigError, match="not a draftwise concurrency prediction"):
+        read_capacity(tmp_path)
+
+
+def test_past_the_speculating_limit_the_batch_steps_plain_and_trees_are_not_proposed() -> None:
+    goodput = BatchGoodput(knee_profile(32, 0.004), k_max=8)  # flat to 32 rows: every proposal pays by the pass
+    goodput.speculate_up_to = 2
+    states = [SeqState("lookup", [0.9] * 8, 300) for _ in range(4)]
+    assert goodput.choose(states) == [0, 0, 0, 0] and goodput.plain
+    assert goodput.respond(0, [1.0, 1.9, 2.7], 300) == 0  # a tree's best response past the limit: nothing
+    assert min(goodput.choose(states[:2])) > 0 and not goodput.plain
+    assert min(goodput.choose(states[:1], prefilling=1)) > 0  # a prompt's chunk counts: two in the pass
+    assert goodput.choose(states[:2], prefilling=1) == [0, 0]
+    epoch = [0]
+    coord = BatchKCoordinator(goodput, epoch=lambda: epoch[0])
+    crowd = [coord.policy(Fake(rate=0.9, trees=True), "suffix") for _ in range(3)]
+    [p.choose(100) for p in crowd]  # the first to ask was alone: its own policy proposed a whole tree
+    epoch[0] = 1
+    assert [p.choose(100) for p in crowd] == [0, 0, 0]  # three in the pass: no tree is even drafted

@@ -22,7 +22,7 @@ from draftwise.server.app import ServerSettings, create_app  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
 from draftwise.server.speculation import Speculation  # noqa: E402
 
-from .test_goodput_policy import KNEE4, Costs  # noqa: E402
+from .test_goodput_policy import KNEE4, Costs, knee_profile  # noqa: E402
 from .test_server_batch import run_all  # noqa: E402
 
 PROMPTS = ["Count to five and back: one two three", "List the colours: red green blue red green",
@@ -44,7 +44,7 @@ def slow_model(tiny_chat_folder: Any, one_thread: None) -> Any:
     return model
 
 
-def serve(model: Any, monkeypatch: Any, batch_profile: Any) -> tuple[Any, LiveServer]:
+def serve(model: Any, monkeypatch: Any, batch_profile: Any, capacity: Any = None) -> tuple[Any, LiveServer]:
     monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: Costs())
 
     def load(self: Speculation) -> Any:
@@ -53,7 +53,7 @@ def serve(model: Any, monkeypatch: Any, batch_profile: Any) -> tuple[Any, LiveSe
         return batch_profile
 
     monkeypatch.setattr(Speculation, "_load_batch_profile", load)
-    spec = Speculation(model, draft="lookup", k="auto", plan=None, allow=["suffix"])
+    spec = Speculation(model, draft="lookup", k="auto", plan=None, allow=["suffix"], capacity=capacity)
     app = create_app(model, spec, ServerSettings(model_name="tiny", max_tokens_cap=64, max_batch=4,
                                                  prefill_chunk=8, context=160))
     return app, LiveServer(app)
@@ -151,3 +151,37 @@ def check_own_adaptive_k(app: Any, server: LiveServer, tiny: Any, monkeypatch: A
     assert [r.choices[0].token_ids for r in got] == [generate(tiny, p, max_new_tokens=20).token_ids
                                                      for p in (PROMPTS[0], PROMPTS[2])]
     assert built and not any(isinstance(k, BatchSlotPolicy) for k in built)
+
+
+def test_past_the_plan_s_speculating_limit_the_server_batches_plain(slow_model: Any, tiny: Any, monkeypatch: Any) -> None:
+    roomy = knee_profile(64, 0.05)  # flat to 64 rows: the policy alone would propose in every pass
+    roomy.created = "2026-12-05T17:44:49"
+    rows = [{"n": n, "policies": {"goodput": {"vs_plain_interval": [lo, 1.5]}}} for n, lo in [(1, 1.3), (2, 0.97)]]
+    capacity = {"model": roomy.model, "batch_profile_created": roomy.created, "rows": rows, "source": "test"}
+    app, server = serve(slow_model, monkeypatch, roomy, capacity)
+    cases = [(p, {"draft": "lookup", "k": "auto"}, 24) for p in PROMPTS]
+    with server:
+        coord = app.state.worker.speculation.coordinator
+        assert coord is not None and coord.goodput.speculate_up_to == 1
+        seen: list[tuple[int, int, list[int]]] = []
+        choose = coord.goodput.choose
+
+        def spy(states: Any, *, prefill_rows: int = 0, prefilling: int = 0) -> list[int]:
+            ks = choose(states, prefill_rows=prefill_rows, prefilling=prefilling)
+            seen.append((len(states), prefilling, list(ks)))
+            return ks
+
+        monkeypatch.setattr(coord.goodput, "choose", spy)
+        got = ask_all(server, cases)
+    assert [r.choices[0].token_ids for r in got] == [generate(tiny, p, max_new_tokens=24).token_ids for p, _, _ in cases]
+    shared = [ks for n, pre, ks in seen if n + pre >= 2]
+    assert shared and all(ks == [0] * len(ks) for ks in shared), seen  # two or more in a pass: plain
+
+
+def test_a_concurrency_prediction_from_another_batch_profile_is_not_used(slow_model: Any, monkeypatch: Any,
+                                                                         caplog: Any) -> None:
+    capacity = {"model": KNEE4.model, "batch_profile_created": "another", "rows": [], "source": "test"}
+    app, server = serve(slow_model, monkeypatch, KNEE4, capacity)
+    with caplog.at_level(logging.WARNING, logger="draftwise.server"), server:
+        assert app.state.worker.speculation.coordinator.goodput.speculate_up_to is None
+    assert "not using the concurrency prediction" in caplog.text

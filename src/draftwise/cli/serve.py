@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..cost.batch_limit import read_capacity
 from ..cost.plan import load_plan
 from ..engine import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
 from ..drafters.factory import capabilities_of
@@ -109,7 +110,8 @@ def serve(
             loaded_plan = model_thread.call(startup_plan, loaded)
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
-        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed)
+        capacity = read_capacity(plan) if plan is not None else None  # plan --concurrency's, beside the plan
+        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed, capacity=capacity)
         max_batch = _max_batch(max_batch, speculation, loaded)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,

@@ -85,6 +85,9 @@ class BatchGoodput:
         self.outside: OutsidePass | None = None
         #: per draft, decayed (predicted, accepted) draft tokens of its batch steps; None: not calibrating
         self._calibration: dict[str, list[float]] | None = None
+        #: a pass of more sequences than this steps plain (:mod:`draftwise.cost.batch_limit`); None: no limit
+        self.speculate_up_to: int | None = None
+        self.plain = False  # the last choice was plain because the pass held more than that
 
     def calibrate(self) -> None:
         """Scale each draft's expected accepted tokens by what its steps at batch accepted against
@@ -150,6 +153,7 @@ class BatchGoodput:
             raise ConfigError(f"{n + prefilling} sequences: the batch profile covers up to "
                               f"{self.cost.batch.max_batch}; measure it with larger batches")
         context = sum(s.context for s in states) / n
+        self.plain = self.speculate_up_to is not None and n + prefilling > self.speculate_up_to
         choices = []
         for s in states:
             outcomes = {0: PLAIN}
@@ -160,8 +164,8 @@ class BatchGoodput:
             extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
             choices.append(Choice(outcomes, extra))
         self._drafts = [s.draft for s in states]
-        self.last = choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
-                              fixed_batch=prefilling, rows_budget=self.rows_budget)
+        self.last = [0] * n if self.plain else choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
+                                                         fixed_batch=prefilling, rows_budget=self.rows_budget)
         batch = self.cost.batch
         curve = batch.rows_curve(n + prefilling, context)  # the terms of choose_ks's objective
         picked = [c.outcomes[k] for c, k in zip(choices, self.last)]
@@ -180,6 +184,9 @@ class BatchGoodput:
         step = self._step
         if step is None or not 0 <= index < len(step.tokens) or not tokens:
             raise ConfigError("respond() answers the last choose(), for one of its sequences")
+        if self.plain:
+            self.settle(index, 0, tokens[0], context)
+            return 0
         tau = self.cost.token_overhead
         t0 = sum(step.tokens) - step.tokens[index]
         r0 = step.fixed_rows + sum(step.rows) - step.rows[index]
@@ -297,12 +304,13 @@ class BatchSlotPolicy:
         self.context = context_len
         self._pending = None
         k = self.coordinator.k_for(self)
-        if self.adaptive.trees:  # proposed whole; trim() keeps what the batch pays for
+        plain = self.coordinator.goodput.plain and not self.coordinator.alone  # past the speculating limit
+        if self.adaptive.trees and not plain:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
         if self.coordinator.alone:
             k = self.adaptive.choose(context_len)
         else:
-            chosen, k = k, self._probe(min(k, self.k_max))
+            chosen, k = k, 0 if plain else self._probe(min(k, self.k_max))
             if k != chosen:  # a probe, or past its own k_max: later sequences price what it feeds
                 self.coordinator.settle(self, k, self._expected(k), context_len, self.draft)
             rates = self.adaptive.rates()

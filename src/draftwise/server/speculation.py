@@ -30,6 +30,8 @@ request and only read afterwards, so it is bounded by the allowed list:
   chosen together, from the goodput of the batch as it is, so speculation turns down as the
   batch fills. What a sequence costs the step outside the pass, plain or speculating, it prices
   by what the worker measures of the served steps (:class:`~draftwise.cost.outside_pass.OutsidePass`).
+  With the plan's concurrency prediction beside it (``concurrency.json``), a pass of more
+  sequences than its speculating limit steps plain (:mod:`draftwise.cost.batch_limit`).
   Without a batch profile (or one measured for smaller batches) each request keeps
   its own adaptive k, and the log says in one line how to make one: the server never measures
   one itself (a minute or more of passes at start-up, and a second writer of the planner's file).
@@ -38,11 +40,12 @@ request and only read afterwards, so it is bounded by the allowed list:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..cost.adaptive import AdaptiveK, TreeSizes, resolve_profile
+from ..cost.batch_limit import speculating_limit
 from ..cost.batch_profile import BatchProfile, default_batch_profile_path
 from ..cost.defaults import DEFAULT_DRAFTS
 from ..cost.goodput_policy import BatchGoodput, BatchKCoordinator
@@ -95,8 +98,10 @@ class Speculation:
     """The server's speculation settings, and the drafters and profile of its allowed drafts."""
 
     def __init__(self, model: Any, *, draft: DraftSpec | str, k: KValue, plan: Plan | None,
-                 allow: Iterable[DraftSpec | str] = ()) -> None:
+                 allow: Iterable[DraftSpec | str] = (), capacity: Mapping[str, Any] | None = None) -> None:
         self.model = model
+        #: the plan's concurrency prediction (``concurrency.json``): sets the speculating limit
+        self.capacity = capacity
         self.default_draft = draft if draft == AUTO else DraftSpec.parse(draft)
         self.default_k = k
         self.plan = plan
@@ -162,6 +167,14 @@ class Speculation:
         goodput = BatchGoodput(batch, self._profile)
         goodput.measure_outside()  # the worker reports each step's seconds outside its pass
         goodput.calibrate()  # each draft's expected tokens at batch, by what its batch steps accepted
+        if self.capacity is not None:
+            try:
+                goodput.speculate_up_to = speculating_limit(self.capacity, batch)
+                log.info("k=auto at batch: speculating in passes of up to %d sequences, the largest N at which "
+                         "the plan's concurrency prediction keeps the policy >= 1.0x plain at its interval's low end "
+                         "(%s)", goodput.speculate_up_to, self.capacity.get("source", "concurrency.json"))
+            except ConfigError as exc:
+                log.warning("k=auto at batch: not using the concurrency prediction: %s", exc)
         self.coordinator = BatchKCoordinator(goodput, epoch=lambda: engine.stats.passes, prefill=prefill, on_k=on_k)
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
