@@ -353,3 +353,7 @@ def test_past_the_speculating_limit_the_batch_steps_plain_and_trees_are_not_prop
     [p.choose(100) for p in crowd]  # the first to ask was alone: its own policy proposed a whole tree
     epoch[0] = 1
     assert [p.choose(100) for p in crowd] == [0, 0, 0]  # three in the pass: no tree is even drafted
+    assert not any(p.shadow for p in crowd)  # nor a shadow token: the step is plain whatever they estimate
+    crowd[2].release()
+    epoch[0] = 2
+    assert [p.choose(100) for p in crowd[:2]] == [8, 8] and all(p.shadow for p in crowd[:2])  # two: trees again

@@ -291,11 +291,18 @@ class BatchSlotPolicy:
     def __init__(self, coordinator: BatchKCoordinator, adaptive: Any, draft: str) -> None:
         self.coordinator, self.adaptive, self.draft = coordinator, adaptive, draft
         self.k_max = adaptive.k_max
-        self.shadow = adaptive.shadow
         self.context = 0
         self._plain_run = 0
         #: the step's expected draft tokens (uncalibrated): a chain's by depth, or a tree's one value
         self._pending: tuple[bool, list[float]] | None = None
+
+    @property
+    def shadow(self) -> bool:
+        """Whether a plain step drafts one token to check its estimate: as its own policy says,
+        but not in a pass past the speculating limit, which steps plain whatever it estimates
+        (the decode loop asks after :meth:`choose`; a suffix draft's shadow also extends its
+        tries, a cost a plain batch does not pay)."""
+        return self.adaptive.shadow and not (self.coordinator.goodput.plain and not self.coordinator.alone)
 
     def state(self) -> SeqState:
         return SeqState(self.draft, self.adaptive.rates(), self.context)
@@ -323,7 +330,7 @@ class BatchSlotPolicy:
         """A costly draft (no shadow proposals) that the batch keeps plain proposes one token
         every ``probe_every`` steps, as :class:`~draftwise.cost.adaptive.AdaptiveK` does alone,
         so its estimate stays alive for when the batch thins out."""
-        if k or self.shadow:
+        if k or self.adaptive.shadow:
             self._plain_run = 0
             return k
         self._plain_run += 1
