@@ -404,6 +404,11 @@ def test_the_validation_predicts_the_policy_the_server_runs() -> None:
     assert v["max_error"] == pytest.approx(0.0) and v["policy"] == "served"
     assert "`plan` at N = 1, `goodput` at N > 1" in capacity.render_validation_markdown(v)
     assert capacity.compare_measured(result, measured, "plan")["max_error"] > 0.0
+    result["speculating_limit"] = 2  # past it the server steps plain: the validation predicts plain there
+    measured[16]["auto"] = pred[16]["plain"]["aggregate_tps"]
+    v = capacity.compare_measured(result, measured)
+    assert [(r["n"], r["policy"]) for r in v["rows"]] == [(1, "plan"), (2, "goodput"), (16, "plain")]
+    assert v["max_error"] == pytest.approx(0.0)
 
 
 def test_markdown_and_plot(tmp_path: Path) -> None:
@@ -455,6 +460,9 @@ def test_run_concurrency_writes_its_files(tmp_path: Path) -> None:
     assert {"concurrency.json", "concurrency.md", "schedule-vllm.txt"} <= set(written)
     assert "schedule-hf.txt" not in written
     assert result["concurrency"] == [1, 4, 16] and result["validation"] is None
+    lows = [row["policies"]["goodput"]["vs_plain_interval"][0] for row in result["rows"]]
+    assert result["speculating_limit"] == next(([1, 4, 16][i - 1] if i else 0 for i, lo in enumerate(lows) if lo < 1.0), 16)
+    assert f"Speculating limit: **{result['speculating_limit']}**" in (tmp_path / "out" / "concurrency.md").read_text()
     plan.fingerprint = "0" * 16
     with pytest.raises(ConfigError, match="use one model for both"):
         capacity.concurrency_plan(model, plan, bp, profile, [1])

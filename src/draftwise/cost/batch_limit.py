@@ -62,6 +62,12 @@ def speculating_limit(capacity: Mapping[str, Any], batch: BatchProfile, policy: 
         raise ConfigError(f"{where} was predicted from the batch profile of {capacity.get('batch_profile_created')!r} "
                           f"for {capacity.get('model')!r}, not this server's ({batch.created!r}, {batch.model!r}); "
                           "predict it again with `draftwise plan --concurrency`")
+    return limit_of(capacity, policy)
+
+
+def limit_of(capacity: Mapping[str, Any], policy: str = POLICY) -> int:
+    """:func:`speculating_limit` without the check of where the prediction came from (the planner
+    calls it on the prediction it just made)."""
     limit = 0
     try:
         for row in sorted(capacity["rows"], key=lambda r: int(r["n"])):
@@ -69,5 +75,6 @@ def speculating_limit(capacity: Mapping[str, Any], batch: BatchProfile, policy: 
                 break
             limit = int(row["n"])
     except (KeyError, TypeError, ValueError, IndexError):
+        where = capacity.get("source", "the concurrency prediction")
         raise ConfigError(f"{where} has no {policy!r} interval at some N; predict it again") from None
     return limit

@@ -36,6 +36,7 @@ from typing import Any
 from ..engine import DEFAULT_SERVE_CONTEXT, check_batch
 from ..errors import ConfigError
 from ..fsutil import write_json_atomic, write_text_atomic
+from .batch_limit import limit_of
 from .batch_measure import resolve_batch_profile
 from .batch_profile import BatchProfile
 from .capacity_export import SCHEDULE_ENGINES, export_batch_schedule
@@ -123,11 +124,15 @@ def concurrency_plan(
 
 
 # -- validation -----------------------------------------------------------------------------------
-def served_policy(n: int, policies: Mapping[str, Any]) -> str:
+def served_policy(n: int, policies: Mapping[str, Any], limit: int | None = None) -> str:
     """What ``serve --k auto --max-batch N`` runs, as a predicted policy: the plan's picks with each
     request's own adaptive k alone (N = 1), the goodput policy on a batch (N > 1, where the server
-    reads the batch profile). Until 2026-12-05 the validation predicted ``plan`` at every N while
-    the servers ran the goodput policy at N > 1."""
+    reads the batch profile), and plain batching past the speculating ``limit``
+    (:mod:`draftwise.cost.batch_limit`; an approximation: the server still speculates in the
+    passes of up to ``limit`` sequences as the load starts and drains). Until 2026-12-05 the
+    validation predicted ``plan`` at every N while the servers ran the goodput policy at N > 1."""
+    if n > 1 and limit is not None and n > limit and "plain" in policies:
+        return "plain"
     return "goodput" if n > 1 and "goodput" in policies else "plan"
 
 
@@ -146,7 +151,7 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
     for n in sorted(measured):
         if n not in by_n:
             raise ConfigError(f"N={n} was measured but not predicted (predicted: {sorted(by_n)})")
-        name_auto = served_policy(n, result["policies"]) if policy == "served" else policy
+        name_auto = served_policy(n, result["policies"], result.get("speculating_limit")) if policy == "served" else policy
         for phase, name in (("plain", "plain"), ("auto", name_auto)):
             if phase not in measured[n]:
                 continue
@@ -255,6 +260,8 @@ def run_concurrency(
     bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
     result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
                               max_new_tokens=max_new_tokens)
+    result["speculating_limit"] = limit_of(result) if "goodput" in result["policies"] else None
+    write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
     if script is not None:
         measured_path = out / "measured.json"
         cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),

@@ -53,6 +53,11 @@ def render_concurrency_markdown(result: Mapping[str, Any]) -> str:
         f"**N = {cross}** is the smallest N in the grid where the best fixed speculation is predicted "
         "below plain batching." if cross is not None else
         "**none**: at every N in the grid some fixed speculation is predicted at or above plain batching.")]
+    limit = result.get("speculating_limit")
+    if limit is not None:
+        lines += ["", f"Speculating limit: **{limit}** sequences a pass, the largest N up to which the goodput policy's "
+                  "interval stays at or above plain batching at its low end; `serve --k auto` with this plan steps "
+                  "plain in larger passes."]
     fits = result.get("linear_fit") or {}
     if fits:
         lines += ["", "The batched pass against a straight line in total rows (within 10%):", ""]
