@@ -158,8 +158,8 @@ class BatchGoodput:
         for s in states:
             outcomes = {0: PLAIN}
             if s.draft != NONE and s.rates:
-                f = self.factor(s.draft)
-                outcomes.update({k: Outcome(1 + f * (o.tokens - 1), o.rows, 1 + f * (o.low - 1), 1 + f * (o.high - 1))
+                outcomes.update({k: Outcome(self.scaled(s.draft, o.tokens), o.rows, self.scaled(s.draft, o.low),
+                                            self.scaled(s.draft, o.high))
                                  for k, o in rates_outcomes(s.rates, self.k_max).items()})
             extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
             choices.append(Choice(outcomes, extra))
