@@ -261,8 +261,8 @@ def run_concurrency(
     result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
                               max_new_tokens=max_new_tokens)
     result["speculating_limit"] = limit_of(result) if "goodput" in result["policies"] else None
-    write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
     if script is not None:
+        write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
         measured_path = out / "measured.json"
         cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),
                "--concurrency", ",".join(map(str, concurrency)), "--requests", str(requests_per_client),

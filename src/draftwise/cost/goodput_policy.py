@@ -24,6 +24,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .batch_profile import BatchProfile
+from .formulas import expected_committed_by_position
 from .goodput import NONE, PLAIN, Choice, Outcome, StepCost, choose_ks, default_rows_budget, rates_outcomes
 from .outside_pass import OutsidePass
 from .profile import Profile
@@ -157,7 +158,7 @@ class BatchGoodput:
         choices = []
         for s in states:
             outcomes = {0: PLAIN}
-            if s.draft != NONE and s.rates:
+            if s.draft != NONE and s.rates and not self.plain:  # past the limit only k = 0 is priced
                 outcomes.update({k: Outcome(self.scaled(s.draft, o.tokens), o.rows, self.scaled(s.draft, o.low),
                                             self.scaled(s.draft, o.high))
                                  for k, o in rates_outcomes(s.rates, self.k_max).items()})
@@ -294,7 +295,7 @@ class BatchSlotPolicy:
         self.context = 0
         self._plain_run = 0
         #: the step's expected draft tokens (uncalibrated): a chain's by depth, or a tree's one value
-        self._pending: tuple[bool, list[float]] | None = None
+        self._pending: float | tuple[Sequence[float], int] | None = None
 
     @property
     def shadow(self) -> bool:
@@ -322,7 +323,7 @@ class BatchSlotPolicy:
                 self.coordinator.settle(self, k, self._expected(k), context_len, self.draft)
             rates = self.adaptive.rates()
             if k and rates:
-                self._pending = (False, [o.tokens - 1 for _, o in sorted(rates_outcomes(rates, k).items())])
+                self._pending = (rates, k)  # priced at the depth it proposes, once observed
         self.coordinator.on_k(self.draft, k)
         return k
 
@@ -360,16 +361,16 @@ class BatchSlotPolicy:
             if len(kept) < n:
                 self.coordinator.settle(self, len(kept), tokens[len(kept)], context_len)
             if len(kept):
-                self._pending = (True, [raw[len(kept)] - 1])
+                self._pending = raw[len(kept)] - 1
         self.coordinator.on_k(self.draft, len(kept))
         return kept
 
     def observe(self, positions: int, accepted: int) -> None:
         pending, self._pending = self._pending, None
         if pending is not None and positions:  # a chain proposes up to k: what it was expected to at its depth
-            tree, expected = pending
-            self.coordinator.goodput.record(self.draft, expected[0] if tree else expected[min(positions, len(expected)) - 1],
-                                            accepted)
+            expected = (expected_committed_by_position(pending[0], min(positions, pending[1])) - 1
+                        if isinstance(pending, tuple) else pending)
+            self.coordinator.goodput.record(self.draft, expected, accepted)
         self.adaptive.observe(positions, accepted)
 
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
