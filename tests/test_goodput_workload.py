@@ -123,6 +123,12 @@ def test_a_validation_of_the_same_units_at_every_n_is_predicted_so(tmp_path: Pat
     assert "every N sent the same 4 questions" in text
     old = capacity.score_load(model, plan, bp, profile, {k: x for k, x in raw.items() if k != "units_per_phase"})
     assert "each N sent N x 2 questions" in capacity.render_validation_markdown(old)
+    served = capacity.score_load(model, plan, bp, profile, raw)  # no limit: the goodput policy at N = 2
+    assert [(r["n"], r["phase"], r["policy"]) for r in served["rows"]][-1] == (2, "auto", "goodput")
+    limited = capacity.score_load(model, plan, bp, profile, raw, limit=1)  # the servers read limit 1: plain at N = 2
+    assert [(r["n"], r["phase"], r["policy"]) for r in limited["rows"]] == [
+        (1, "plain", "plain"), (1, "auto", "plan"), (2, "plain", "plain"), (2, "auto", "plain")]
+    assert limited["rows"][3]["predicted_tps"] == pytest.approx(limited["rows"][2]["predicted_tps"])
 
 
 class _Rt:

@@ -31,7 +31,8 @@ plan = load_plan(args.plan or out / "plan.json")
 result = json.loads((out / "concurrency.json").read_text())
 raw = json.loads((out / "measured.json").read_text())
 result["validation"] = score_load(model, plan, BatchProfile.load(out / "batch-profile.json"),
-                                  Profile.load(out / "profile.json"), raw, args.policy)
+                                  Profile.load(out / "profile.json"), raw, args.policy,
+                                  limit=result.get("speculating_limit"))
 write_json_atomic(out / "concurrency.json", result)
 write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
 v = result["validation"]

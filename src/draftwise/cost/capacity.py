@@ -207,11 +207,13 @@ def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Req
 
 
 def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile, raw: Mapping[str, Any],
-               policy: str = "served") -> dict[str, Any]:
+               policy: str = "served", limit: int | None = None) -> dict[str, Any]:
     """A load test's measurements (``goodput_validate.py``'s file) scored against the prediction
     of the very requests it sent: its units, each turn's prompt with its history and its answer's
     length, shared among the clients as it shared them (``units_per_phase``, else R a client);
-    the plan's acceptance (:func:`compare_measured`)."""
+    the plan's acceptance (:func:`compare_measured`). ``limit``: the speculating limit the servers
+    read (``concurrency.json``'s, from the plan's own workload, not from these requests), so that
+    past it the speculative phase is scored as the plain batching it ran."""
     if not raw.get("workload"):
         raise ConfigError("the measurements do not say which requests were sent (no 'workload'): rerun "
                           "benchmarks/goodput_validate.py from this checkout")
@@ -221,6 +223,7 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
     prediction = concurrency_plan(model, plan, batch_profile, profile, sorted(measured),
                                   requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]),
                                   per_phase=int(per_phase) if per_phase is not None else None)
+    prediction["speculating_limit"] = limit
     out = compare_measured(prediction, measured, policy, per_request)
     out.update(equal=raw.get("equal"), workload=prediction["workload"], max_tokens=raw.get("max_tokens"),
                units_per_phase=prediction["units_per_phase"], requests_per_client=prediction["requests_per_client"],
@@ -275,7 +278,8 @@ def run_concurrency(
         if done.returncode not in (0, 1) or not measured_path.is_file():  # 1: some output differed; reported
             raise ConfigError(f"the validation load test failed (exit {done.returncode}); see {out / 'load'}")
         raw = json.loads(measured_path.read_text())
-        result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy)
+        result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy,
+                                          limit=result["speculating_limit"])
     write_json_atomic(out / "concurrency.json", result)
     write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
     for engine in engines:
