@@ -409,6 +409,18 @@ def test_the_validation_predicts_the_policy_the_server_runs() -> None:
     v = capacity.compare_measured(result, measured)
     assert [(r["n"], r["policy"]) for r in v["rows"]] == [(1, "plan"), (2, "goodput"), (16, "plain")]
     assert v["max_error"] == pytest.approx(0.0)
+    # past the limit both phases are plain: one below the other is no crossover of speculation
+    measured = {n: {"plain": pred[n]["plain"]["aggregate_tps"], "auto": a} for n, a in
+                ((1, pred[1]["plan"]["aggregate_tps"]), (2, pred[2]["goodput"]["aggregate_tps"]),
+                 (16, 0.9 * pred[16]["plain"]["aggregate_tps"]))}
+    assert measured[1]["auto"] >= measured[1]["plain"] and measured[2]["auto"] >= measured[2]["plain"]
+    v = capacity.compare_measured(result, measured)
+    assert v["measured_crossover"] is None and v["plain_past_limit"] == [16] and v["speculating_limit"] == 2
+    assert "At N = 16 the server stepped plain past the speculating limit (2)" in capacity.render_validation_markdown(v)
+    result["speculating_limit"] = None  # without the limit N = 16 speculates, and measured below plain it crosses
+    measured[16]["auto"] = 0.9 * pred[16]["plain"]["aggregate_tps"]
+    v = capacity.compare_measured(result, measured)
+    assert v["measured_crossover"] == 16 and v["plain_past_limit"] == []
 
 
 def test_markdown_and_plot(tmp_path: Path) -> None:

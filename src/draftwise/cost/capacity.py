@@ -143,15 +143,20 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
     :func:`served_policy`), and ``per_request[N]`` the same phases' mean per-request tokens/s where
     measured. Per N and phase the relative error; the aggregate errors' median and max; the
     measured crossover (the smallest N where ``auto`` measures below plain) against the predicted
-    one. ``result`` must predict the requests the load test sent (``goodput_validate.py``'s ``workload``)."""
+    one. Past the speculating limit the ``served`` server steps plain, so those N are scored as
+    plain batching and left out of the measured crossover (``plain_past_limit``): there the two
+    phases are plain against plain. ``result`` must predict the requests the load test sent
+    (``goodput_validate.py``'s ``workload``)."""
     by_n = {row["n"]: row for row in result["rows"]}
     if policy != "served" and policy not in result["policies"]:
         raise ConfigError(f"unknown policy {policy!r}; the prediction has {', '.join(result['policies'])}")
-    rows, errors = [], []
+    rows, errors, past_limit = [], [], []
     for n in sorted(measured):
         if n not in by_n:
             raise ConfigError(f"N={n} was measured but not predicted (predicted: {sorted(by_n)})")
         name_auto = served_policy(n, result["policies"], result.get("speculating_limit")) if policy == "served" else policy
+        if policy == "served" and name_auto == "plain":
+            past_limit.append(n)
         for phase, name in (("plain", "plain"), ("auto", name_auto)):
             if phase not in measured[n]:
                 continue
@@ -167,7 +172,7 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
                            per_request_error=pred["per_request_tps"] / float(one) - 1)
             rows.append(row)
             errors.append(abs(err))
-    speculative = [n for n in sorted(measured) if "auto" in measured[n] and "plain" in measured[n]]
+    speculative = [n for n in sorted(measured) if "auto" in measured[n] and "plain" in measured[n] and n not in past_limit]
     measured_cross = next((n for n in speculative if measured[n]["auto"] < measured[n]["plain"]), None)
     grid = list(result["concurrency"])
     pred_cross = result.get("crossover")
@@ -176,7 +181,8 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
         return len(grid) if n is None else grid.index(n)
 
     return {
-        "policy": policy, "rows": rows,
+        "policy": policy, "rows": rows, "plain_past_limit": past_limit,
+        "speculating_limit": result.get("speculating_limit") if past_limit else None,
         "median_error": statistics.median(errors) if errors else None,
         "max_error": max(errors) if errors else None,
         "measured_crossover": measured_cross, "predicted_crossover": pred_cross,

@@ -146,4 +146,9 @@ def render_validation_markdown(validation: Mapping[str, Any]) -> str:
                   f"{validation['max_error'] * 100:.1f}% (goal <= 20%). Crossover: measured "
                   f"{validation['measured_crossover'] or 'none'}, predicted {validation['predicted_crossover'] or 'none'}"
                   f" ({'within' if validation['crossover_within_one_step'] else 'not within'} one grid step)."]
+        if validation.get("plain_past_limit"):
+            ns = ", ".join(map(str, validation["plain_past_limit"]))
+            lines[-1] += (f" At N = {ns} the server stepped plain past the speculating limit "
+                          f"({validation.get('speculating_limit')}): scored as plain batching, and not counted "
+                          "in the measured crossover.")
     return "\n".join(lines)
