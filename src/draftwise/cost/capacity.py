@@ -182,7 +182,7 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
 
     return {
         "policy": policy, "rows": rows, "plain_past_limit": past_limit,
-        "speculating_limit": result.get("speculating_limit") if past_limit else None,
+        "speculating_limit": result.get("speculating_limit"),
         "median_error": statistics.median(errors) if errors else None,
         "max_error": max(errors) if errors else None,
         "measured_crossover": measured_cross, "predicted_crossover": pred_cross,
