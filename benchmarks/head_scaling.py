@@ -20,6 +20,8 @@ Ctrl-C adds one point to the curve, where it stopped).
 
     python benchmarks/head_scaling.py train --data-dir out/sg/data --pool 1024 --sizes 256,512,1024 \\
         --seeds 0 --out benchmarks/results/head-scaling
+    python benchmarks/head_scaling.py add --data-dir out/head-2048-data --pool 2048 --head out/head-2048 \\
+        --tag passes6 --out benchmarks/results/head-scaling      # a head `train-head --corpus` trained
     python benchmarks/head_scaling.py report --out benchmarks/results/head-scaling [--bench DIR]
 
 Writes ``runs/NAME.json`` (and ``heads/NAME/``, a head ``eagle:PATH`` loads) per run, then
@@ -169,6 +171,41 @@ def train(args: argparse.Namespace) -> None:
                   f"{result['train']['acceptance']:.3f}, {seconds / 60:.1f} min", flush=True)
 
 
+def add(args: argparse.Namespace) -> None:
+    """Score a head that ``draftwise train-head --corpus`` trained (``--head``) as a run of this
+    study: on the study's held-out conversations (the first ``--study-pool`` pool's, which lead the
+    larger pool's held-out ones: :func:`corpus_sequences` takes both from one split) and on as many
+    of its own training sequences. ``--pool`` is the head's ``--conversations``; its features are
+    read from its data folder. The curve is the head's own log, over all of its held-out ones."""
+    from draftwise.drafters.head_files import load_head
+
+    args.sizes = [args.pool]
+    target, store, seqs, train_ids, held, stats = _data(args)
+    held = held[: math.ceil(args.study_pool * args.holdout_percent / (100 - args.holdout_percent))]
+    meta = json.loads((args.head / "draftwise_head.json").read_text())
+    loaded = load_head(args.head, fingerprint=meta["target"]["fingerprint"])
+    cpu, eos = torch.device("cpu"), set(int(t) for t in target.eos_token_ids)
+    parts = TargetParts.of(target.runtime, loaded.draft_tokens, cpu)
+    keep = train_ids[: args.pool]
+    probe = keep[:: max(1, len(keep) // len(held))][: len(held)]
+    log = [json.loads(x) for x in (args.head / "train_log.jsonl").read_text().splitlines()]
+    steps, name = int(meta["steps"]), _name(args.tag, len(keep), int(meta["settings"]["seed"]))
+    result = {
+        "name": name, "tag": args.tag, "conversations": len(keep), "tokens": sum(store.lengths[i] for i in keep),
+        "seed": int(meta["settings"]["seed"]), "passes": round(steps * int(meta["settings"]["batch"]) / len(keep), 2),
+        "steps": steps, "seconds": round(max(float(x.get("seconds", 0)) for x in log), 1),
+        "heldout_sequences": len(held), "settings": meta["settings"], "head": str(args.head),
+        "heldout": evaluate_head(loaded.head, parts, store, held, eos=eos, device=cpu),
+        "train": evaluate_head(loaded.head, parts, store, probe, eos=eos, device=cpu),
+        "curve": [{"step": x["step"], "acceptance": round(x["acceptance"], 4)} for x in log if "acceptance" in x],
+        "curve_heldout_sequences": int(meta.get("heldout_sequences", 0)) or None, "corpus": stats["summary"],
+    }
+    (args.out / "runs").mkdir(parents=True, exist_ok=True)
+    (args.out / "runs" / f"{name}.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{name}: held-out {result['heldout']['acceptance']:.3f}, its training data "
+          f"{result['train']['acceptance']:.3f}", flush=True)
+
+
 def _drafting(benches: list[Path]) -> dict[str, float]:
     """Acceptance at k=1 per head folder name from ``draftwise bench`` runs over ``eagle:PATH``."""
     out = {}
@@ -185,6 +222,9 @@ def report(args: argparse.Namespace) -> None:
     if not runs:
         raise SystemExit(f"no runs in {args.out / 'runs'}: run `head_scaling.py train` first")
     drafting = _drafting(args.bench)
+    for r in runs:  # a run `add` scored drafts under its own folder's name
+        if "head" in r and Path(r["head"]).name in drafting:
+            drafting.setdefault(r["name"], drafting[Path(r["head"]).name])
     base = [r for r in runs if r["tag"] == "base"]
     sizes = sorted({r["conversations"] for r in base})
     by_size = {n: [r for r in base if r["conversations"] == n] for n in sizes}
@@ -294,11 +334,14 @@ def main() -> None:
     sub.add_parser("train", parents=[common])
     v = sub.add_parser("vocab", parents=[common])
     v.add_argument("--sizes-v", type=lambda s: [int(x) for x in s.split(",")], default=[4096, 8192, 16384, 32768])
+    a = sub.add_parser("add", parents=[common])
+    a.add_argument("--head", type=Path, required=True, help="A `train-head --corpus` folder (its log beside it).")
+    a.add_argument("--study-pool", type=int, default=1024, help="The study's pool, whose held-out ones score it.")
     r = sub.add_parser("report")
     r.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
     r.add_argument("--bench", type=Path, nargs="*", default=[], help="`draftwise bench` folders over eagle:OUT/heads/NAME.")
     args = ap.parse_args()
-    {"train": train, "vocab": vocab, "report": report}[args.cmd](args)
+    {"train": train, "vocab": vocab, "add": add, "report": report}[args.cmd](args)
 
 
 if __name__ == "__main__":
