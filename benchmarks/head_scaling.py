@@ -211,7 +211,8 @@ def _drafting(benches: list[Path]) -> dict[str, float]:
     out = {}
     for bench in benches:
         overall = json.loads((bench / "summary.json").read_text())["groups"]["overall"]
-        for method, row in overall.items():  # "eagle:PATH" or "eagle:PATH@k=1"
+        # "eagle:PATH" (a run at --k 1) or "eagle:PATH@k=1"; a run at --k auto may hold both, and k=1 wins
+        for method, row in sorted(overall.items(), key=lambda kv: "@k=1" in kv[0]):
             if method.startswith("eagle:") and row.get("acceptance") is not None:
                 out[Path(method.split(":", 1)[1].split("@")[0].split(",")[0]).name] = float(row["acceptance"])
     return out
