@@ -56,7 +56,7 @@ draft: setup
 # Reproduces the shipped EAGLE-3 head (src/draftwise/heads/SmolLM2-...): 2,048 ShareGPT conversations
 # (the `corpus` extra; none sharing a 13-gram with a dev question) and 108 held out, their features
 # (three layers and the last; 1.02M tokens, 4.7 GB, one prefill each, stored in out/head-smol-data),
-# then 3,072 steps (6 passes) with a 3-step training-time test. About 3 h 15 min on the 2-core AMD EPYC
+# then 3,072 steps (6 passes) with a 3-step training-time test. 3 h 14 min on the 2-core AMD EPYC
 # (docs/eagle.md gives each phase's time). Interrupted, it resumes: the features by content, the training from
 # out/head-smol/checkpoints/last.pt. The head lands in out/head-smol; compare with the shipped one.
 HEAD_ARGS = --corpus sharegpt --conversations 2048 --magpie 0 --steps 3072 --snapshot-every 128 --arch eagle3 --ttt 3
