@@ -182,8 +182,9 @@ def add(args: argparse.Namespace) -> None:
     args.sizes = [args.pool]
     target, store, seqs, train_ids, held, stats = _data(args)
     held = held[: math.ceil(args.study_pool * args.holdout_percent / (100 - args.holdout_percent))]
-    meta = json.loads((args.head / "draftwise_head.json").read_text())
-    loaded = load_head(args.head, fingerprint=meta["target"]["fingerprint"])
+    d, vocab = int(target.config.hidden_size), int(target.runtime.vocab_size)
+    loaded = load_head(args.head, fingerprint=target_fingerprint(target.tokenizer, d, vocab))  # refuses another target's
+    meta = loaded.meta
     cpu, eos = torch.device("cpu"), set(int(t) for t in target.eos_token_ids)
     parts = TargetParts.of(target.runtime, loaded.draft_tokens, cpu)
     keep = train_ids[: args.pool]
