@@ -23,19 +23,25 @@ measured time per call of m tokens (timed here, on positions spread over the run
 - **full**: every proposed node is verified, T(nodes + 1) (what a policy without a trim pays),
   for the copy draft alone and for ``fill``/``skip_from`` rules: m head tokens where the copy
   draft proposes nothing, ``extra`` where it proposes a path shorter than ``skip_from``, none
-  where it is longer.
+  where it is longer; and confidence rules (``min_score``), which cut the head's chain at the
+  first token whose chain score is below the threshold and pay only the head calls they ran.
 
 Both leave out the prefill. ``oracle`` ratios say how much the head *could* add over the copy
-draft; they are not speeds a run reaches. Writes ``oracle.json`` and ``oracle.md``::
+draft; they are not speeds a run reaches. Writes ``oracle.json`` and ``oracle.md``, and the
+per-position records (``records.json``, with a copy of the profile that priced them) that
+``--from-records`` prices again without the model::
 
     python benchmarks/hybrid_oracle.py --bench benchmarks/results/hybrid-intel \\
         --out benchmarks/results/hybrid-oracle
+    python benchmarks/hybrid_oracle.py --bench benchmarks/results/hybrid-intel \\
+        --from-records benchmarks/results/hybrid-oracle/records.json --out /tmp/again
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from collections import defaultdict
@@ -95,9 +101,19 @@ def main() -> None:
                     help="The head's weights while drafting (default: what eagle:... drafts with here).")
     ap.add_argument("--profile", type=Path, default=None, help="Default: the model's cached --k auto profile.")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/hybrid-oracle"))
+    ap.add_argument("--from-records", type=Path, default=None,
+                    help="Price the per-position records of an earlier run (its records.json) instead of replaying.")
     args = ap.parse_args()
+    if args.from_records is not None:
+        saved = json.loads(args.from_records.read_text())
+        prof = Profile.load(Path(saved["profile"]))
+        head_cost = {int(m): float(v) for m, v in saved["head_seconds"].items()}
+        finish(args, saved["turns"], head_cost, extrapolated_step_time(prof), saved["max_head"], saved["head"],
+               saved["head_calls_timed"], Path(saved["profile"]))
+        return
     model = load_model("default")
-    prof = Profile.load(args.profile or default_profile_path(model, "auto"))
+    profile_path = args.profile or default_profile_path(model, "auto")
+    prof = Profile.load(profile_path)
     questions = {q.question_id: q for q in read_questions(DEFAULT_QUESTIONS)}
     copy = make_drafter(args.copy, model)
     assert copy is not None
@@ -125,7 +141,8 @@ def main() -> None:
                 context, truth = list(prompt) + list(tokens[:pos]), list(tokens[pos:])
                 room = len(tokens) - pos - 1
                 if room < 1:
-                    recs.append({"copy": 0, "nodes": 0, "path": 0, "head": [0] * M, "union": [0] * M, "union_nodes": [0] * M})
+                    recs.append({"copy": 0, "nodes": 0, "path": 0, "head": [0] * M, "union": [0] * M, "union_nodes": [0] * M,
+                                 "scores": [0.0] * M})
                     continue
                 drafted = copy.propose(context, min(args.budget, room))
                 shim.length = len(context) - 1
@@ -150,14 +167,26 @@ def main() -> None:
                     "copy": accepted_along(drafted, truth) if drafted.tokens else 0,
                     "nodes": len(drafted.tokens), "path": path_length(drafted) if drafted.tokens else 0,
                     "head": [min(hits, m) for m in range(1, M + 1)], "union": union, "union_nodes": union_nodes,
+                    "scores": (list(guess.scores or ()) + [0.0] * M)[:M],
                 })
             copy.end(answer(tokens, model.eos_token_ids))
             turns.append({"category": row["category"], "prompt": len(prompt), "recs": recs})
         print(f"{row['question_id']} ({row['category']}): {time.perf_counter() - t0:.0f} s", flush=True)
     head_cost = {m: statistics.median(v) for m, v in call_seconds.items()}
+    args.out.mkdir(parents=True, exist_ok=True)
+    profile_path = Path(shutil.copy(profile_path, args.out / "profile.json"))  # the records are priced by this one
+    (args.out / "records.json").write_text(json.dumps({
+        "profile": str(profile_path), "head": str(folder), "max_head": M, "head_seconds": head_cost,
+        "head_calls_timed": len(call_seconds[1]), "turns": turns}) + "\n")
+    finish(args, turns, head_cost, step_time, M, str(folder), len(call_seconds[1]), profile_path)
+
+
+def finish(args: argparse.Namespace, turns: list[dict[str, Any]], head_cost: dict[int, float], step_time: Any, M: int,
+           folder: str, timed: int, profile_path: Path) -> None:
+    """Price the records and write oracle.json and oracle.md."""
     result = summarize(turns, head_cost, step_time, M)
-    result.update(bench=str(args.bench), copy=args.copy, head=str(folder), head_weights=args.head_weights, budget=args.budget,
-                  head_seconds=head_cost, head_calls_timed=len(call_seconds[1]))
+    result.update(bench=str(args.bench), copy=args.copy, head=folder, head_weights=args.head_weights, budget=args.budget,
+                  head_seconds=head_cost, head_calls_timed=timed, profile=str(profile_path))
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "oracle.json").write_text(json.dumps(result, indent=1) + "\n")
     text = report(result, args)
@@ -167,6 +196,25 @@ def main() -> None:
 
 RULES = [(fill, extra, skip) for fill in (0, 1, 2, 3) for extra in (0, 1) for skip in (0, 2, 3, 4)
          if not (extra == 0 and skip)]  # skip_from only matters where extra head tokens run
+#: confidence rules (fill, extra, min_score, skip_from): the head drafts up to ``fill`` tokens where
+#: the copy draft proposes none and up to ``extra`` elsewhere, stopping after the first token whose
+#: chain score (the product of the head's top probabilities) is below ``min_score``; that token is
+#: dropped (where the copy draft has nothing, the first is always kept)
+CONF_RULES = [(fill, extra, tau, skip) for fill in (1, 2, 3) for extra in (0, 1, 2, 3) for tau in (0.2, 0.35, 0.5, 0.65, 0.8)
+              for skip in (0, 4) if not (extra == 0 and skip)]
+
+
+def confident(scores: list[float], most: int, tau: float, keep_first: bool) -> tuple[int, int]:
+    """(head tokens kept, head calls run) for a chain cut at the first score below ``tau``.
+
+    >>> confident([0.9, 0.6, 0.3], 3, 0.5, False), confident([0.4, 0.3, 0.1], 2, 0.5, True)
+    ((2, 3), (1, 1))
+    """
+    kept = 0
+    while kept < most and scores[kept] >= tau:
+        kept += 1
+    calls = min(most, kept + 1)
+    return (max(kept, 1) if keep_first and most else kept), calls
 
 
 def summarize(turns: list[dict[str, Any]], head_cost: dict[int, float], step_time: Any, M: int) -> dict[str, Any]:
@@ -225,6 +273,22 @@ def summarize(turns: list[dict[str, Any]], head_cost: dict[int, float], step_tim
             s, p = walk(rule)
             add(groups, f"full fill={fill},extra={extra},skip_from={skip} s", s)
             add(groups, f"full fill={fill},extra={extra},skip_from={skip} passes", p)
+        for fill, extra, tau, skip in CONF_RULES:
+            def conf(pos: int, r: dict[str, Any], fill: int = fill, extra: int = extra, tau: float = tau,
+                     skip: int = skip) -> tuple[int, float]:
+                if r["nodes"] == 0:
+                    m, calls = confident(r["scores"], fill, tau, True)
+                elif skip and r["path"] >= skip:
+                    m, calls = 0, 0
+                else:
+                    m, calls = confident(r["scores"], extra, tau, False)
+                extra_s = head_cost[calls] if calls else 0.0
+                if m == 0:
+                    return r["copy"], step_time(r["nodes"] + 1, ctx(pos)) + extra_s
+                return r["union"][m - 1], step_time(r["union_nodes"][m - 1] + 1, ctx(pos)) + extra_s
+            s, p = walk(conf)
+            add(groups, f"full fill={fill},extra={extra},min_score={tau},skip_from={skip} s", s)
+            add(groups, f"full fill={fill},extra={extra},min_score={tau},skip_from={skip} passes", p)
     groups_out: dict[str, Any] = {}
     for g, v in acc.items():
         out: dict[str, Any] = {"tokens": int(v["tokens"])}

@@ -157,7 +157,9 @@ def test_the_profile_times_the_hybrids_head_with_real_features(target, monkeypat
 def test_fill_and_skip_from_parse_print_and_stay_hybrid_options():
     spec = DraftSpec.parse("suffix+eagle:default,fill=2,skip_from=4")
     assert (spec.then.fill, spec.then.skip_from, str(spec)) == (2, 4, "suffix+eagle:default,fill=2,skip_from=4")
-    assert DraftSpec.parse(str(spec)) == spec and DraftSpec.parse("suffix+eagle:default").then.fill == 1
+    assert DraftSpec.parse(str(spec)) == spec and DraftSpec.parse("suffix+eagle:default").then.fill == 3
+    assert str(DraftSpec.parse("suffix+eagle:default,fill=1")) == "suffix+eagle:default,fill=1"  # the old default, named
+    assert str(DraftSpec.parse("suffix+eagle:default,fill=3")) == "suffix+eagle:default"
     with pytest.raises(ConfigError, match="steer a hybrid's head"):
         DraftSpec.parse("eagle:default,fill=2")
     with pytest.raises(ConfigError, match="fill= takes a whole number >= 1"):

@@ -15,9 +15,10 @@ both each step:
 - **where the copy draft is sure or has nothing** (``fill``, ``skip_from``; spec options of the
   head part, ``suffix+eagle:default,fill=2,skip_from=4``): the head proposes ``fill`` tokens
   where the copy draft proposes none, and is not run at all where the copy draft's path is
-  ``skip_from`` tokens or longer (its cache catches up on the next step it runs). Defaults: 1 and
-  never, the behaviour before these options existed; whether others pay depends on the head's
-  acceptance and cost (docs/eagle.md).
+  ``skip_from`` tokens or longer (its cache catches up on the next step it runs). Defaults: 3
+  (:data:`~draftwise.drafters.spec.FILL`) and never. Which pay depends on the head's acceptance and
+  cost: with the head shipped before 2026-12-06 (acceptance about 0.47 at k=1) 1 was as good as
+  2, and with the 2,048-conversation head (0.57) 3 beats 1 and 2 (docs/eagle.md).
 - **sampled**: the copy draft's tree when it proposes one, else the head's chain (``fill``
   tokens) with its distributions (tree verification of point masses and of distributions are separate schemes;
   see :mod:`draftwise.verify`). Either way each step is an ordinary lossless step.
@@ -37,6 +38,7 @@ import torch
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from .base import Capabilities, Draft, Drafter
+from .spec import FILL
 
 #: head tokens merged into each greedy tree (the head's k=1 pays best on the default model)
 EXTRA = 1
@@ -102,7 +104,7 @@ class HybridDrafter:
     """
 
     def __init__(
-        self, copy: Drafter, head: Any, *, extra: int = EXTRA, fill: int = EXTRA, skip_from: int = 0,
+        self, copy: Drafter, head: Any, *, extra: int = EXTRA, fill: int = FILL, skip_from: int = 0,
         label: str | None = None,
     ) -> None:
         self.copy, self.head, self.extra, self.fill, self.skip_from = copy, head, int(extra), int(fill), int(skip_from)
