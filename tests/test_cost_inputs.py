@@ -348,6 +348,11 @@ def test_a_head_draft_measured_in_another_weight_format_is_measured_again(tiny, 
     assert len(measured) == 1
     monkeypatch.setattr(factory, "default_head_weights", lambda device="cpu": "float32")  # another CPU
     assert again.stale_drafts(["eagle:default", "lookup"]) == ["eagle:default"]
+    monkeypatch.setattr(factory, "default_head_weights", lambda device="cpu": "int8")
+    # a hybrid timed when its spec meant fill=1 (recorded as "head int8") is stale now that it means fill=3
+    hybrid = Profile(**common, drafts={"suffix+eagle:default": [0.004] * 8, "suffix+eagle:default,fill=1": [0.004] * 8},
+                     draft_variants={"suffix+eagle:default": "head int8", "suffix+eagle:default,fill=1": "head int8 fill 1"})
+    assert hybrid.stale_drafts(["suffix+eagle:default", "suffix+eagle:default,fill=1"]) == ["suffix+eagle:default"]
 
 
 def test_draft_variants_are_checked_when_read(tmp_path):

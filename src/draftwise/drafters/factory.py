@@ -137,16 +137,19 @@ def capabilities_of(spec: DraftSpec | str) -> Capabilities:
 def cost_variant(spec: DraftSpec | str) -> str:
     """What, beside its spec, decides what ``spec`` costs on this machine: ``"head int8"`` or
     ``"head float32"`` for a draft with an EAGLE head (the weight format :func:`make_drafter`
-    gives the head here, :func:`~draftwise.drafters.eagle.default_head_weights`), ``""`` for
-    every other draft. A cached cost measured under another variant is stale (a profile made
-    before heads drafted in int8 priced them ~30% too high).
+    gives the head here, :func:`~draftwise.drafters.eagle.default_head_weights`), and for a
+    hybrid its head's ``fill`` as well (the spec's canonical form leaves out the default, which
+    changed from 1 to 3 on 2026-12-06); ``""`` for every other draft. A cached cost measured
+    under another variant is stale (a profile made before heads drafted in int8 priced them ~30%
+    too high).
 
-    >>> cost_variant("suffix"), cost_variant("lookup:min=1")
-    ('', '')
+    >>> cost_variant("suffix"), cost_variant("lookup:min=1"), cost_variant("suffix+eagle:h,fill=2").endswith(" fill 2")
+    ('', '', True)
     """
     spec = DraftSpec.parse(spec)
-    if spec.then is not None:  # a hybrid costs what its copy draft and its head cost
-        return " ".join(v for v in (cost_variant(replace(spec, then=None)), cost_variant(spec.then)) if v)
+    if spec.then is not None:  # a hybrid costs what its copy draft and its head cost, and its fill
+        parts = (cost_variant(replace(spec, then=None)), cost_variant(spec.then), f"fill {spec.then.fill}")
+        return " ".join(v for v in parts if v)
     return f"head {default_head_weights()}" if spec.kind == "eagle" else ""
 
 
