@@ -322,8 +322,17 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
               "| group | " + " | ".join(f"`{k[5:]}`" for k in full) + " |", "|---|" + "--:|" * len(full)]
     for g, v in groups.items():
         lines.append(f"| {g} | " + " | ".join(f"{v[k]['speedup']:.2f}x / {v[k]['mat']:.2f}" for k in full) + " |")
+    def best(names: list[str]) -> str:
+        top = max(names, key=lambda k: overall[k]["speedup"])
+        worst = min((g for g in groups if g != "overall"), key=lambda g: groups[g][top]["speedup"] / groups[g]["full copy"]["speedup"])
+        return (f"`{top[5:]}` {overall[top]['speedup'] / overall['full copy']['speedup']:.3f}x `copy` "
+                f"(lowest group {worst} {groups[worst][top]['speedup'] / groups[worst]['full copy']['speedup']:.3f}x)")
+    rules = [k for k in overall if k.startswith("full fill")]
+    lines += ["", f"Best rule without a cut: {best([k for k in rules if 'min_score' not in k])}; "
+              f"best with a cut: {best([k for k in rules if 'min_score' in k])}."]
     lines += ["", "```", f"python benchmarks/hybrid_oracle.py --bench {args.bench} --copy {args.copy} --head {args.head} "
-              f"--budget {args.budget} --max-head {args.max_head} --head-weights {args.head_weights} --out {args.out}",
+              f"--budget {args.budget} --max-head {args.max_head} --head-weights {args.head_weights} --out {args.out}"
+              + (f" --from-records {args.from_records}" if args.from_records else ""),
               "```", ""]
     return "\n".join(lines)
 
