@@ -17,8 +17,9 @@ both each step:
   where the copy draft proposes none, and is not run at all where the copy draft's path is
   ``skip_from`` tokens or longer (its cache catches up on the next step it runs). Defaults: 3
   (:data:`~draftwise.drafters.spec.FILL`) and never. Which pay depends on the head's acceptance and
-  cost: with the head shipped before 2026-12-06 (acceptance about 0.47 at k=1) 1 was as good as
-  2, and with the 2,048-conversation head (0.57) 3 beats 1 and 2 (docs/eagle.md).
+  cost: with earlier heads (acceptance 0.3-0.4 at k=1 while drafting) 2 was no better than 1; with
+  the 2,048-conversation head (0.57 on held-out MT-bench) 3 beat 1 and 2 on the dev questions and
+  was level with 1 on unseen ones (docs/benchmarks.md).
 - **sampled**: the copy draft's tree when it proposes one, else the head's chain (``fill``
   tokens) with its distributions (tree verification of point masses and of distributions are separate schemes;
   see :mod:`draftwise.verify`). Either way each step is an ordinary lossless step.

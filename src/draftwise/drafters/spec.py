@@ -58,7 +58,8 @@ _PLUS = re.compile(r"\+\s*(?=(?:none|lookup|suffix|self|model|eagle)\b)")
 KINDS = ("none", "lookup", "suffix", "self", "model", "eagle")
 LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tokens
 #: a hybrid's head tokens where the copy draft proposes nothing (``fill=``): with the 2,048-conversation
-#: head, 3 beat 2 and 1 on the dev questions, measured and in the oracle (docs/eagle.md)
+#: head, 3 beat 2 and 1 on the dev questions that chose it, measured and in the oracle; on unseen
+#: questions it measured level with 1 (docs/benchmarks.md)
 FILL = 3
 MAX_NODES = 256  # the most tokens a draft proposes in one step (k, or a tree's nodes)
 # suffix defaults: nodes, depth, cached generations, nodes per matched token, least path prob
