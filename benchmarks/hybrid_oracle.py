@@ -103,11 +103,21 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/hybrid-oracle"))
     ap.add_argument("--from-records", type=Path, default=None,
                     help="Price the per-position records of an earlier run (its records.json) instead of replaying.")
+    ap.add_argument("--head-ms", default=None,
+                    help="With --from-records: price a head call of m tokens at these times instead of the timed ones, "
+                         "e.g. 1=5.0,2=6.5,3=8.0 (what the calls cost inside a decode loop).")
     args = ap.parse_args()
+    if args.head_ms is not None and args.from_records is None:
+        ap.error("--head-ms reprices records: give --from-records too")
     if args.from_records is not None:
         saved = json.loads(args.from_records.read_text())
         prof = Profile.load(Path(saved["profile"]))
         head_cost = {int(m): float(v) for m, v in saved["head_seconds"].items()}
+        if args.head_ms is not None:
+            given = {int(m): float(ms) / 1e3 for m, _, ms in (x.partition("=") for x in args.head_ms.split(","))}
+            if set(given) != set(head_cost):
+                ap.error(f"--head-ms needs a time for each of m = {sorted(head_cost)}")
+            head_cost = given
         finish(args, saved["turns"], head_cost, extrapolated_step_time(prof), saved["max_head"], saved["head"],
                saved["head_calls_timed"], Path(saved["profile"]))
         return
@@ -332,7 +342,8 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
               f"best with a cut: {best([k for k in rules if 'min_score' in k])}."]
     lines += ["", "```", f"python benchmarks/hybrid_oracle.py --bench {args.bench} --copy {args.copy} --head {args.head} "
               f"--budget {args.budget} --max-head {args.max_head} --head-weights {args.head_weights} --out {args.out}"
-              + (f" --from-records {args.from_records}" if args.from_records else ""),
+              + (f" --from-records {args.from_records}" if args.from_records else "")
+              + (f" --head-ms {args.head_ms}" if args.head_ms else ""),
               "```", ""]
     return "\n".join(lines)
 
