@@ -204,18 +204,20 @@ def finish(args: argparse.Namespace, turns: list[dict[str, Any]], head_cost: dic
     print(text)
 
 
-RULES = [(fill, extra, skip) for fill in (0, 1, 2, 3) for extra in (0, 1) for skip in (0, 2, 3, 4)
-         if not (extra == 0 and skip)]  # skip_from only matters where extra head tokens run
-#: confidence rules (fill, extra, min_score, skip_from): the head drafts up to ``fill`` tokens where
-#: the copy draft proposes none and up to ``extra`` elsewhere, stopping after the first token whose
-#: chain score (the product of the head's top probabilities) is below ``min_score``; that token is
+#: rules (fill, extra, min_score, skip_from): the head drafts up to ``fill`` tokens where the copy
+#: draft proposes none and up to ``extra`` where it proposes a path shorter than ``skip_from`` (none
+#: where it is longer); with ``min_score`` > 0 (a confidence cut) it stops after the first token
+#: whose chain score (the product of the head's top probabilities) is below it, and that token is
 #: dropped (where the copy draft has nothing, the first is always kept)
-CONF_RULES = [(fill, extra, tau, skip) for fill in (1, 2, 3) for extra in (0, 1, 2, 3) for tau in (0.2, 0.35, 0.5, 0.65, 0.8)
-              for skip in (0, 4) if not (extra == 0 and skip)]
+RULES = [(fill, extra, 0.0, skip) for fill in (0, 1, 2, 3) for extra in (0, 1) for skip in (0, 2, 3, 4)
+         if not (extra == 0 and skip)]  # skip_from only matters where extra head tokens run
+RULES += [(fill, extra, tau, skip) for fill in (1, 2, 3) for extra in (0, 1, 2, 3) for tau in (0.2, 0.35, 0.5, 0.65, 0.8)
+          for skip in (0, 4) if not (extra == 0 and skip)]
 
 
 def confident(scores: list[float], most: int, tau: float, keep_first: bool) -> tuple[int, int]:
-    """(head tokens kept, head calls run) for a chain cut at the first score below ``tau``.
+    """(head tokens kept, head calls run) for a chain cut at the first score below ``tau`` (0: the
+    first ``most``, every one run).
 
     >>> confident([0.9, 0.6, 0.3], 3, 0.5, False), confident([0.4, 0.3, 0.1], 2, 0.5, True)
     ((2, 3), (1, 1))
@@ -274,17 +276,8 @@ def summarize(turns: list[dict[str, Any]], head_cost: dict[int, float], step_tim
         s, p = walk(lambda pos, r: (r["copy"], step_time(r["nodes"] + 1, ctx(pos))))
         add(groups, "full copy s", s)
         add(groups, "full copy passes", p)
-        for fill, extra, skip in RULES:
-            def rule(pos: int, r: dict[str, Any], fill: int = fill, extra: int = extra, skip: int = skip) -> tuple[int, float]:
-                m = fill if r["nodes"] == 0 else (extra if not skip or r["path"] < skip else 0)
-                if m == 0:
-                    return r["copy"], step_time(r["nodes"] + 1, ctx(pos))
-                return r["union"][m - 1], step_time(r["union_nodes"][m - 1] + 1, ctx(pos)) + head_cost[m]
-            s, p = walk(rule)
-            add(groups, f"full fill={fill},extra={extra},skip_from={skip} s", s)
-            add(groups, f"full fill={fill},extra={extra},skip_from={skip} passes", p)
-        for fill, extra, tau, skip in CONF_RULES:
-            def conf(pos: int, r: dict[str, Any], fill: int = fill, extra: int = extra, tau: float = tau,
+        for fill, extra, tau, skip in RULES:
+            def rule(pos: int, r: dict[str, Any], fill: int = fill, extra: int = extra, tau: float = tau,
                      skip: int = skip) -> tuple[int, float]:
                 if r["nodes"] == 0:
                     m, calls = confident(r["scores"], fill, tau, True)
@@ -292,13 +285,14 @@ def summarize(turns: list[dict[str, Any]], head_cost: dict[int, float], step_tim
                     m, calls = 0, 0
                 else:
                     m, calls = confident(r["scores"], extra, tau, False)
-                extra_s = head_cost[calls] if calls else 0.0
+                head_s = head_cost[calls] if calls else 0.0
                 if m == 0:
-                    return r["copy"], step_time(r["nodes"] + 1, ctx(pos)) + extra_s
-                return r["union"][m - 1], step_time(r["union_nodes"][m - 1] + 1, ctx(pos)) + extra_s
-            s, p = walk(conf)
-            add(groups, f"full fill={fill},extra={extra},min_score={tau},skip_from={skip} s", s)
-            add(groups, f"full fill={fill},extra={extra},min_score={tau},skip_from={skip} passes", p)
+                    return r["copy"], step_time(r["nodes"] + 1, ctx(pos)) + head_s
+                return r["union"][m - 1], step_time(r["union_nodes"][m - 1] + 1, ctx(pos)) + head_s
+            s, p = walk(rule)
+            name = f"full fill={fill},extra={extra}," + (f"min_score={tau}," if tau else "") + f"skip_from={skip}"
+            add(groups, f"{name} s", s)
+            add(groups, f"{name} passes", p)
     groups_out: dict[str, Any] = {}
     for g, v in acc.items():
         out: dict[str, Any] = {"tokens": int(v["tokens"])}
