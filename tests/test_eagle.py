@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from draftwise.decode import decode_steps
-from draftwise.drafters.eagle import EagleDrafter, TargetParts, default_head_folder, eagle_drafter
+from draftwise.drafters.eagle import EagleDrafter, default_head_folder, eagle_drafter
+from draftwise.drafters.head_parts import TargetParts
 from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
 from draftwise.drafters.head_files import HEAD_META, HEAD_WEIGHTS, LoadedHead, load_head, save_head, target_fingerprint
 from draftwise.drafters.spec import DraftSpec
@@ -136,9 +137,11 @@ def test_drafters_of_one_head_share_its_weights_and_keep_their_own_caches(tmp_pa
     assert d.head is not a.head and not torch.equal(d.head.fc.weight, a.head.fc.weight)
 
 
-def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: int) -> list[int]:
+def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: int,
+               tops: list[float] | None = None) -> list[int]:
     """The greedy chain from scratch: a fresh target prefill of the context for features, a fresh
-    head cache, every real row at once, then k drafted rows."""
+    head cache, every real row at once, then k drafted rows (``tops``: gets each row's top
+    probability over the whole vocabulary)."""
     rt.rollback(0)
     rt.prefill(context[:-1])
     n = len(context) - 1
@@ -149,8 +152,11 @@ def _reference(rt: NativeRuntime, drafter: EagleDrafter, context: list[int], k: 
         h = drafter.head(parts.embed(context[1:])[None], feats[None], torch.arange(n)[None], cache)[0, -1:]
         out = []
         for i in range(k):
-            token = int(parts.logits(h)[0].argmax())
+            logits = parts.logits(h)[0]
+            token = int(logits.argmax())
             out.append(token)
+            if tops is not None:
+                tops.append(float(torch.softmax(logits, -1).max()))
             h = drafter.head(parts.embed([token])[None], h[None], torch.tensor([[n + i]]), cache)[0]
     return out
 
@@ -172,12 +178,17 @@ def test_incremental_drafting_equals_drafting_from_scratch(target, rows, weights
         if i == 6:
             break
         proposal = drafter.propose(context, 3).tokens
-        seen.append((list(context), proposal))
+        scored = drafter.propose_scored(context, 3)
+        assert scored.tokens == proposal
+        seen.append((list(context), proposal, scored.scores))
     steps.close()
     assert len(seen) >= 5
-    for context, proposal in seen[-3:]:
+    for context, proposal, scores in seen[-3:]:
         ref_drafter = _drafter(target, index, weights=weights)
-        assert _reference(target, ref_drafter, context, 3) == proposal
+        tops: list[float] = []
+        assert _reference(target, ref_drafter, context, 3, tops) == proposal
+        # a scored chain: the running product of the head's top probabilities along it
+        assert scores == pytest.approx([tops[0], tops[0] * tops[1], tops[0] * tops[1] * tops[2]], rel=1e-5)
         if index is not None:
             assert set(proposal) <= set(index.tolist())
 
@@ -247,6 +258,18 @@ def test_target_parts_reduced_vocabulary_scores_only_its_rows(target):
     assert logits.shape == (2, V)
     finite = torch.isfinite(logits).nonzero()[:, 1].unique().tolist()
     assert finite == [4, 9]
+
+
+@pytest.mark.parametrize("rows", [None, [2, 4, 9, 17, 30]])
+def test_best_is_the_argmax_of_the_logits_and_its_probability(target, rows):
+    # greedy drafts from the head's own rows; logits spreads them over the whole vocabulary
+    parts = TargetParts(target, None if rows is None else torch.tensor(rows))
+    for seed in range(5):
+        hidden = torch.randn(1, 32, generator=torch.Generator().manual_seed(seed))
+        logits = parts.logits(hidden)[0]
+        token, top = parts.best(hidden)
+        assert token == int(logits.argmax())
+        assert top == pytest.approx(float(torch.softmax(logits, -1).max()), rel=1e-6)
 
 
 def test_greedy_trees_equal_plain_greedy_and_respect_the_budget(target):

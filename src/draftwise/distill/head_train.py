@@ -30,7 +30,7 @@ from typing import IO, Any
 import torch
 import torch.nn.functional as F
 
-from ..drafters.eagle import TargetParts
+from ..drafters.head_parts import TargetParts
 from ..drafters.eagle_head import EagleHead, HeadConfig
 from ..errors import ConfigError
 from ..runtime.native import load_state_dict
