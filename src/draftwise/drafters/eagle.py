@@ -27,18 +27,15 @@ every output exact.
 
 from __future__ import annotations
 
-import copy
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 from ..errors import ConfigError
-from ..runtime.quant import Int8Linear, kernel_works
+from ..runtime.quant import kernel_works
 from ..sampling import SamplingConfig
 from ..tree import TokenTree
 from .base import Capabilities, Draft, draft_autoregressive
