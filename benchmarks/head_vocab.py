@@ -31,7 +31,7 @@ import torch
 
 from draftwise.bench.runner import build_prompt
 from draftwise.distill.corpus import corpus_sequences
-from draftwise.distill.data import frequent_tokens
+from draftwise.distill.data import token_ranking
 from draftwise.drafters.eagle import default_head_folder, default_head_weights, fingerprint_of
 from draftwise.drafters.head_files import load_head
 from draftwise.drafters.head_parts import TargetParts, int8_head
@@ -47,14 +47,9 @@ def ranked_rows(model, shipped: list[int], conversations: int, sizes: list[int])
     seqs, _, held, _ = corpus_sequences("sharegpt", model.tokenizer, conversations=conversations, seq_len=512,
                                         dev_texts=dev)
     train = [s for s, h in zip(seqs, held) if not h]
-    vocab = int(model.runtime.vocab_size)
     eos = sorted(int(t) for t in model.eos_token_ids)
-    counts = torch.zeros(vocab, dtype=torch.long)
-    for s in train:
-        counts += torch.bincount(torch.as_tensor(s), minlength=vocab)[:vocab]
-    first = set(eos)
-    rank = eos + [i for i in torch.sort(-counts, stable=True).indices.tolist() if i not in first]  # as frequent_tokens
-    match = len(set(frequent_tokens(train, len(shipped), vocab, eos)) & set(shipped))
+    rank = token_ranking(train, int(model.runtime.vocab_size), eos)  # the order train-head's rows take
+    match = len(set(rank[: len(shipped)]) & set(shipped))
     return {n: resized(shipped, rank, n) for n in sizes}, match
 
 

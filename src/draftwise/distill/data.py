@@ -258,29 +258,32 @@ def load_hf(target: Any, device: torch.device | str = "cpu") -> Any:
     return model.to(device).eval()
 
 
-def frequent_tokens(sequences: Sequence[Sequence[int]], n: int, vocab_size: int, always: Sequence[int] = ()) -> list[int]:
-    """The ``n`` token ids a reduced draft head keeps (FR-Spec), sorted ascending.
+def token_ranking(sequences: Sequence[Sequence[int]], vocab_size: int, always: Sequence[int] = ()) -> list[int]:
+    """Every token id, in the order a reduced draft vocabulary takes them: ``always`` (the
+    end-of-sequence ids) first, then by descending frequency in the token stream, ties to the
+    lowest id.
 
-    ``always`` (the end-of-sequence ids) come first, then the most frequent ids of the
-    training token stream; ties, and slots the stream cannot fill, go to the lowest ids.
-
-    >>> frequent_tokens([[5, 5, 7, 9], [7, 5]], 3, vocab_size=10, always=[2])
-    [2, 5, 7]
+    >>> token_ranking([[5, 5, 7, 9], [7, 5]], vocab_size=10, always=[2])
+    [2, 5, 7, 9, 0, 1, 3, 4, 6, 8]
     """
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for seq in sequences:
         if seq:
             counts += torch.bincount(torch.as_tensor(seq, dtype=torch.long), minlength=vocab_size)[:vocab_size]
-    chosen = [i for i in dict.fromkeys(always) if 0 <= i < vocab_size][:n]
+    chosen = [i for i in dict.fromkeys(always) if 0 <= i < vocab_size]
     taken = set(chosen)
     # stable sort: equal counts keep ascending id order
-    for i in torch.sort(-counts, stable=True).indices.tolist():
-        if len(chosen) >= n:
-            break
-        if i not in taken:
-            chosen.append(i)
-            taken.add(i)
-    return sorted(chosen)
+    return chosen + [i for i in torch.sort(-counts, stable=True).indices.tolist() if i not in taken]
+
+
+def frequent_tokens(sequences: Sequence[Sequence[int]], n: int, vocab_size: int, always: Sequence[int] = ()) -> list[int]:
+    """The ``n`` token ids a reduced draft head keeps (FR-Spec), sorted ascending: the first ``n``
+    of :func:`token_ranking`.
+
+    >>> frequent_tokens([[5, 5, 7, 9], [7, 5]], 3, vocab_size=10, always=[2])
+    [2, 5, 7]
+    """
+    return sorted(token_ranking(sequences, vocab_size, always)[:n])
 
 
 def batch_indices(step: int, batch: int, num_sequences: int, seed: int) -> list[int]:

@@ -185,8 +185,9 @@ class EagleDrafter:
             return Draft(draft.tokens, draft.probs, None, tuple(torch.cumprod(top, 0).tolist()))
 
     def _chain(self, hidden: torch.Tensor, known: int, k: int, scored: bool) -> Draft:
-        """Greedy's chain: each token the argmax over the head's own rows (no logits over the
-        whole vocabulary, which cost more than the head's rows here), scored as :meth:`propose_scored` says."""
+        """Greedy's chain: each token the argmax over the head's own rows (:meth:`TargetParts.best`;
+        spreading them over the whole vocabulary first cost more than scoring them), scored as
+        :meth:`propose_scored` says."""
         tokens, tops = [], []
         for i in range(k):
             token, top = self.parts.best(hidden)
