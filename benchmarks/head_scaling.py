@@ -24,6 +24,9 @@ Ctrl-C adds one point to the curve, where it stopped).
         --tag passes6 --out benchmarks/results/head-scaling      # a head `train-head --corpus` trained
     python benchmarks/head_scaling.py report --out benchmarks/results/head-scaling [--bench DIR]
 
+``--answers FILE`` (with its own ``--tag``) trains on the target's answers to the same training
+conversations (``head_answers.py``: the same prompts and tokens), scored on the same held-out ShareGPT.
+
 Writes ``runs/NAME.json`` (and ``heads/NAME/``, a head ``eagle:PATH`` loads) per run, then
 ``summary.md``, ``result.json`` and ``scaling.png``.
 """
@@ -41,9 +44,10 @@ from typing import Any
 import torch
 
 from draftwise.distill.checkpoint import LAST, load_safely, save_checkpoint
-from draftwise.distill.corpus import corpus_sequences
+from draftwise.distill.corpus import corpus_sequences, read_corpus
 from draftwise.distill.data import frequent_tokens
 from draftwise.distill.feature_store import extract_features
+from draftwise.distill.head_data import conversation_ids
 from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
 from draftwise.distill.loop import RunProgress, resume_from
 from draftwise.drafters.eagle_head import default_aux_layers
@@ -64,6 +68,8 @@ def _data(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]], list[int
         args.corpus, target.tokenizer, conversations=args.pool, seq_len=args.seq_len, seed=args.corpus_seed,
         holdout_percent=args.holdout_percent,
     )
+    if args.answers:
+        _use_answers(args, target.tokenizer, seqs, lens)
     aux = default_aux_layers(int(target.runtime.num_layers)) if args.arch == "eagle3" else None
     train_ids = [i for i, h in enumerate(held_flags) if not h]
     held = [i for i, h in enumerate(held_flags) if h]
@@ -74,6 +80,25 @@ def _data(args: argparse.Namespace) -> tuple[Any, Any, list[list[int]], list[int
     seqs, lens = [seqs[i] for i in use], [lens[i] for i in use]
     store = extract_features(target, seqs, lens, args.data_dir, aux_layers=aux, on_status=print)
     return target, store, seqs, [at[i] for i in train_ids[: max(args.sizes)]], [at[i] for i in held], stats
+
+
+def _use_answers(args: argparse.Namespace, tokenizer: Any, seqs: list[list[int]], lens: list[int]) -> None:
+    """Put the target's answers (``head_answers.py``'s file) in place of the training
+    conversations of the sizes trained, each checked against its conversation's key; the
+    held-out conversations stay ShareGPT's."""
+    want = max(args.sizes)
+    keys = [c.key for c in read_corpus(args.corpus, seed=args.corpus_seed, holdout_percent=args.holdout_percent).train[:want]]
+    got = {}
+    for line in args.answers.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["index"] < want:
+            if rec["key"] != keys[rec["index"]]:
+                raise SystemExit(f"{args.answers}: index {rec['index']} is another conversation than this corpus's")
+            got[rec["index"]] = rec["messages"]
+    if len(got) < want:
+        raise SystemExit(f"{args.answers} answers {len(got)} of the {want} conversations; run head_answers.py --size {want}")
+    for i, messages in got.items():
+        seqs[i], lens[i] = conversation_ids(tokenizer, messages, args.seq_len)
 
 
 def _resume(folder: Path, settings: dict[str, Any], steps: int, head: Any, opt: Any, log: io.StringIO) -> RunProgress:
@@ -159,7 +184,7 @@ def train(args: argparse.Namespace) -> None:
                 "heldout": evaluate_head(head, parts, store, held, eos=eos, device=cpu),
                 "train": evaluate_head(head, parts, store, probe, eos=eos, device=cpu),
                 "curve": [{"step": c["step"], "acceptance": round(c["acceptance"], 4)} for c in curve if "acceptance" in c],
-                "corpus": stats["summary"],
+                "corpus": stats["summary"], **({"answers": str(args.answers)} if args.answers else {}),
             }
             save_head(args.out / "heads" / name, head.cpu(), draft_tokens=draft, target={
                 "name": target.name, "fingerprint": target_fingerprint(target.tokenizer, d, vocab), "hidden_size": d,
@@ -219,6 +244,15 @@ def _drafting(benches: list[Path]) -> dict[str, float]:
     return out
 
 
+def _moved(a: dict[str, Any], b: dict[str, Any], drafting: dict[str, float]) -> str:
+    """Run ``a`` against run ``b``: held-out, on its own data and (where benched) drafting."""
+    ha, hb = a["heldout"]["acceptance"], b["heldout"]["acceptance"]
+    da, db = drafting.get(a["name"]), drafting.get(b["name"])
+    drafted = "" if da is None or db is None else f"; drafting MT-bench {da:.3f} -> {db:.3f} ({db - da:+.3f})"
+    return (f"{ha:.3f} -> {hb:.3f} ({hb - ha:+.3f}; on its own data {a['train']['acceptance']:.3f} -> "
+            f"{b['train']['acceptance']:.3f}){drafted}")
+
+
 def report(args: argparse.Namespace) -> None:
     runs = [json.loads(p.read_text()) for p in sorted((args.out / "runs").glob("*.json"))]
     if not runs:
@@ -245,7 +279,15 @@ def report(args: argparse.Namespace) -> None:
         lines.append(f"| {r['name']} | {r['conversations']} | {r['tokens']:,} | {r['passes']:g} | {r['steps']} | "
                      f"{r['seconds'] / 60:.1f} | {r['heldout']['acceptance']:.3f} | {r['train']['acceptance']:.3f} | "
                      f"{'' if draft is None else f'{draft:.3f}'} |")
-    same_steps = [(a, b) for a in runs for b in runs
+    fixed = [r for r in runs if "answers" not in r]  # the scaling lines compare one kind of text
+    for r in (r for r in runs if "answers" in r):
+        twin = next((b for b in fixed if b["tag"] == "base" and (b["conversations"], b["passes"], b["seed"])
+                     == (r["conversations"], r["passes"], r["seed"])), None)
+        if twin is not None:
+            lines += ["", f"The target's answers in place of ShareGPT's, {r['conversations']} conversations at "
+                      f"{r['passes']:g} passes (seed {r['seed']}; {twin['tokens']:,} -> {r['tokens']:,} tokens): held-out "
+                      f"{_moved(twin, r, drafting)}."]
+    same_steps = [(a, b) for a in fixed for b in fixed
                   if a["steps"] == b["steps"] and a["conversations"] < b["conversations"] and a["seed"] == b["seed"]]
     for a, b in same_steps:
         lines += ["", f"At {a['steps']} steps each (seed {a['seed']}): {a['conversations']} conversations "
@@ -253,17 +295,12 @@ def report(args: argparse.Namespace) -> None:
                   f"{b['conversations']} conversations {b['heldout']['acceptance']:.3f} "
                   f"({b['train']['acceptance']:.3f}): {b['heldout']['acceptance'] - a['heldout']['acceptance']:+.3f} "
                   f"from {b['conversations'] / a['conversations']:g}x the conversations at equal training."]
-    same_passes = [(a, b) for a in runs for b in runs
+    same_passes = [(a, b) for a in fixed for b in fixed
                    if a["tag"] != "base" and a["passes"] == b["passes"] and a["seed"] == b["seed"]
                    and a["conversations"] < b["conversations"] and a["steps"] != b["steps"]]
     for a, b in same_passes:  # each size trained as far over its own data: what the next doubling buys
-        da, db = drafting.get(a["name"]), drafting.get(b["name"])
-        drafted = "" if da is None or db is None else f"; drafting MT-bench {da:.3f} -> {db:.3f} ({db - da:+.3f})"
         lines += ["", f"At {a['passes']:g} passes each (seed {a['seed']}): {a['conversations']} -> {b['conversations']} "
-                  f"conversations ({a['steps']} -> {b['steps']} steps) moved held-out acceptance "
-                  f"{a['heldout']['acceptance']:.3f} -> {b['heldout']['acceptance']:.3f} "
-                  f"({b['heldout']['acceptance'] - a['heldout']['acceptance']:+.3f}; on its own data "
-                  f"{a['train']['acceptance']:.3f} -> {b['train']['acceptance']:.3f}){drafted}."]
+                  f"conversations ({a['steps']} -> {b['steps']} steps) moved held-out acceptance {_moved(a, b, drafting)}."]
     gains = [(mean[b] - mean[a]) / math.log2(b / a) for a, b in zip(sizes, sizes[1:])]
     if gains:
         lines += ["", "Held-out acceptance per doubling of the conversations, `base` runs (mean over seeds; at 3 passes "
@@ -285,12 +322,16 @@ def _plot(path: Path, runs: list[dict[str, Any]], drafting: dict[str, float]) ->
     plt = pyplot()
     fig, (ax, cx) = plt.subplots(1, 2, figsize=(11, 4))
     base = [r for r in runs if r["tag"] == "base"]
-    other = [r for r in runs if r["tag"] != "base"]
+    other = [r for r in runs if r["tag"] != "base" and "answers" not in r]
+    answers = [r for r in runs if "answers" in r]
     for key, label, marker in (("heldout", "held-out (teacher-forced)", "o"), ("train", "own training data", "s")):
         ax.scatter([r["tokens"] for r in base], [r[key]["acceptance"] for r in base], marker=marker, label=label)
         if other:
             ax.scatter([r["tokens"] for r in other], [r[key]["acceptance"] for r in other], marker=marker,
                        facecolors="none", edgecolors="black", label=f"{label}, longer training")
+        if answers:
+            ax.scatter([r["tokens"] for r in answers], [r[key]["acceptance"] for r in answers], marker=marker,
+                       facecolors="none", edgecolors="red", label=f"{label}, the target's answers")
     drafted = [(r["tokens"], drafting[r["name"]]) for r in runs if r["name"] in drafting]
     if drafted:
         ax.scatter(*zip(*drafted), marker="^", label="drafting held-out MT-bench")
@@ -302,7 +343,8 @@ def _plot(path: Path, runs: list[dict[str, Any]], drafting: dict[str, float]) ->
     for r in runs:
         curve = r.get("curve") or []
         cx.plot([c["step"] for c in curve], [c["acceptance"] for c in curve], marker=".",
-                label=f"{r['conversations']} conversations, {r['passes']:g} passes (seed {r['seed']})")
+                label=f"{r['conversations']} conversations, {r['passes']:g} passes (seed {r['seed']})"
+                + (", target's answers" if "answers" in r else ""))
     cx.set_xlabel("training step (4 sequences of 512 tokens)")
     cx.set_ylabel("held-out acceptance (teacher-forced)")
     cx.axhline(0.5, color="grey", lw=0.8, ls="--")
@@ -331,6 +373,8 @@ def main() -> None:
     common.add_argument("--weight-decay", type=float, default=0.0)
     common.add_argument("--vocab", type=int, default=8192)
     common.add_argument("--tag", default="base", help="Name of a setting other than the base one (a sweep).")
+    common.add_argument("--answers", type=Path, default=None,
+                        help="head_answers.py's JSONL: train on the target's answers to the same conversations.")
     common.add_argument("--threads", type=int, default=None)
     common.add_argument("--out", type=Path, default=Path("benchmarks/results/head-scaling"))
     sub.add_parser("train", parents=[common])

@@ -122,6 +122,18 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8).token_ids
 
 
+def test_each_prompt_its_own_budget(batched_model: Any, prompts: list[list[int]]) -> None:
+    """``max_new_tokens`` per prompt: each generation stops at its own, as it would alone."""
+    budgets = [3, 11, 6]
+    eng = Engine(batched_model, max_batch=3, context=1024)
+    got = eng.generate_all(prompts[:3], max_new_tokens=budgets)
+    want = [generate(batched_model, p, max_new_tokens=n).token_ids for p, n in zip(prompts, budgets)]
+    assert [r.token_ids for r in got] == want
+    assert [len(r.token_ids) for r in got] == budgets  # none of these ends early
+    with pytest.raises(ConfigError, match="2 max_new_tokens and 3 sampling configs for 3 prompts"):
+        eng.generate_all(prompts[:3], max_new_tokens=[4, 4])
+
+
 def pass_rows(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> list[dict[int, int]]:
     """Filled as ``eng`` runs: per pass, slot -> rows."""
     rows: list[dict[int, int]] = []

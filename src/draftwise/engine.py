@@ -95,10 +95,8 @@ def check_batch(model: Model, max_batch: Any, context: int | None = None) -> int
         raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
     rt = model.runtime
     if not hasattr(rt, "forward_batch"):
-        raise ConfigError(
-            f"the {type(rt).__name__} runtime runs one sequence at a time; use max_batch 1 "
-            "(batching needs the native runtime: Llama-family models)"
-        )
+        raise ConfigError(f"the {type(rt).__name__} runtime runs one sequence at a time; use max_batch 1 "
+                          "(batching needs the native runtime: Llama-family models)")
     if max_batch > 1:
         ctx = rt.max_context if context is None else context
         need, have = rt.cache_bytes(max_batch, ctx), memory_available()
@@ -116,9 +114,7 @@ class SlotRuntime:
     """The runtime protocol on one slot of a batched native runtime (see the module docstring)."""
 
     def __init__(self, engine: Engine, slot: int) -> None:
-        self._engine = engine
-        self._rt = engine.runtime
-        self.slot = slot
+        self._engine, self._rt, self.slot = engine, engine.runtime, slot
 
     # what does not change per slot
     vocab_size = property(lambda self: self._rt.vocab_size)
@@ -349,7 +345,7 @@ class Engine:
         self,
         prompts: Sequence[Sequence[int]],
         *,
-        max_new_tokens: int = 128,
+        max_new_tokens: int | Sequence[int] = 128,
         sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
         stop: Sequence[str] = (),
         drafters: Sequence[Drafter | None] | None = None,
@@ -358,12 +354,16 @@ class Engine:
         on_result: Callable[[int, GenerationResult], None] | None = None,
     ) -> list[GenerationResult]:
         """Generate a completion of every prompt (token ids), ``max_batch`` at a time, each as
-        :func:`draftwise.decode.generate` would alone; results in prompt order. ``drafters``
-        (one per slot, or None) are reused slot by slot; ``k`` a number or a policy factory.
-        ``progress(done)`` after every step; ``on_result(i, result)`` as soon as prompt ``i``'s
-        generation ends (to save it before the others finish)."""
+        :func:`draftwise.decode.generate` would alone; results in prompt order. ``max_new_tokens``
+        and ``sampling``: one for all or one each; ``drafters`` (one per slot, or None) are reused
+        slot by slot; ``k`` a number or a policy factory. ``progress(done)`` after every step;
+        ``on_result(i, result)`` as soon as prompt ``i``'s generation ends (to save it early)."""
         n = len(prompts)
         configs = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingConfig()] * n
+        budgets = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * n
+        if len(budgets) != n or len(configs) != n:
+            raise ConfigError(f"{len(budgets)} max_new_tokens and {len(configs)} sampling configs for {n} prompts: "
+                              "pass one for all, or one for each")
         results: list[GenerationResult | None] = [None] * n
         todo, running = deque(range(n)), set()
         while todo or self._live:
@@ -372,7 +372,7 @@ class Engine:
                 slot = self._free[0]
                 drafter = drafters[slot] if drafters is not None else None
                 kk = k if isinstance(k, int) else k()
-                self.start(self._job(i, list(prompts[i]), max_new_tokens, configs[i], stop, drafter, kk, results))
+                self.start(self._job(i, list(prompts[i]), budgets[i], configs[i], stop, drafter, kk, results))
                 running.add(i)
             self.step()
             for i in [i for i in running if results[i] is not None]:
