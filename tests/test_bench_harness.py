@@ -320,13 +320,14 @@ def test_a_question_too_long_for_the_context_is_skipped(tiny, tmp_path):
     assert summary["run"]["questions_finished"] == 1 and list(summary["groups"]) == ["qa", "overall"]
 
 
-def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, qfile, tmp_path, monkeypatch):
+def test_repeats_keep_the_fastest_run_and_only_its_answer_teaches_the_draft(tiny, qfile, tmp_path, monkeypatch):
     """Each turn runs 3 times, the methods alternating run by run: the fastest is kept, and all 3
     decode the same steps, because a draft that learns across generations (suffix's cache) learns
-    only from the last."""
+    from none of them, only from the kept answer, once, after the runs."""
     import draftwise.bench.runner as runner_module
 
     real, calls = runner_module.api.generate, []
+    real_teach, taught = runner_module.teach, []
 
     def spy(*args, **kw):
         res = real(*args, **kw)
@@ -334,21 +335,27 @@ def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, 
         calls.append((method, kw["learn"], res.stats.accepted, res.stats.target_passes, list(res.token_ids)))
         return res
 
-    one = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
+    def teach_spy(drafter, prompt_ids, answer, sampling):
+        taught.append((len(calls), list(answer)))
+        real_teach(drafter, prompt_ids, answer, sampling)
+
+    run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
                     warmup=False)
     monkeypatch.setattr(runner_module.api, "generate", spy)
+    monkeypatch.setattr(runner_module, "teach", teach_spy)
     three = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "three",
                       progress=False, warmup=False, repeats=3)
     assert len(calls) == 3 * 4 * 2  # 4 turns, 2 methods (none and suffix), 3 runs each
+    assert not any(learn for _, learn, *_ in calls), "a timed run taught the draft"
+    assert [at for at, _ in taught] == [6, 12, 18, 24], "suffix learns once a turn, after its runs"
     for i in range(0, len(calls), 6):  # one turn: 3 rounds of both methods
         turn = calls[i:i + 6]
         rounds = [turn[j:j + 2] for j in range(0, 6, 2)]
         assert all({c[0] for c in r} == {"none", "suffix"} for r in rounds), "a round left a method out"
         assert [r[0][0] for r in rounds][:2] in (["none", "suffix"], ["suffix", "none"]), "the order did not rotate"
-        for method in ("none", "suffix"):
-            runs = [c[1:] for c in turn if c[0] == method]
-            assert [learn for learn, *_ in runs] == [False, False, True]
-            assert all(r[1:] == runs[0][1:] for r in runs), "a later run decoded other steps: it learned from an earlier"
+        runs = [c[2:] for c in turn if c[0] == "suffix"]
+        assert all(r == runs[0] for r in runs), "a later run decoded other steps: it learned from an earlier"
+        assert taught[i // 6][1] == runs[0][2], "the draft learned another answer than the turn's"
     assert three["config"]["repeats"] == 3 and three["equality"]["mismatches"] == []
     for name in ("none", "suffix"):
         for key, rec in read_answers(tmp_path / "three" / "answers" / method_filename(name)).items():
@@ -358,3 +365,50 @@ def test_repeats_keep_the_fastest_run_and_only_the_last_teaches_the_draft(tiny, 
                 assert len(stats["repeat_seconds"]) == 3 and wall == min(stats["repeat_seconds"])
                 assert stats["accepted"] == before["choices"][0]["stats"][t]["accepted"]
     assert "each turn the fastest of 3 runs" in render_markdown(three)
+
+
+def _timed(monkeypatch, seconds):
+    """The runner's timed runs, each one's time the next of ``seconds[method]``; how many ran."""
+    import dataclasses
+
+    from draftwise.bench.runner import Runner
+
+    real, left = Runner.turn, {m: iter(s) for m, s in seconds.items()}
+    counts = {m: 0 for m in seconds}
+
+    def fake(self, method, prompt_ids, category):
+        counts[method.name] += 1
+        return dataclasses.replace(real(self, method, prompt_ids, category), seconds=next(left[method.name]))
+
+    monkeypatch.setattr(Runner, "turn", fake)
+    return counts
+
+
+def test_settle_runs_a_turn_again_until_its_two_fastest_runs_agree(tiny, tmp_path, monkeypatch):
+    """With settle=0.05 a turn runs again, the unsettled methods only, while its two fastest runs
+    are more than 5% apart; the kept time is the fastest, and a turn that never settles stops at
+    3 x repeats runs."""
+    q = [Question(1, "qa", ("What is the capital of France?",))]
+    counts = _timed(monkeypatch, {"none": [1.0, 1.01, 1.5], "suffix": [3.0, 4.0, 5.0, 3.5, 3.05]})
+    done = run_bench(tiny, q, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "a", progress=False,
+                     warmup=False, repeats=3, settle=0.05)
+    assert counts == {"none": 3, "suffix": 5}  # suffix: 3.0/4.0, then 3.0/3.5 apart; 3.0/3.05 agree
+    rec = read_answers(tmp_path / "a" / "answers" / method_filename("suffix"))
+    stats = next(iter(rec.values()))["choices"][0]["stats"][0]
+    assert stats["repeat_seconds"] == [3.0, 4.0, 5.0, 3.5, 3.05]
+    assert next(iter(rec.values()))["choices"][0]["wall_time"] == [3.0]
+    assert done["config"]["settle"] == 0.05 and "agreed within 5%" in render_markdown(done)
+
+    monkeypatch.undo()  # the runner's own turn again, timed anew
+    counts = _timed(monkeypatch, {"none": [1.0] * 9, "suffix": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]})
+    run_bench(tiny, q, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "b", progress=False,
+              warmup=False, repeats=2, settle=0.05)
+    assert counts == {"none": 2, "suffix": 6}  # never within 5%: the cap, 3 x 2 runs
+
+
+@pytest.mark.parametrize("settle, repeats, match", [
+    (0.0, 3, "between 0 and 1"), (1.5, 3, "between 0 and 1"), (0.05, 1, "needs repeats >= 2"),
+])
+def test_bad_settle_is_one_config_error(tiny, qfile, settle, repeats, match):
+    with pytest.raises(ConfigError, match=match):
+        run_bench(tiny, qfile, max_new_tokens=N, progress=False, warmup=False, repeats=repeats, settle=settle)

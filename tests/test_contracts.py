@@ -23,6 +23,7 @@ from draftwise.cost.profile import default_profile_path, locked
 from draftwise.decode import Stream, decode_steps, generate
 from draftwise.drafters import Capabilities, Draft, capabilities_of, make_drafter
 from draftwise.drafters.suffix import SuffixDrafter
+from draftwise.questions import Question
 from draftwise.sampling import SamplingConfig
 from draftwise.tree import TokenTree
 from draftwise.verify import verify_tree_greedy, verify_tree_sampled
@@ -206,13 +207,14 @@ def test_two_bench_methods_with_one_spec_and_auto_never_share_a_cache(tiny):
 
     runner = Runner(tiny, 6, SamplingConfig(), plan=Plan())
     auto = build_methods(tiny, "auto", 4, ())[-1]
-    runner.turn(methods[1], [5, 6, 7, 8], "qa")
-    runner.turn(auto, [5, 6, 7, 9], "qa")
+    hi = Question(1, "qa", ("Hi.",))
+    runner.questions([methods[1]], hi)  # each learns the answer it keeps
+    runner.questions([auto], hi)
     own = runner.auto_drafters[("auto", "suffix")].cache
     assert own is not caches[0] and len(own) == 1 and len(caches[0]) == 1 and len(caches[1]) == 0
     # a second auto method routed to the same draft keeps a cache of its own too
     other = build_methods(tiny, "auto@k=3", 4, ())[-1]
-    runner.turn(other, [5, 6, 7, 9], "qa")
+    runner.questions([other], hi)
     theirs = runner.auto_drafters[(other.name, "suffix")].cache
     assert theirs is not own and len(theirs) == 1 and len(own) == 1
 

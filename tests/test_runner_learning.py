@@ -7,6 +7,7 @@ from __future__ import annotations
 from draftwise.bench.methods import AUTO
 from draftwise.bench.runner import Runner, build_methods, teach
 from draftwise.drafters.factory import capabilities_of, make_drafter
+from draftwise.questions import Question
 from draftwise.sampling import SamplingConfig
 
 
@@ -21,19 +22,19 @@ def test_auto_routed_to_lookup_still_teaches_its_suffix_drafter(tiny):
     runner = Runner(tiny, 8, SamplingConfig(), plan=Plan())
     auto = build_methods(tiny, AUTO, 4, ())[-1]
     alone = build_methods(tiny, "suffix", 4, ())[-1]  # the standalone method, for comparison
-    first = runner.turn(auto, PROMPTS[0], "copy")
+    first = runner.questions([auto], Question(1, "copy", ("Say a b c a b c.",)))["auto"][0]
     assert first.stats["draft"] == "lookup"
     cache = runner.auto_drafters[("auto", "suffix")].cache
     assert cache.generations() == [first.token_ids]  # learned, though lookup decoded it
     # as the standalone suffix method learns the same (greedy) answer it decodes itself
-    runner.turn(alone, PROMPTS[0], "copy")
+    runner.questions([alone], Question(1, "copy", ("Say a b c a b c.",)))
     assert alone.drafter.cache.generations() == cache.generations()
-    # a warm-up teaches nothing; plain decoding's answer and suffix's own are each learned once
-    runner.turn(auto, PROMPTS[1], "copy", learn=False)
+    # a timed run alone teaches nothing; plain decoding's answer and suffix's own are each learned once
+    runner.turn(auto, PROMPTS[1], "copy")
     assert len(cache) == 1
-    plain = runner.turn(auto, PROMPTS[1], "plain")
+    plain = runner.questions([auto], Question(2, "plain", ("Count to five.",)))["auto"][0]
     assert plain.stats["k"] == 0 and cache.generations()[-1] == plain.token_ids
-    own = runner.turn(auto, PROMPTS[2], "chat")
+    own = runner.questions([auto], Question(3, "chat", ("Name a colour.",)))["auto"][0]
     assert own.stats["draft"] == "suffix" and len(cache) == 3 and cache.generations()[-1] == own.token_ids
     # the lookup drafter learns nothing (it keeps nothing across generations) and is never taught
     assert not capabilities_of("lookup").learns

@@ -125,7 +125,7 @@ def question_digest(q: Question) -> str:
 
 
 #: run settings added after schema 1, and the value a fingerprint without them had
-_ADDED_RUN_SETTINGS = {"repeats": 1}
+_ADDED_RUN_SETTINGS: dict[str, Any] = {"repeats": 1, "settle": None}
 
 
 def fingerprint(
@@ -136,6 +136,7 @@ def fingerprint(
     questions: Sequence[Question],
     plan: Any = None,
     repeats: int = 1,
+    settle: float | None = None,
 ) -> dict[str, Any]:
     """The fingerprint of a run (see the module docstring)."""
     return {
@@ -149,6 +150,7 @@ def fingerprint(
             "top_p": sampling.top_p,
             "seed": sampling.seed,
             "repeats": repeats,
+            "settle": settle,
         },
         "methods": {m.name: method_fingerprint(m, plan) for m in methods},
         "questions": {question_key(q): question_digest(q) for q in questions},

@@ -90,6 +90,19 @@ def check_repeats(repeats: int, sampling: SamplingConfig) -> int:
     return repeats
 
 
+def check_settle(settle: float | None, repeats: int) -> float | None:
+    """``settle`` if it is None or a fraction in (0, 1) with ``repeats`` >= 2, else a
+    :class:`~draftwise.errors.ConfigError`."""
+    if settle is None:
+        return None
+    if isinstance(settle, bool) or not isinstance(settle, (int, float)) or not 0 < settle < 1:
+        raise ConfigError(f"settle={settle!r} must be a fraction between 0 and 1 (e.g. 0.03: the two fastest "
+                          "runs of a turn within 3%)")
+    if repeats < 2:
+        raise ConfigError(f"settle={settle} needs repeats >= 2: it compares a turn's two fastest runs")
+    return float(settle)
+
+
 def _warm_up(runner: Runner, methods: Sequence[Method], answers: Answers, qs: Sequence[Question]) -> None:
     """First calls pay for lazy initialisation; keep that out of the timing."""
     saved, runner.max_new_tokens = runner.max_new_tokens, min(4, runner.max_new_tokens)
@@ -97,7 +110,7 @@ def _warm_up(runner: Runner, methods: Sequence[Method], answers: Answers, qs: Se
         prompt = build_prompt(runner.model, ["Say hello."], [])
         for m in methods:
             if m.kind != AUTO and any(question_key(q) not in answers[m.name] for q in qs):
-                runner.turn(m, prompt, "qa", learn=False)  # a draft with a cache learns nothing from it
+                runner.turn(m, prompt, "qa")  # a draft with a cache learns nothing from it
     finally:
         runner.max_new_tokens = saved
 
@@ -150,7 +163,7 @@ def _loop(
 
 def _config(model: Any, questions: Any, qs: Sequence[Question], methods: Sequence[Method],
             sampling: SamplingConfig, k: KValue, max_new_tokens: int, peer_names: Sequence[str],
-            limit_per_category: int | None, plan: Any, repeats: int) -> dict[str, Any]:
+            limit_per_category: int | None, plan: Any, repeats: int, settle: float | None) -> dict[str, Any]:
     """The summary's ``config``: what the run was."""
     names = [m.name for m in methods]
     return {
@@ -171,6 +184,7 @@ def _config(model: Any, questions: Any, qs: Sequence[Question], methods: Sequenc
         "questions": str(questions) if isinstance(questions, (str, Path)) else f"{len(qs)} given",
         "plan": str(plan) if plan is not None and not hasattr(plan, "choose") else None,
         "repeats": repeats,
+        "settle": settle,
         "command": " ".join(sys.argv),
         "date": time.strftime("%Y-%m-%d %H:%M"),
     }
@@ -196,6 +210,7 @@ def run_bench(
     warmup: bool = True,
     batch: int = 1,
     repeats: int = 1,
+    settle: float | None = None,
 ) -> dict[str, Any]:
     """Benchmark plain decoding (``none``), each draft and each peer on a workload.
 
@@ -216,7 +231,9 @@ def run_bench(
     questions again ``batch`` at a time on the batched engine (:mod:`draftwise.bench.batched`):
     the summary's ``batched`` part. ``repeats`` > 1 runs every turn that many times, the methods
     alternating run by run, and keeps the fastest (a timing with less of a shared machine's noise in it; sampling needs a
-    seed), each run decoding the same tokens: only the last teaches a draft that learns.
+    seed), each run decoding the same tokens: only the kept answer teaches a draft that learns.
+    ``settle`` (a fraction; needs ``repeats`` >= 2) runs a method's turn again while its two
+    fastest runs differ by more than that, up to 3 x ``repeats`` runs.
 
     Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
     "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
@@ -227,6 +244,7 @@ def run_bench(
     sampling = sampling or SamplingConfig()
     _check(max_new_tokens, time_budget)
     repeats = check_repeats(repeats, sampling)
+    settle = check_settle(settle, repeats)
     batch = check_batch_option(batch)
     k = parse_k(k)
     peer_names = parse_peers(peers)
@@ -244,14 +262,14 @@ def run_bench(
     methods = build_methods(model, drafts, k, peer_names)
     names = [m.name for m in methods]
     config = _config(model, questions, qs, methods, sampling, k, max_new_tokens, peer_names, limit_per_category,
-                     plan, repeats)
+                     plan, repeats, settle)
     answers: Answers = {m.name: {} for m in methods}
     files: dict[str, Any] = {}
     if out is not None:
-        now = fingerprint(model, sampling, max_new_tokens, methods, qs, plan_obj, repeats)
+        now = fingerprint(model, sampling, max_new_tokens, methods, qs, plan_obj, repeats, settle)
         answers, files = start_run(out, now, methods, qs, resume)
     reused = sum(len(a) for a in answers.values())
-    runner = Runner(model, max_new_tokens, sampling, plan_obj, repeats)
+    runner = Runner(model, max_new_tokens, sampling, plan_obj, repeats, settle)
     state: dict[str, Any] = {"started": started, "skipped": [], "stopped": None, "reused": reused}
     try:
         if warmup and any(question_key(q) not in answers[n] for q in qs for n in names):

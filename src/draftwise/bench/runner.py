@@ -6,9 +6,9 @@ answers (through the chat template, or as raw text for a model without one), as 
 Every method owns its drafters (built here, once, for it alone): a draft that learns across
 generations (suffix decoding's cache) learns only from its own method's answers, so two methods
 with the same spec, or ``auto`` routed to ``suffix`` beside ``suffix``, never read each other's.
-It learns from *every* answer of its method, as the standalone ``suffix`` learns every answer
-it decodes: when ``auto`` routes a prompt elsewhere (to ``lookup``, or plain decoding), each of
-its learning drafters is taught that answer too (:func:`teach`).
+It learns from *every* answer of its method, once, after the clock stopped (:func:`teach`): the
+standalone ``suffix`` every answer it decodes, and each learning drafter of ``auto`` every answer
+``auto`` gives, also where the plan routed the prompt elsewhere (to ``lookup``, or plain decoding).
 
 The plan's choice for ``auto`` and the k it runs come from :func:`draftwise.cost.route.route`,
 as in ``serve``: the plan's draft at the plan's k, which may be ``"auto"`` (the adaptive policy,
@@ -61,6 +61,23 @@ def teach(drafter: Any, prompt_ids: Sequence[int], answer: Sequence[int], sampli
     drafter.end(list(answer))
 
 
+#: with ``settle``, a turn runs at most this many times ``repeats`` times
+SETTLE_CAP = 3
+
+
+def settled(seconds: Sequence[float], tol: float) -> bool:
+    """Whether the two fastest of ``seconds`` agree within ``tol`` (a fraction of the fastest):
+    the fastest run is then not a lone lucky one, nor are all of them slowed alike by a burst.
+
+    >>> settled([4.1, 3.19, 3.54], 0.05), settled([4.1, 3.19, 3.25], 0.05)
+    (False, True)
+    """
+    if len(seconds) < 2:
+        return False
+    a, b = sorted(seconds)[:2]
+    return b - a <= tol * a
+
+
 def load_plan_for_auto(plan: Any, out_dir: Path | None) -> Any:
     """The plan ``--drafts auto`` follows: a plan object (anything with ``choose``), a path to
     ``plan.json`` or its folder, or by default ``OUT/plan.json``."""
@@ -82,12 +99,13 @@ class Runner:
     other method's) and the HF peer."""
 
     def __init__(self, model: Any, max_new_tokens: int, sampling: SamplingConfig, plan: Any = None,
-                 repeats: int = 1) -> None:
+                 repeats: int = 1, settle: float | None = None) -> None:
         self.model = model
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
         self.plan = plan
         self.repeats = repeats
+        self.settle = settle
         self.auto_drafters: dict[tuple[str, str], Any] = {}  # (method, spec) -> drafter
         self.peer: HFPeer | None = None
 
@@ -117,30 +135,24 @@ class Runner:
             return str(spec), None, 1, source
         return str(spec), drafter, parse_k(k), source
 
-    def turn(self, method: Method, prompt_ids: list[int], category: str, *, learn: bool = True) -> TurnResult:
-        """One generation of ``method`` from ``prompt_ids``; ``learn=False`` (a warm-up): a draft
-        that learns across generations does not learn from this one."""
+    def turn(self, method: Method, prompt_ids: list[int], category: str) -> TurnResult:
+        """One timed generation of ``method`` from ``prompt_ids``. A draft that learns across
+        generations does not learn from it: :meth:`questions` teaches the answer it keeps."""
         if method.kind == "hf":
             if self.peer is None:
                 self.peer = HFPeer(self.model)
             return self.peer.generate(method, prompt_ids, self.max_new_tokens, self.sampling)
         spec, drafter, k = method.spec, method.drafter, method.k
         extra: dict[str, Any] = {}
-        learners: list[Any] = []
         if method.kind == "auto":
-            learners = self._learners(method)
             spec, drafter, k, extra["plan_choice_for"] = self._auto(method, category)
         policy: Any = 1
         if drafter is not None:  # k "auto": a fresh adaptive policy for this generation
             policy = policy_for(self.model, spec, k, capabilities=drafter.capabilities)
         res = api.generate(
             self.model, prompt_ids, max_new_tokens=self.max_new_tokens, sampling=self.sampling,
-            draft=drafter, k=policy, learn=learn,
+            draft=drafter, k=policy, learn=False,
         )
-        if learn:  # after the clock stopped: auto's other learning drafters learn this answer too
-            for other in learners:
-                if other is not drafter:
-                    teach(other, prompt_ids, res.token_ids, self.sampling)
         st = res.stats
         stats = {
             "draft": spec,
@@ -177,23 +189,50 @@ class Runner:
         """All turns of ``q`` for each of ``methods`` (each method's answers go into its own next
         turn), by method name. Turn by turn, ``repeats`` rounds each run every method's turn once,
         the order rotating by ``shift`` and the round, so methods alternate within seconds and the
-        machine's drift falls on all of them alike; the fastest run of each counts. Only the last
-        round teaches the drafts that learn across generations, so every run of a turn starts
-        from the same cache and decodes the same tokens (greedy, or seeded sampling)."""
+        machine's drift falls on all of them alike; the fastest run of each counts. With
+        ``settle``, more rounds follow for the methods whose two fastest runs still differ by more
+        than that fraction (a burst of the host's noise in all but one run, or in every run), up to
+        :data:`SETTLE_CAP` times ``repeats`` runs a turn. No run teaches the drafts that learn
+        across generations; the fastest run's answer does, once, after the clock stopped, so every
+        run of a turn starts from the same cache and decodes the same tokens (greedy, or seeded
+        sampling)."""
         history: dict[str, list[str]] = {m.name: [] for m in methods}
         results: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
         for i in range(len(q.turns)):
             prompts = {m.name: build_prompt(self.model, q.turns[: i + 1], history[m.name]) for m in methods}
             runs: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
-            for r in range(self.repeats):
-                s = (shift + r) % len(methods)
-                for m in [*methods[s:], *methods[:s]]:
-                    runs[m.name].append(self.turn(m, prompts[m.name], q.category, learn=r == self.repeats - 1))
+            rounds, left = 0, list(methods)
+            while left:
+                s = (shift + rounds) % len(left)
+                for m in [*left[s:], *left[:s]]:
+                    runs[m.name].append(self.turn(m, prompts[m.name], q.category))
+                rounds += 1
+                left = [m for m in methods if self._more(runs[m.name])]
             for m in methods:
                 best = self._fastest(m, runs[m.name])
+                self._learn(m, prompts[m.name], best.token_ids)
                 history[m.name].append(best.text)
                 results[m.name].append(best)
         return results
+
+    def _more(self, runs: Sequence[TurnResult]) -> bool:
+        """Whether a method's turn runs again: fewer than ``repeats`` runs, or (with ``settle``)
+        its two fastest runs more than ``settle`` apart and fewer than the cap."""
+        if len(runs) < self.repeats:
+            return True
+        if self.settle is None or len(runs) >= SETTLE_CAP * self.repeats:
+            return False
+        return not settled([r.seconds for r in runs], self.settle)
+
+    def _learn(self, method: Method, prompt_ids: list[int], answer: list[int]) -> None:
+        """The drafts of ``method`` that learn across generations learn its answer to one turn:
+        its own drafter, or (``auto``) each drafter the plan may route to."""
+        if method.kind == "auto":
+            drafters = self._learners(method)
+        else:
+            drafters = [method.drafter] if method.drafter is not None and method.drafter.capabilities.learns else []
+        for drafter in drafters:
+            teach(drafter, prompt_ids, answer, self.sampling)
 
     def fits(self, q: Question) -> bool:
         """Whether ``q`` fits in the context whatever the answers (a conservative estimate)."""

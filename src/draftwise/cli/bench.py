@@ -12,7 +12,7 @@ from ..bench import render_markdown, run_bench
 from ..bench.batched import check_batch_option
 from ..bench.methods import parse_methods, parse_peers
 from ..bench.outdir import prepare_out
-from ..bench.run import check_repeats
+from ..bench.run import check_repeats, check_settle
 from ..bench.runner import load_plan_for_auto
 from ..cost.defaults import DEFAULT_DRAFTS
 from ..drafters.spec import SPEC_HELP, parse_k
@@ -34,6 +34,14 @@ RepeatsOpt = Annotated[
     int,
     typer.Option("--repeats", help="Run every turn N times, the drafts alternating run by run, and keep the "
                  "fastest: less of a shared machine's noise, N times the run time. Sampling needs --seed."),
+]
+
+
+SettleOpt = Annotated[
+    float | None,
+    typer.Option("--settle", help="With --repeats N >= 2: run a draft's turn again while its two fastest runs "
+                 "differ by more than this fraction (e.g. 0.03), up to 3N runs; a burst of noise then "
+                 "cannot decide a short answer's time."),
 ]
 
 
@@ -91,6 +99,7 @@ def bench(
     ] = None,
     batch: BatchOpt = 1,
     repeats: RepeatsOpt = 1,
+    settle: SettleOpt = None,
 ) -> None:
     """Spec-Bench-style benchmark: every draft (and peer) against plain decoding, per category."""
     with user_errors():
@@ -98,7 +107,7 @@ def bench(
         sampling = SamplingConfig(temperature=temperature, seed=seed)
         parsed_k = parse_k(k)
         check_batch_option(batch)
-        check_repeats(repeats, sampling)
+        check_settle(settle, check_repeats(repeats, sampling))
         methods = parse_methods(drafts, parsed_k)
         peer_list = parse_peers(peers or "")
         read_questions(questions)
@@ -110,18 +119,10 @@ def bench(
         )
         try:
             summary = run_bench(
-                loaded,
-                questions,
-                drafts=drafts,
-                k=parsed_k,
-                max_new_tokens=max_new_tokens,
-                limit_per_category=limit_per_category,
-                sampling=sampling,
-                peers=peer_list,
-                out_dir=out_dir,
-                resume=resume, overwrite=overwrite,
-                time_budget=time_budget, plan=plan,
-                progress=True, batch=batch, repeats=repeats,
+                loaded, questions, drafts=drafts, k=parsed_k, max_new_tokens=max_new_tokens,
+                limit_per_category=limit_per_category, sampling=sampling, peers=peer_list, out_dir=out_dir,
+                resume=resume, overwrite=overwrite, time_budget=time_budget, plan=plan,
+                progress=True, batch=batch, repeats=repeats, settle=settle,
             )
         except KeyboardInterrupt:
             err.print(f"[yellow]interrupted[/]: the summary of the finished questions is in {plain(out_dir)}",
