@@ -340,7 +340,7 @@ def test_repeats_keep_the_fastest_run_and_only_its_answer_teaches_the_draft(tiny
         real_teach(drafter, prompt_ids, answer, sampling)
 
     run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
-                    warmup=False)
+              warmup=False)
     monkeypatch.setattr(runner_module.api, "generate", spy)
     monkeypatch.setattr(runner_module, "teach", teach_spy)
     three = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "three",
@@ -384,26 +384,31 @@ def _timed(monkeypatch, seconds):
     return counts
 
 
-def test_settle_runs_a_turn_again_until_its_two_fastest_runs_agree(tiny, tmp_path, monkeypatch):
-    """With settle=0.05 a turn runs again, the unsettled methods only, while its two fastest runs
-    are more than 5% apart; the kept time is the fastest, and a turn that never settles stops at
-    3 x repeats runs."""
+def test_settle_runs_every_method_again_until_each_ones_two_fastest_runs_agree(tiny, tmp_path, monkeypatch):
+    """With settle=0.05 a turn runs another round of every method while any method's two fastest
+    runs are more than 5% apart, so each keeps the fastest of as many runs; the kept time is the
+    fastest, and a turn that never settles stops at 3 x repeats rounds."""
     q = [Question(1, "qa", ("What is the capital of France?",))]
-    counts = _timed(monkeypatch, {"none": [1.0, 1.01, 1.5], "suffix": [3.0, 4.0, 5.0, 3.5, 3.05]})
+    counts = _timed(monkeypatch, {"none": [1.0, 1.01, 1.5, 0.9, 0.91], "suffix": [3.0, 4.0, 5.0, 3.5, 3.05]})
     done = run_bench(tiny, q, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "a", progress=False,
                      warmup=False, repeats=3, settle=0.05)
-    assert counts == {"none": 3, "suffix": 5}  # suffix: 3.0/4.0, then 3.0/3.5 apart; 3.0/3.05 agree
-    rec = read_answers(tmp_path / "a" / "answers" / method_filename("suffix"))
-    stats = next(iter(rec.values()))["choices"][0]["stats"][0]
-    assert stats["repeat_seconds"] == [3.0, 4.0, 5.0, 3.5, 3.05]
-    assert next(iter(rec.values()))["choices"][0]["wall_time"] == [3.0]
+    assert counts == {"none": 5, "suffix": 5}  # suffix: 3.0/4.0, then 3.0/3.5 apart; 3.0/3.05 agree
+    for name, fastest in (("suffix", 3.0), ("none", 0.9)):
+        rec = next(iter(read_answers(tmp_path / "a" / "answers" / method_filename(name)).values()))
+        assert len(rec["choices"][0]["stats"][0]["repeat_seconds"]) == 5 and rec["choices"][0]["wall_time"] == [fastest]
     assert done["config"]["settle"] == 0.05 and "agreed within 5%" in render_markdown(done)
 
     monkeypatch.undo()  # the runner's own turn again, timed anew
     counts = _timed(monkeypatch, {"none": [1.0] * 9, "suffix": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]})
     run_bench(tiny, q, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "b", progress=False,
               warmup=False, repeats=2, settle=0.05)
-    assert counts == {"none": 2, "suffix": 6}  # never within 5%: the cap, 3 x 2 runs
+    assert counts == {"none": 6, "suffix": 6}  # never within 5%: the cap, 3 x 2 rounds
+
+    monkeypatch.undo()
+    counts = _timed(monkeypatch, {"none": [1.0, 1.02, 9.0], "suffix": [2.0, 2.04, 9.0]})
+    run_bench(tiny, q, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "c", progress=False,
+              warmup=False, repeats=2, settle=0.05)
+    assert counts == {"none": 2, "suffix": 2}  # both settled after the repeats: no more rounds
 
 
 @pytest.mark.parametrize("settle, repeats, match", [

@@ -232,8 +232,8 @@ def run_bench(
     the summary's ``batched`` part. ``repeats`` > 1 runs every turn that many times, the methods
     alternating run by run, and keeps the fastest (a timing with less of a shared machine's noise in it; sampling needs a
     seed), each run decoding the same tokens: only the kept answer teaches a draft that learns.
-    ``settle`` (a fraction; needs ``repeats`` >= 2) runs a method's turn again while its two
-    fastest runs differ by more than that, up to 3 x ``repeats`` runs.
+    ``settle`` (a fraction; needs ``repeats`` >= 2) runs another round of every method's turn
+    while any one's two fastest runs differ by more than that, up to 3 x ``repeats`` rounds.
 
     Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
     "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",

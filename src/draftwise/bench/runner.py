@@ -17,7 +17,7 @@ a fresh one per generation); with ``--k auto`` the adaptive k runs whatever draf
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ def teach(drafter: Any, prompt_ids: Sequence[int], answer: Sequence[int], sampli
     drafter.end(list(answer))
 
 
-#: with ``settle``, a turn runs at most this many times ``repeats`` times
+#: with ``settle``, a turn runs at most this many times ``repeats`` rounds
 SETTLE_CAP = 3
 
 
@@ -190,9 +190,10 @@ class Runner:
         turn), by method name. Turn by turn, ``repeats`` rounds each run every method's turn once,
         the order rotating by ``shift`` and the round, so methods alternate within seconds and the
         machine's drift falls on all of them alike; the fastest run of each counts. With
-        ``settle``, more rounds follow for the methods whose two fastest runs still differ by more
-        than that fraction (a burst of the host's noise in all but one run, or in every run), up to
-        :data:`SETTLE_CAP` times ``repeats`` runs a turn. No run teaches the drafts that learn
+        ``settle``, more rounds of every method follow while any method's two fastest runs still
+        differ by more than that fraction (a burst of the host's noise in all but one run, or in
+        every run), up to :data:`SETTLE_CAP` times ``repeats`` rounds: every method keeps the
+        fastest of as many runs, since the fastest of more runs is faster by chance alone. No run teaches the drafts that learn
         across generations; the fastest run's answer does, once, after the clock stopped, so every
         run of a turn starts from the same cache and decodes the same tokens (greedy, or seeded
         sampling)."""
@@ -201,13 +202,12 @@ class Runner:
         for i in range(len(q.turns)):
             prompts = {m.name: build_prompt(self.model, q.turns[: i + 1], history[m.name]) for m in methods}
             runs: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
-            rounds, left = 0, list(methods)
-            while left:
-                s = (shift + rounds) % len(left)
-                for m in [*left[s:], *left[:s]]:
+            rounds = 0
+            while self._more(rounds, runs.values()):
+                s = (shift + rounds) % len(methods)
+                for m in [*methods[s:], *methods[:s]]:
                     runs[m.name].append(self.turn(m, prompts[m.name], q.category))
                 rounds += 1
-                left = [m for m in methods if self._more(runs[m.name])]
             for m in methods:
                 best = self._fastest(m, runs[m.name])
                 self._learn(m, prompts[m.name], best.token_ids)
@@ -215,14 +215,14 @@ class Runner:
                 results[m.name].append(best)
         return results
 
-    def _more(self, runs: Sequence[TurnResult]) -> bool:
-        """Whether a method's turn runs again: fewer than ``repeats`` runs, or (with ``settle``)
-        its two fastest runs more than ``settle`` apart and fewer than the cap."""
-        if len(runs) < self.repeats:
+    def _more(self, rounds: int, runs: Iterable[Sequence[TurnResult]]) -> bool:
+        """Whether a turn runs another round: fewer than ``repeats``, or (with ``settle``) some
+        method's two fastest runs more than ``settle`` apart and fewer rounds than the cap."""
+        if rounds < self.repeats:
             return True
-        if self.settle is None or len(runs) >= SETTLE_CAP * self.repeats:
+        if self.settle is None or rounds >= SETTLE_CAP * self.repeats:
             return False
-        return not settled([r.seconds for r in runs], self.settle)
+        return not all(settled([r.seconds for r in one], self.settle) for one in runs)
 
     def _learn(self, method: Method, prompt_ids: list[int], answer: list[int]) -> None:
         """The drafts of ``method`` that learn across generations learn its answer to one turn:

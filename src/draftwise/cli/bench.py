@@ -39,9 +39,9 @@ RepeatsOpt = Annotated[
 
 SettleOpt = Annotated[
     float | None,
-    typer.Option("--settle", help="With --repeats N >= 2: run a draft's turn again while its two fastest runs "
-                 "differ by more than this fraction (e.g. 0.03), up to 3N runs; a burst of noise then "
-                 "cannot decide a short answer's time."),
+    typer.Option("--settle", help="With --repeats N >= 2: run every draft's turn again while any one's two fastest "
+                 "runs differ by more than this fraction (e.g. 0.05), up to 3N runs each; a burst of noise "
+                 "then cannot decide a short answer's time."),
 ]
 
 
