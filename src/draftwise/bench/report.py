@@ -87,7 +87,8 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         + "; methods interleaved turn by turn"
         + (f", each turn the fastest of {cfg['repeats']} runs, the methods alternating run by run"
            if cfg.get("repeats", 1) > 1 else "")
-        + (f" (more, up to {3 * cfg['repeats']}, until the two fastest agreed within {cfg['settle']:.0%})"
+        + (f" (more rounds of every method, up to {3 * cfg['repeats']}, until each one's two fastest agreed "
+           f"within {cfg['settle']:.0%})"
            if cfg.get("settle") else "")
         + f"; {cfg['date']}.",
         "",
