@@ -8,6 +8,7 @@ from typing import Any
 
 from ..plots import pyplot, save_figure
 from .methods import BASELINE, is_peer
+from .runner import SETTLE_CAP
 
 
 #: what the two speedups of a bench mean, for every report that shows them
@@ -87,7 +88,7 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
         + "; methods interleaved turn by turn"
         + (f", each turn the fastest of {cfg['repeats']} runs, the methods alternating run by run"
            if cfg.get("repeats", 1) > 1 else "")
-        + (f" (more rounds of every method, up to {3 * cfg['repeats']}, until each one's two fastest agreed "
+        + (f" (more rounds of every method, up to {SETTLE_CAP * cfg['repeats']}, until each one's two fastest agreed "
            f"within {cfg['settle']:.0%})"
            if cfg.get("settle") else "")
         + f"; {cfg['date']}.",

@@ -193,10 +193,10 @@ class Runner:
         ``settle``, more rounds of every method follow while any method's two fastest runs still
         differ by more than that fraction (a burst of the host's noise in all but one run, or in
         every run), up to :data:`SETTLE_CAP` times ``repeats`` rounds: every method keeps the
-        fastest of as many runs, since the fastest of more runs is faster by chance alone. No run teaches the drafts that learn
-        across generations; the fastest run's answer does, once, after the clock stopped, so every
-        run of a turn starts from the same cache and decodes the same tokens (greedy, or seeded
-        sampling)."""
+        fastest of as many runs, since the fastest of more runs is faster by chance alone. No run
+        teaches the drafts that learn across generations; the fastest run's answer does, once,
+        after the clock stopped, so every run of a turn starts from the same cache and decodes
+        the same tokens (greedy, or seeded sampling)."""
         history: dict[str, list[str]] = {m.name: [] for m in methods}
         results: dict[str, list[TurnResult]] = {m.name: [] for m in methods}
         for i in range(len(q.turns)):
