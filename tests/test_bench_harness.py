@@ -339,8 +339,9 @@ def test_repeats_keep_the_fastest_run_and_only_its_answer_teaches_the_draft(tiny
         taught.append((len(calls), list(answer)))
         real_teach(drafter, prompt_ids, answer, sampling)
 
-    run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
-              warmup=False)
+    one = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "one", progress=False,
+                    warmup=False)
+    assert "noise" not in one  # one run a turn: nothing to redraw
     monkeypatch.setattr(runner_module.api, "generate", spy)
     monkeypatch.setattr(runner_module, "teach", teach_spy)
     three = run_bench(tiny, qfile, drafts="suffix", k=3, max_new_tokens=N, out_dir=tmp_path / "three",
@@ -365,6 +366,9 @@ def test_repeats_keep_the_fastest_run_and_only_its_answer_teaches_the_draft(tiny
                 assert len(stats["repeat_seconds"]) == 3 and wall == min(stats["repeat_seconds"])
                 assert stats["accepted"] == before["choices"][0]["stats"][t]["accepted"]
     assert "each turn the fastest of 3 runs" in render_markdown(three)
+    assert three["noise"]["draws"] == 1000 and set(three["noise"]["groups"]) == set(three["groups"])
+    assert all("suffix" in rows for rows in three["noise"]["groups"].values())
+    assert "## Run-to-run noise" in render_markdown(three)
 
 
 def _timed(monkeypatch, seconds):

@@ -75,6 +75,22 @@ def _batched_lines(batched: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _noise_lines(noise: Mapping[str, Any]) -> list[str]:
+    """The run-to-run noise table: each speedup's 95% interval and median over redraws of the rounds."""
+    methods = list(dict.fromkeys(m for rows in noise["groups"].values() for m in rows if m != BASELINE))
+    lines = ["", "## Run-to-run noise", "",
+             f"Each speedup (mean tok/s) over {noise['draws']} redraws of every turn's rounds, the same rounds "
+             "for every method, each keeping its fastest run among them as above: 95% of the draws fall in "
+             "the interval (median in brackets). That is how far this host's noise alone moves the speedup "
+             "on these questions; other questions would vary more.", "",
+             "| group | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for group, rows in noise["groups"].items():
+        cells = [f"{rows[m]['low']:.2f}-{rows[m]['high']:.2f}x ({rows[m]['median']:.2f}x)" if m in rows else "n/a"
+                 for m in methods]
+        lines.append(f"| {group} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render_markdown(summary: Mapping[str, Any]) -> str:
     """``summary.md``: one table per group (methods as rows), the equality line, the command."""
     cfg, run = summary["config"], summary["run"]
@@ -110,6 +126,8 @@ def render_markdown(summary: Mapping[str, Any]) -> str:
                 f"{format_value(row['mat'], '.2f')} | {format_value(row['acceptance'], '.2f')} | "
                 f"{format_value(row['draft_time_share'], '.2f')} | {row['questions']} |"
             )
+    if summary.get("noise"):
+        lines += _noise_lines(summary["noise"])
     lines += ["", *_equality_lines(summary["equality"])]
     if summary.get("batched"):
         lines += _batched_lines(summary["batched"])

@@ -44,6 +44,7 @@ from .answers import answer_record, question_key
 from .batched import check_batch_option, check_batch_runtime, run_batched
 from .equality import check_equality
 from .methods import AUTO, DraftItem, Method, parse_methods, parse_peers
+from .noise import speedup_intervals
 from .outdir import fingerprint, prepare_out, start_run
 from .report import render_markdown, write_plots
 from .runner import Runner, build_methods, build_prompt, load_plan_for_auto
@@ -237,8 +238,9 @@ def run_bench(
 
     Returns the summary: ``{"groups": {group: {method: {"tokens_per_s", "speedup",
     "speedup_total_time", "new_tokens", "wall_s", "mat", "acceptance", "draft_time_share",
-    "questions"}}}, "equality", "config", "acceptance_by_position", "run"}`` (and ``"batched"``
-    with ``batch`` > 1); the two speedups are defined in :mod:`draftwise.bench.summary`.
+    "questions"}}}, "equality", "config", "acceptance_by_position", "run"}`` (``"batched"`` with
+    ``batch`` > 1; ``"noise"``, :mod:`draftwise.bench.noise`, with ``repeats`` > 1); the two
+    speedups are defined in :mod:`draftwise.bench.summary`.
     """
     started = time.perf_counter()
     sampling = sampling or SamplingConfig()
@@ -323,6 +325,8 @@ def _finish(
     }
     if state.get("batched") is not None:
         summary["batched"] = state["batched"]
+    if config.get("repeats", 1) > 1 and complete and state["stopped"] != "interrupted":  # Ctrl-C: write, now
+        summary["noise"] = speedup_intervals(answers, complete)
     if out is not None:
         summary["run"]["plots"] = write_plots(summary, out)
         write_text_atomic(out / "summary.md", render_markdown(summary))

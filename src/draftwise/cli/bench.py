@@ -33,7 +33,8 @@ BatchOpt = Annotated[
 RepeatsOpt = Annotated[
     int,
     typer.Option("--repeats", help="Run every turn N times, the drafts alternating run by run, and keep the "
-                 "fastest: less of a shared machine's noise, N times the run time. Sampling needs --seed."),
+                 "fastest: less of a shared machine's noise, N times the run time; summary.md then says how far "
+                 "that noise still moves each speedup. Sampling needs --seed."),
 ]
 
 
