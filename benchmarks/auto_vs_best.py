@@ -28,7 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,10 +77,12 @@ def same_work(bench: Path, method: str, peers: list[str]) -> list[dict[str, Any]
 
 
 def resample(bench: Path, method: str = "auto", peers: Sequence[str] = ("lookup", "suffix"), draws: int = DRAWS,
-             seed: int = 0, group_goal: float = 0.97, overall_goal: float = 1.0) -> dict[str, Any]:
+             seed: int = 0, group_goal: float = 0.97, overall_goal: float = 1.0,
+             keep: Callable[[list[float]], float] = min) -> dict[str, Any]:
     """The clause's reading under the host's noise: per group, the 95% interval over ``draws``
     redraws of the rounds and the share held, for ``method`` as run and for a pick that is exactly
-    the better peer (by the peers' median run times) with runs of its own."""
+    the better peer (by the peers' median run times) with runs of its own. Each turn keeps the
+    fastest of its drawn rounds, as bench does, or ``keep`` of them."""
     read = {m: read_answers(bench / "answers" / method_filename(m)) for m in [BASELINE, method, *peers]}
     questions = [Question(json.loads(k), r["category"], ("",)) for k, r in read[BASELINE].items()
                  if all(k in read[m] for m in read)]
@@ -101,7 +103,7 @@ def resample(bench: Path, method: str = "auto", peers: Sequence[str] = ("lookup"
     out: dict[str, Any] = {"draws": draws, "seed": seed, "better_peer": better,
                            "runs_per_turn": [min(counts), max(counts)]}
     for name, mine, unpaired in (("as_run", runs[method], ()), ("perfect_pick", perfect, (method,))):
-        seen = redraw({**runs, method: mine}, questions, reading, draws, seed, unpaired)
+        seen = redraw({**runs, method: mine}, questions, reading, draws, seed, unpaired, keep)
         out[name] = {"clause_held": sum(all(r[g] >= goal(g) for g in r) for r in seen) / draws,
                      "groups": {g: {**spread([r[g] for r in seen]), "held": sum(r[g] >= goal(g) for r in seen) / draws}
                                 for g in seen[0]}}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
 
 from draftwise.bench.noise import redraw, runs_of, speedup_intervals, speedups
@@ -39,6 +41,11 @@ def test_a_redraw_keeps_a_rounds_runs_together_unless_told_not_to():
     assert {round(r["qa"], 6) for r in redraw(together, QS, reading, 100)} == {2.0}
     apart = {round(r["qa"], 6) for r in redraw(together, QS, reading, 300, unpaired=("lookup",))}
     assert min(apart) < 2.0 < max(apart)
+    # another way to keep a turn's time: the slowest of the drawn rounds reads lookup slower
+    spread_out = runs_of(_answers({"none": [[2.0, 2.0]] * 3, "lookup": [[1.0, 2.0]] * 3}))
+    fastest = statistics.median(r["qa"] for r in redraw(spread_out, QS, reading, 300))
+    slowest = statistics.median(r["qa"] for r in redraw(spread_out, QS, reading, 300, keep=max))
+    assert fastest == pytest.approx(2.0) and slowest == pytest.approx(1.0)
 
 
 def test_the_fast_speedups_are_the_summarys():

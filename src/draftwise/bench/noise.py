@@ -75,10 +75,12 @@ def speedups(runs: Runs, questions: Sequence[Question], pick: Callable[[str, str
 
 
 def redraw(runs: Runs, questions: Sequence[Question], reading: Callable[[Speedups], dict[str, float]],
-           draws: int = DRAWS, seed: int = 0, unpaired: Collection[str] = ()) -> list[dict[str, float]]:
+           draws: int = DRAWS, seed: int = 0, unpaired: Collection[str] = (),
+           keep: Callable[[list[float]], float] = min) -> list[dict[str, float]]:
     """``reading`` of the speedups of ``draws`` redraws: each turn's rounds drawn again with
-    replacement, the same rounds for every method, each keeping its fastest run among them. A
-    method in ``unpaired`` (or one with another number of runs) draws its own rounds."""
+    replacement, the same rounds for every method, each keeping its fastest run among them (or
+    ``keep`` of them). A method in ``unpaired`` (or one with another number of runs) draws its
+    own rounds."""
     if draws < 1:
         raise ValueError(f"draws={draws}: redraw at least once")
     rng = random.Random(seed)
@@ -92,7 +94,7 @@ def redraw(runs: Runs, questions: Sequence[Question], reading: Callable[[Speedup
             turn = runs[m][k][1][t]
             picked = rounds[k, t] if m not in unpaired and len(turn) == counts[k, t] else \
                 rng.choices(range(len(turn)), k=len(turn))
-            return min(turn[i] for i in picked)
+            return keep([turn[i] for i in picked])
 
         seen.append(reading(speedups(runs, questions, fastest)))
     return seen
