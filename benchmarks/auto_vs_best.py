@@ -34,7 +34,7 @@ from typing import Any
 
 from draftwise.bench.answers import question_key, read_answers
 from draftwise.bench.methods import BASELINE, method_filename
-from draftwise.bench.noise import DRAWS, most_runs, redraw, runs_of, speedups, spread
+from draftwise.bench.noise import DRAWS, redraw, runs_of, speedups, spread
 from draftwise.bench.summary import OVERALL
 from draftwise.plots import check_plot_path, pyplot, save_figure
 from draftwise.questions import Question, category_group
@@ -87,7 +87,8 @@ def resample(bench: Path, method: str = "auto", peers: Sequence[str] = ("lookup"
     questions = [Question(json.loads(k), r["category"], ("",)) for k, r in read[BASELINE].items()
                  if all(k in read[m] for m in read)]
     runs = runs_of(read)
-    if most_runs(runs) < 2:
+    counts = [len(t) for by_q in runs.values() for _, turns in by_q.values() for t in turns]
+    if max(counts) < 2:
         raise SystemExit(f"{bench}: every turn ran once, so there are no runs to draw again (bench with --repeats)")
     medians = speedups(runs, questions, lambda m, k, t: statistics.median(runs[m][k][1][t]))
     better = {g: max(peers, key=lambda p: rows[p]) for g, rows in medians.items() if g != OVERALL}
@@ -99,7 +100,6 @@ def resample(bench: Path, method: str = "auto", peers: Sequence[str] = ("lookup"
     def goal(g: str) -> float:
         return overall_goal if g == OVERALL else group_goal
 
-    counts = [len(t) for by_q in runs.values() for _, turns in by_q.values() for t in turns]
     out: dict[str, Any] = {"draws": draws, "seed": seed, "better_peer": better,
                            "runs_per_turn": [min(counts), max(counts)]}
     for name, mine, unpaired in (("as_run", runs[method], ()), ("perfect_pick", perfect, (method,))):

@@ -74,9 +74,9 @@ def speedups(runs: Runs, questions: Sequence[Question], pick: Callable[[str, str
     return out
 
 
-def redraw(runs: Runs, questions: Sequence[Question], reading: Callable[[Speedups], dict[str, float]],
+def redraw(runs: Runs, questions: Sequence[Question], reading: Callable[[Speedups], dict[Any, float]],
            draws: int = DRAWS, seed: int = 0, unpaired: Collection[str] = (),
-           keep: Callable[[list[float]], float] = min) -> list[dict[str, float]]:
+           keep: Callable[[list[float]], float] = min) -> list[dict[Any, float]]:
     """``reading`` of the speedups of ``draws`` redraws: each turn's rounds drawn again with
     replacement, the same rounds for every method, each keeping its fastest run among them (or
     ``keep`` of them). A method in ``unpaired`` (or one with another number of runs) draws its
@@ -122,10 +122,9 @@ def speedup_intervals(answers: Mapping[str, Mapping[str, Mapping[str, Any]]], qu
     runs = runs_of({m: {question_key(q): by_q[question_key(q)] for q in questions} for m, by_q in answers.items()})
     if most_runs(runs) < 2 or BASELINE not in runs:
         return None
-    seen = redraw(runs, questions, lambda s: {f"{g}\t{m}": v for g, rows in s.items() for m, v in rows.items()},
+    seen = redraw(runs, questions, lambda s: {(g, m): v for g, rows in s.items() for m, v in rows.items()},
                   draws, seed)
     out: dict[str, Any] = {}
-    for key in seen[0]:
-        group, method = key.split("\t")
-        out.setdefault(group, {})[method] = spread([r[key] for r in seen])
+    for group, method in seen[0]:
+        out.setdefault(group, {})[method] = spread([r[group, method] for r in seen])
     return {"draws": draws, "seed": seed, "groups": out}
