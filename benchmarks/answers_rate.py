@@ -2,7 +2,7 @@
 
 The prompts are train-head's own (the training split of the shipped dev questions, in its
 order), cut to ``--prompts``; each gets one greedy answer of up to ``--gen-tokens`` tokens, as
-``draftwise train-head`` asks by default. Both backends run :mod:`draftwise.distill.data`'s code
+``draftwise train-head`` asks by default. Both backends run :mod:`draftwise.training.data`'s code
 (``_generate_hf``: left-padded batches of 32 with ``transformers`` generate, the way answers
 were made before; ``_generate_engine``: the batched engine, 32 sequences at a time, each exactly
 what it gets alone) on the same prompts, in one process, their order alternating round by round
@@ -31,9 +31,9 @@ import torch
 
 from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.distill import data as data_module
-from draftwise.distill.data import ordered_prompts, split_questions
+from draftwise.training.data import ordered_prompts, split_questions
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 
 

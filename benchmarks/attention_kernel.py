@@ -85,7 +85,7 @@ def layer_calls(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
 def model_passes(libs: dict[str, ctypes.CDLL], repeats: int) -> list[dict]:
     """A whole pass of the default model: ``rows`` new rows after ``context`` tokens, with each
     build, and with the runtime's torch path (:mod:`draftwise.runtime.attention`) beside them."""
-    from draftwise.loaders import load_model
+    from draftwise.runtime.loaders import load_model
 
     runtime = load_model("default").runtime
     ids = [1000 + (i * 7919) % 20000 for i in range(max(PASS_CONTEXTS) + max(PASS_ROWS))]

@@ -21,12 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftwise.decode import Stream
-from draftwise.engine import Engine
+from draftwise.core.decode import Stream
+from draftwise.core.engine import Engine
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 
 def long_prompt(model: Any, tokens: int) -> list[int]:

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.runtime import batch_plan
 from draftwise.runtime.base import Rows
 

@@ -26,7 +26,7 @@ import torch
 
 from draftwise import load_model
 from draftwise.distill import build_draft, evaluate_draft, split_questions
-from draftwise.distill.checkpoint import load_snapshot
+from draftwise.training.checkpoint import load_snapshot
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 

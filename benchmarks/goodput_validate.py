@@ -29,10 +29,10 @@ Writes ``--measured``: ``{"measured": {N: {"plain": tok/s, "auto": tok/s}}, "per
 {"plain": tok/s, "auto": tok/s}}, "workload": [[{"question_id", "category", "turn",
 "prompt_tokens", "new_tokens"}, ...], ...], "requests_per_client": R, "units_per_phase": U or
 null, "max_tokens": M, "equal": [x, y], "errors": e}``: "workload" lists the units (indexed as
-:func:`draftwise.cost.goodput_sim.client_units` shares them), each turn's prompt tokens with its
+:func:`draftwise.capacity.simulate.client_units` shares them), each turn's prompt tokens with its
 history and the tokens it answers with.
-``draftwise plan --concurrency --validate`` (:func:`draftwise.cost.capacity.run_concurrency`)
-predicts that very workload and scores it (:func:`draftwise.cost.capacity.compare_measured`).
+``draftwise plan --concurrency --validate`` (:func:`draftwise.capacity.plan.run_concurrency`)
+predicts that very workload and scores it (:func:`draftwise.capacity.plan.compare_measured`).
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import load_test  # noqa: E402  (benchmarks/load_test.py, beside this script)
 
-from draftwise.cost.capacity import parse_concurrency  # noqa: E402
-from draftwise.cost.goodput_sim import client_units  # noqa: E402
+from draftwise.capacity.plan import parse_concurrency  # noqa: E402
+from draftwise.capacity.simulate import client_units  # noqa: E402
 from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.fsutil import write_json_atomic  # noqa: E402
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions  # noqa: E402

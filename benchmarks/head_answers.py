@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftwise.distill.corpus import read_corpus
-from draftwise.distill.data import ENGINE_BATCH, ENGINE_PREFILL_CHUNK
-from draftwise.distill.head_data import conversation_ids
-from draftwise.engine import Engine
-from draftwise.loaders import load_model
-from draftwise.sampling import SamplingConfig
+from draftwise.eagle.corpus import read_corpus
+from draftwise.training.data import ENGINE_BATCH, ENGINE_PREFILL_CHUNK
+from draftwise.eagle.data import conversation_ids
+from draftwise.core.engine import Engine
+from draftwise.runtime.loaders import load_model
+from draftwise.core.sampling import SamplingConfig
 from draftwise.threads import set_threads
 
 

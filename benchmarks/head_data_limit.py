@@ -24,14 +24,14 @@ from pathlib import Path
 
 import torch
 
-from draftwise.distill.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from draftwise.distill.feature_store import extract_features
-from draftwise.distill.head_data import heldout_sequences, magpie_prompts, magpie_questions
-from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
-from draftwise.distill.loop import RunProgress
-from draftwise.drafters.eagle_head import default_aux_layers
-from draftwise.drafters.head_files import load_head
-from draftwise.loaders import load_model
+from draftwise.training.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
+from draftwise.eagle.features import extract_features
+from draftwise.eagle.data import heldout_sequences, magpie_prompts, magpie_questions
+from draftwise.eagle.train import TargetParts, build_head, evaluate_head, train_head_loop
+from draftwise.training.loop import RunProgress
+from draftwise.eagle.head import default_aux_layers
+from draftwise.eagle.files import load_head
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 
 

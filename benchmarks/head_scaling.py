@@ -43,16 +43,16 @@ from typing import Any
 
 import torch
 
-from draftwise.distill.checkpoint import LAST, load_safely, save_checkpoint
-from draftwise.distill.corpus import corpus_sequences, read_corpus
-from draftwise.distill.data import frequent_tokens
-from draftwise.distill.feature_store import extract_features
-from draftwise.distill.head_data import conversation_ids
-from draftwise.distill.head_train import TargetParts, build_head, evaluate_head, train_head_loop
-from draftwise.distill.loop import RunProgress, resume_from
-from draftwise.drafters.eagle_head import default_aux_layers
-from draftwise.drafters.head_files import save_head, target_fingerprint
-from draftwise.loaders import load_model
+from draftwise.training.checkpoint import LAST, load_safely, save_checkpoint
+from draftwise.eagle.corpus import corpus_sequences, read_corpus
+from draftwise.training.data import frequent_tokens
+from draftwise.eagle.features import extract_features
+from draftwise.eagle.data import conversation_ids
+from draftwise.eagle.train import TargetParts, build_head, evaluate_head, train_head_loop
+from draftwise.training.loop import RunProgress, resume_from
+from draftwise.eagle.head import default_aux_layers
+from draftwise.eagle.files import save_head, target_fingerprint
+from draftwise.runtime.loaders import load_model
 from draftwise.threads import set_threads
 
 
@@ -202,7 +202,7 @@ def add(args: argparse.Namespace) -> None:
     larger pool's held-out ones: :func:`corpus_sequences` takes both from one split) and on as many
     of its own training sequences. ``--pool`` is the head's ``--conversations``; its features are
     read from its data folder. The curve is the head's own log, over all of its held-out ones."""
-    from draftwise.drafters.head_files import load_head
+    from draftwise.eagle.files import load_head
 
     args.sizes = [args.pool]
     target, store, seqs, train_ids, held, stats = _data(args)

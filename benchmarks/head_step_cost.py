@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
-from draftwise.drafters.eagle import EagleDrafter, default_head_folder, fingerprint_of
-from draftwise.drafters.head_files import load_head
-from draftwise.loaders import load_model
-from draftwise.sampling import SamplingConfig
+from draftwise.eagle.drafter import EagleDrafter, default_head_folder, fingerprint_of
+from draftwise.eagle.files import load_head
+from draftwise.runtime.loaders import load_model
+from draftwise.core.sampling import SamplingConfig
 
 PROMPT = "Write a short story about a robot who learns to paint. Describe its first painting in detail. " * 3
 WEIGHTS = ("float32", "int8")

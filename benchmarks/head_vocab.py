@@ -30,12 +30,12 @@ from pathlib import Path
 import torch
 
 from draftwise.bench.runner import build_prompt
-from draftwise.distill.corpus import corpus_sequences
-from draftwise.distill.data import token_ranking
-from draftwise.drafters.eagle import default_head_folder, default_head_weights, fingerprint_of
-from draftwise.drafters.head_files import load_head
-from draftwise.drafters.head_parts import TargetParts, int8_head
-from draftwise.loaders import load_model
+from draftwise.eagle.corpus import corpus_sequences
+from draftwise.training.data import token_ranking
+from draftwise.eagle.drafter import default_head_folder, default_head_weights, fingerprint_of
+from draftwise.eagle.files import load_head
+from draftwise.eagle.parts import TargetParts, int8_head
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
 
 SIZES = (4096, 8192, 16384, 32768, 49152)

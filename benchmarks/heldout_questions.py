@@ -10,7 +10,7 @@ import argparse
 import json
 from pathlib import Path
 
-from draftwise.distill.data import split_questions
+from draftwise.training.data import split_questions
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
 
 

@@ -52,14 +52,14 @@ import torch
 
 from draftwise.bench.runner import build_prompt
 from draftwise.cost.profile import Profile, default_profile_path
-from draftwise.cost.replay import accepted_along, answer
+from draftwise.planner.replay import accepted_along, answer
 from draftwise.drafters import make_drafter
-from draftwise.drafters.eagle import EagleDrafter, default_head_folder, default_head_weights, fingerprint_of
-from draftwise.drafters.head_files import load_head
+from draftwise.eagle.drafter import EagleDrafter, default_head_folder, default_head_weights, fingerprint_of
+from draftwise.eagle.files import load_head
 from draftwise.drafters.hybrid import merge_chain, path_length, trusted
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 from tree_oracle import extrapolated_step_time  # benchmarks/, this script's folder
 
 TIME_EVERY = 8  # time the head's calls at every 8th position

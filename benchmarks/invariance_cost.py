@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from draftwise.bench.modes import MODES
 from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.runtime import native, quant
 from draftwise.runtime.base import Rows
 from draftwise.runtime.batch_plan import Plan

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.runtime import quant
 
 SIZES = (1, 2, 4, 8, 16)

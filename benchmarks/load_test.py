@@ -51,11 +51,11 @@ from typing import Any
 import httpx
 
 from draftwise.api import generate
-from draftwise.chat import encode_conversation
-from draftwise.cost.goodput_sim import client_units
-from draftwise.cost.replay import answer, answer_text
+from draftwise.runtime.chat import encode_conversation
+from draftwise.capacity.simulate import client_units
+from draftwise.planner.replay import answer, answer_text
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
 
 MODES = ("none", "auto")
@@ -90,7 +90,7 @@ def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int, 
                quant: str = "none") -> float:
     """Each prompt's greedy answer (token ids) and its prompt's length in tokens; a later turn
     gets the earlier turns' answers as the conversation's assistant messages, in the text
-    :func:`draftwise.decode.generate` gives (what bench and the planner put in the history; with
+    :func:`draftwise.core.decode.generate` gives (what bench and the planner put in the history; with
     greedy decoding, the server's own answer whenever that turn came out equal)."""
     model = load_model(model_name, dtype=dtype, quant=quant)
     said: dict[Any, list[str]] = {}

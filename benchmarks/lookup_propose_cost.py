@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from draftwise.drafters import PromptLookupDrafter
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 
 def tokens(n: int, seed: int) -> list[int]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 
 MODES = {"float32": ("float32", "none"), "bfloat16": ("bfloat16", "none"), "q4": ("float32", "q4"),
          "int8": ("float32", "int8")}

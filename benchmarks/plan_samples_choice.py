@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from draftwise.cost.plan import load_plan
+from draftwise.planner.plan import load_plan
 
 
 def main() -> None:

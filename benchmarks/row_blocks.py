@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from draftwise.cost.profile import cpu_model
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.runtime import quant
 
 

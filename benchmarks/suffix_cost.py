@@ -28,7 +28,7 @@ import torch
 from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter
 from draftwise.drafters.suffix_trie import SuffixTrie
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 VOCAB = 8192
 

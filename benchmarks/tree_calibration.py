@@ -25,13 +25,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftwise.cost.adaptive import AdaptiveK, resolve_profile
+from draftwise.policy.adaptive import AdaptiveK, resolve_profile
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
-from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator
 from draftwise.drafters.factory import make_drafter
-from draftwise.engine import Engine
+from draftwise.core.engine import Engine
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 
 
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     log: list[dict[str, Any]] = []
     firsts: list[dict[str, Any]] = []  # every proposed tree's best node: priced, and whether the target took it
     try:  # one TreeSizes for every generation, as the server keeps one per draft
-        from draftwise.cost.adaptive import TreeSizes
+        from draftwise.policy.adaptive import TreeSizes
         sizes: dict[str, Any] = {"tree_sizes": TreeSizes()}
     except ImportError:  # before commit 1dbcf47: each generation on its own
         sizes = {}

@@ -2,7 +2,7 @@
 
 For each turn of a finished ``draftwise bench`` run (its ``answers/none.jsonl``: the plain greedy
 tokens), each draft replays the turn as it would decode it (prompt lookup and suffix decoding
-are pure functions of the context, see ``draftwise.cost.replay``), proposing at ``--budget``
+are pure functions of the context, see ``draftwise.planner.replay``), proposing at ``--budget``
 tokens or nodes each step. An *oracle* policy then verifies only the path that the target will
 accept: a step that accepts ``a`` tokens costs ``T(a + 1)`` (the profile's step time) and commits
 ``a + 1``. No policy that verifies a prefix or a subtree of the same proposals can do better,
@@ -28,12 +28,12 @@ import torch
 
 from draftwise.bench.runner import build_prompt
 from draftwise.cost.profile import Profile, default_profile_path
-from draftwise.cost.replay import accepted_along, answer
+from draftwise.planner.replay import accepted_along, answer
 from draftwise.drafters import make_drafter
 from draftwise.drafters.spec import split_draft_list
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, category_group, read_questions
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 
 def extrapolated_step_time(prof: Profile) -> Callable[[int, float], float]:

@@ -24,7 +24,7 @@ def _test_cache() -> None:
     become the costs a user's later ``--k auto`` reads. Both xdist workers share it."""
     import tempfile
 
-    from draftwise.loaders import cache_dir
+    from draftwise.runtime.loaders import cache_dir
 
     real = cache_dir()
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or str(os.getpid())
@@ -87,8 +87,8 @@ def one_thread():
 @pytest.fixture(scope="session")
 def default_folder() -> Path:
     """The converted HF folder of the embedded default model (converted once, then cached)."""
-    from draftwise.loaders import gguf_to_folder
-    from draftwise.models import BUILTIN_MODELS
+    from draftwise.runtime.loaders import gguf_to_folder
+    from draftwise.runtime.models import BUILTIN_MODELS
 
     builtin = BUILTIN_MODELS["default"]
     if not builtin.installed():

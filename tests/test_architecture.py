@@ -1,11 +1,10 @@
-"""The architecture as tests: the import layers, the file-size limit, a package that stands alone.
+"""The architecture as tests: the import layers, the function limits, a package that stands alone.
 
 - ``lint-imports`` checks the contracts in ``pyproject.toml`` (layers from the CLI down to the
   core, and no import cycle between sibling modules at any depth); see ``docs/architecture.md``.
-- No source file under ``src/draftwise`` is longer than :data:`MAX_LINES`: a file a reader can
-  hold in their head; and no function (``def`` to its end) is longer than
-  :data:`MAX_FUNCTION_LINES_CORE` in the core (runtime, drafters, verification, the loop) or
-  :data:`MAX_FUNCTION_LINES` elsewhere: a function a reader can hold.
+- No function (``def`` to its end) is longer than :data:`MAX_FUNCTION_LINES_CORE` in the core
+  (``runtime``, ``core``, ``drafters``) or :data:`MAX_FUNCTION_LINES` elsewhere: a function a
+  reader can hold. Files have no size limit: a file is a concept (docs/architecture.md).
 - Nothing the package ships or documents points outside the package: no ``../shared`` and no
   machine's absolute path (a build machine's home, cache or work folder). A line that must show
   one on purpose (a doctest of the code that removes them) says ``path-check: ignore``.
@@ -24,12 +23,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "draftwise"
-MAX_LINES = 400
 MAX_FUNCTION_LINES_CORE = 60
 MAX_FUNCTION_LINES = 100
 #: the core: the layers below ``cost`` in pyproject.toml's contract
-CORE_PACKAGES = ("runtime", "drafters")
-CORE_MODULES = ("decode.py", "passes.py", "verify.py", "kpolicy.py", "metrics.py", "sampling.py", "tree.py", "loaders.py")
+CORE_PACKAGES = ("runtime", "core", "drafters")
+CORE_MODULES: tuple[str, ...] = ()
 
 #: a path that only exists on one machine: ``/home/<user>``, ``/root/``, ``/Users/<user>``,
 #: ``/work/``, ``C:\\Users\\``. The look-behind skips URLs (``https://x.org/home/...``) and
@@ -69,17 +67,6 @@ def test_import_contracts_hold() -> None:
 
 def _sources() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if not SKIP_DIRS.intersection(p.parts))
-
-
-def test_no_source_file_over_the_limit() -> None:
-    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text(encoding="utf-8").splitlines()) for p in _sources()}
-    assert sizes, f"no sources found under {PACKAGE}"
-    largest = max(sizes, key=sizes.__getitem__)
-    over = {p: n for p, n in sorted(sizes.items(), key=lambda x: -x[1]) if n > MAX_LINES}
-    assert not over, (
-        f"{len(over)} source file(s) over {MAX_LINES} lines (largest: {largest}, {sizes[largest]} lines): "
-        + ", ".join(f"{p} ({n})" for p, n in over.items())
-    )
 
 
 def _text_files() -> list[Path]:
@@ -166,7 +153,7 @@ def test_machine_path_pattern(line: str, bad: bool) -> None:
     assert bool(MACHINE_PATH.search(line)) is bad
 
 
-#: a path in backticks in the docs: ``src/draftwise/verify.py``, ``cost/formulas.py``, ``bench/``
+#: a path in backticks in the docs: ``src/draftwise/core/verify.py``, ``cost/formulas.py``, ``bench/``
 DOC_PATH = re.compile(r"`([\w.-]+(?:/[\w.-]+)*(?:/|\.py|\.md|\.jsonl|\.toml))`")
 #: a relative markdown link: ``[the planner](planner.md)``
 DOC_LINK = re.compile(r"\]\(([^)#:\s]+)\)")

@@ -15,7 +15,7 @@ from draftwise.cost.batch_measure import measure_batch_profile, prompt_share, sm
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path, save_batch_profile
 from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.errors import ConfigError
-from draftwise.loaders import Model
+from draftwise.runtime.loaders import Model
 from draftwise.runtime.native import NativeRuntime
 
 from .conftest import random_hf_model, tiny_llama_config
@@ -128,7 +128,7 @@ def test_bad_measure_settings_are_one_line(tiny: Model, monkeypatch: pytest.Monk
         measure_batch_profile(tiny, spread=1.0)
     with pytest.raises(ConfigError, match="positions; the model holds 512"):  # 3c/2 of 400 does not fit
         measure_batch_profile(tiny, batches=(1, 2), contexts=(400,))
-    monkeypatch.setattr("draftwise.engine.memory_available", lambda: 1000)  # 1 kB free
+    monkeypatch.setattr("draftwise.core.engine.memory_available", lambda: 1000)  # 1 kB free
     with pytest.raises(ConfigError, match=r"batches \[1, 4\] holds 5 sequences' caches at once: max_batch=5 needs .* GiB"):
         measure_batch_profile(tiny, batches=(1, 4), rows_per_seq=(1,), contexts=(16,), repeats=1, progress=False)
 

@@ -15,8 +15,8 @@ from draftwise import ConfigError, load_model
 from draftwise.bench import render_markdown, run_bench
 from draftwise.bench.runner import build_prompt
 from draftwise.cli import app
-from draftwise.decode import generate
-from draftwise.sampling import SamplingConfig
+from draftwise.core.decode import generate
+from draftwise.core.sampling import SamplingConfig
 
 N = 8
 QUESTIONS = [

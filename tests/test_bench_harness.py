@@ -20,9 +20,9 @@ from draftwise.bench.hf_peer import hf_methods
 from draftwise.bench.methods import method_filename, parse_methods
 from draftwise.bench.runner import build_methods, build_prompt
 from draftwise.cli import app
-from draftwise.cost.plan import Plan
+from draftwise.planner.plan import Plan
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 from .images import is_complete_png
 
@@ -55,10 +55,10 @@ def bench(tiny, qfile, tmp_path_factory):
 
 
 class GenerateSpy:
-    """Wraps draftwise.decode.generate: records prompts; can raise after ``fail_after`` calls."""
+    """Wraps draftwise.core.decode.generate: records prompts; can raise after ``fail_after`` calls."""
 
     def __init__(self, monkeypatch, fail_after=None):
-        import draftwise.decode as decode
+        import draftwise.core.decode as decode
 
         self.real = decode.generate
         self.calls: list[list[int]] = []

@@ -23,10 +23,10 @@ QS = [Question(1, "writing", ("Write a haiku.", "Now make it rhyme.")), Question
 
 
 class GenerateSpy:
-    """Counts calls of draftwise.decode.generate."""
+    """Counts calls of draftwise.core.decode.generate."""
 
     def __init__(self, monkeypatch):
-        import draftwise.decode as decode
+        import draftwise.core.decode as decode
 
         self.real = decode.generate
         self.calls = 0
@@ -114,7 +114,7 @@ def test_resume_reuses_answers_and_may_add_a_method(tiny, done, monkeypatch):
 )
 def test_resume_refuses_any_difference_and_names_it(tiny, tmp_path, change, match):
     from draftwise import load_model
-    from draftwise.sampling import SamplingConfig
+    from draftwise.core.sampling import SamplingConfig
 
     out = tmp_path / "out"
     run(tiny, out, drafts="lookup,lookup@k=4")
@@ -145,7 +145,7 @@ def test_resume_knows_a_draft_by_its_canonical_spec(tiny, done, monkeypatch):
 
 
 def test_resume_refuses_answers_of_another_plan(tiny, tmp_path):
-    from draftwise.cost.plan import Plan
+    from draftwise.planner.plan import Plan
 
     def plan(pick):
         return Plan(model="tiny", fingerprint="f", dtype="float32", greedy=True, drafts=["lookup"], ks=[2],

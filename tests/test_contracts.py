@@ -15,18 +15,18 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-from draftwise import passes
+from draftwise.core import passes
 from draftwise.bench.runner import Runner, build_methods
-from draftwise.cost import adaptive
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy import adaptive
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.profile import default_profile_path, locked
-from draftwise.decode import Stream, decode_steps, generate
+from draftwise.core.decode import Stream, decode_steps, generate
 from draftwise.drafters import Capabilities, Draft, capabilities_of, make_drafter
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
-from draftwise.tree import TokenTree
-from draftwise.verify import verify_tree_greedy, verify_tree_sampled
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
+from draftwise.core.verify import verify_tree_greedy, verify_tree_sampled
 
 #: the calls that read a tensor's value back to the host (a device synchronisation on a GPU)
 HOST_READS = {"tolist", "item", "__float__", "__int__", "__bool__", "__index__", "numpy"}
@@ -67,7 +67,7 @@ def test_capabilities_say_how_auto_treats_each_kind():
 def test_the_planner_and_a_real_run_cache_the_same_answer(tiny):
     """A finished generation hands a learning draft its tokens without the EOS that ended it;
     the planner's trace and replay must do the same, or the replay would propose EOS."""
-    from draftwise.cost.replay import answer, replay_lookup
+    from draftwise.planner.replay import answer, replay_lookup
 
     eos = next(iter(tiny.eos_token_ids))
     assert answer([5, 6, eos], tiny.eos_token_ids) == [5, 6]

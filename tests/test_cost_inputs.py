@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 import draftwise
 from draftwise.cli import app
-from draftwise.cost import adaptive
-from draftwise.cost.plan import Plan, load_plan, make_plan
+from draftwise.policy import adaptive
+from draftwise.planner.plan import Plan, load_plan, make_plan
 from draftwise.cost.profile import SCHEMA, Profile, model_fingerprint
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
@@ -226,7 +226,7 @@ def test_token_overhead_counts_only_time_outside_the_steps(tiny, monkeypatch):
     import time
 
     from draftwise.cost import measure
-    from draftwise.text import TextAssembler
+    from draftwise.core.text import TextAssembler
 
     clock = FakeClock()
     monkeypatch.setattr(time, "perf_counter", clock)

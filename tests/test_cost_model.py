@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import draftwise.kpolicy
+import draftwise.core.kpolicy
 from draftwise.cost import timing
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.formulas import (
     effective_acceptance,
     expected_committed,
@@ -19,10 +19,10 @@ from draftwise.cost.formulas import (
     step_cost_ratio,
     tokens_per_second,
 )
-from draftwise.cost.plan_pick import aggregate as _aggregate
+from draftwise.planner.pick import aggregate as _aggregate
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
-from draftwise.kpolicy import FixedK, KPolicy
+from draftwise.core.kpolicy import FixedK, KPolicy
 
 
 @settings(max_examples=200, deadline=None)
@@ -87,7 +87,7 @@ def test_adaptive_k_rate_is_the_cost_model():
 
 
 def test_kpolicy_module_holds_the_protocol_and_fixed_k():
-    assert not hasattr(draftwise.kpolicy, "AdaptiveK")  # adaptive k lives with the cost model
+    assert not hasattr(draftwise.core.kpolicy, "AdaptiveK")  # adaptive k lives with the cost model
     assert isinstance(FixedK(3), KPolicy) and FixedK(3).choose(10) == 3
     prof = _profile([0.01] * 9, {"lookup": [1e-5] * 8})
     assert isinstance(AdaptiveK(prof, "lookup"), KPolicy)

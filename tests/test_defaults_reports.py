@@ -18,9 +18,9 @@ from draftwise.bench.report import render_markdown
 from draftwise.bench.summary import summarise
 from draftwise.cli.demo import breakeven_table, measured_table, picks_table
 from draftwise.cli.plan import plan_table
-from draftwise.cost.defaults import DEFAULT_DRAFTS, HEAD_DRAFT, default_drafts, head_draft
-from draftwise.cost.plan_file import Candidate, Plan
-from draftwise.drafters.eagle import SHIPPED_HEADS
+from draftwise.planner.defaults import DEFAULT_DRAFTS, HEAD_DRAFT, default_drafts, head_draft
+from draftwise.planner.plan_file import Candidate, Plan
+from draftwise.eagle.drafter import SHIPPED_HEADS
 from draftwise.drafters.spec import DraftSpec
 from draftwise.questions import Question
 
@@ -193,7 +193,7 @@ def test_demo_measured_table_fits_80_columns_and_labels_both_speedups():
 
 
 def test_plan_and_demo_default_to_the_shared_list():
-    """No second copy of the list: the commands read it from draftwise.cost.defaults."""
+    """No second copy of the list: the commands read it from draftwise.planner.defaults."""
     cli = Path(__file__).resolve().parents[1] / "src" / "draftwise" / "cli"
     for name in ("plan.py", "demo.py", "bench.py"):
         source = (cli / name).read_text()

@@ -25,7 +25,7 @@ from draftwise.distill import (
     split_questions,
     unpack_draft,
 )
-from draftwise.distill.data import batch_indices, frequent_tokens, make_batch
+from draftwise.training.data import batch_indices, frequent_tokens, make_batch
 from draftwise.distill.student import draft_logits, teacher_logits
 from draftwise.drafters import make_drafter
 from draftwise.fsutil import MARKER
@@ -342,7 +342,7 @@ def test_cli_trains_and_reports(tiny_chat_folder, prompts_file, tmp_path, one_th
 
 
 def test_time_budget_stops_cleanly_with_a_checkpoint(tiny, prompts_file, tmp_path, monkeypatch):
-    import draftwise.distill.loop as loop
+    import draftwise.training.loop as loop
 
     class Clock:  # every reading advances one "second": steps take 1 s, deterministically
         now = 0.0

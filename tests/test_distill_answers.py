@@ -9,11 +9,11 @@ import json
 import pytest
 
 from draftwise import generate
-from draftwise.distill import data as data_module
-from draftwise.distill.data import make_sequences
+from draftwise.training import data as data_module
+from draftwise.training.data import make_sequences
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 PROMPTS = [Question(i, "qa", (text,)) for i, text in enumerate(
     ["Name a colour.", "What is two plus two?", "Write a line about the sea and the wind at night.",

@@ -33,17 +33,17 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-import draftwise.passes as decode_module  # the module whose one target pass calls the verifier
-from draftwise.decode import decode_steps
+import draftwise.core.passes as decode_module  # the module whose one target pass calls the verifier
+from draftwise.core.decode import decode_steps
 from draftwise.drafters import Drafter, ModelDrafter, PromptLookupDrafter, SelfSpecDrafter
-from draftwise.drafters.eagle import EagleDrafter
-from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
-from draftwise.drafters.head_files import LoadedHead
+from draftwise.eagle.drafter import EagleDrafter
+from draftwise.eagle.head import EagleHead, HeadCache, HeadConfig
+from draftwise.eagle.files import LoadedHead
 from draftwise.drafters.hybrid import HybridDrafter
 from draftwise.runtime.native import NativeRuntime
 from draftwise.runtime.quant import kernel_works
-from draftwise.sampling import SamplingConfig, logits_to_probs
-from draftwise.verify import Verdict, verify_tree_sampled
+from draftwise.core.sampling import SamplingConfig, logits_to_probs
+from draftwise.core.verify import Verdict, verify_tree_sampled
 
 from .conftest import random_hf_model, tiny_llama_config
 
@@ -100,7 +100,7 @@ def _tiny(seed: int, layers: int, head_scale: float, like=None):
 def _eagle(target: NativeRuntime, arch: str = "eagle1", weights: str = "float32") -> Drafter:
     """A random EAGLE head over the target's features, scoring 16 of the 24 tokens (q is 0 on
     the rest, which verification must make up for); ``eagle3``: over both layers' and the input's;
-    ``weights="int8"``: drafting with the int8 copy (:func:`~draftwise.drafters.eagle.int8_head`)."""
+    ``weights="int8"``: drafting with the int8 copy (:func:`~draftwise.eagle.drafter.int8_head`)."""
     torch.manual_seed(5)
     head = EagleHead(HeadConfig.from_target(target.config, arch=arch, aux_layers=(0, 1, 1) if arch == "eagle3" else None))
     with torch.no_grad():

@@ -12,7 +12,7 @@ PACKAGE = ROOT / "src" / "draftwise"
 DOC = ROOT / "docs" / "architecture.md"
 SCRIPT = ROOT / "docs" / "make_architecture_graph.py"
 SECTION = "## Every module, by layer"
-#: a module's line: ``- `cost/plan.py`: what it is.``
+#: a module's line: ``- `planner/plan.py`: what it is.``
 ENTRY = re.compile(r"^- `([\w/]+\.py)`: \S")
 #: a layer's heading: ``### 5. `cost`: ...`` (the members in backticks before the colon)
 HEADING = re.compile(r"^### (\d+)\. (.*?): ")
@@ -43,7 +43,7 @@ def _entries() -> dict[str, str | None]:
 
 
 def _member(path: str) -> str:
-    """The layer member a module belongs to: ``cost/plan.py`` -> ``cost``, ``api.py`` -> ``api``."""
+    """The layer member a module belongs to: ``planner/plan.py`` -> ``cost``, ``api.py`` -> ``api``."""
     return path.split("/", 1)[0].removesuffix(".py")
 
 

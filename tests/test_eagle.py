@@ -13,15 +13,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftwise.decode import decode_steps
-from draftwise.drafters.eagle import EagleDrafter, default_head_folder, eagle_drafter
-from draftwise.drafters.head_parts import TargetParts
-from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig
-from draftwise.drafters.head_files import HEAD_META, HEAD_WEIGHTS, LoadedHead, load_head, save_head, target_fingerprint
+from draftwise.core.decode import decode_steps
+from draftwise.eagle.drafter import EagleDrafter, default_head_folder, eagle_drafter
+from draftwise.eagle.parts import TargetParts
+from draftwise.eagle.head import EagleHead, HeadCache, HeadConfig
+from draftwise.eagle.files import HEAD_META, HEAD_WEIGHTS, LoadedHead, load_head, save_head, target_fingerprint
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.runtime.native import NativeRuntime
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 from .conftest import random_hf_model, tiny_llama_config
 
@@ -235,7 +235,7 @@ def test_int8_drafting_copies_the_head_and_stays_close_to_it(target):
 
 
 def test_eagle_specs_draft_in_int8_on_a_cpu_whose_kernel_works(monkeypatch):
-    from draftwise.drafters import eagle
+    from draftwise.eagle import drafter as eagle
 
     monkeypatch.setattr(eagle, "kernel_works", lambda kind: kind == "int8")
     assert eagle.default_head_weights() == "int8"

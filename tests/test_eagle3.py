@@ -20,18 +20,18 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from draftwise.decode import decode_steps
-from draftwise.distill.feature_store import extract_features
-from draftwise.distill.head_data import heldout_sequences
-from draftwise.distill.head_export import CONFIG_FILE, WEIGHTS_FILE, export_speculators, validate_speculators_config
-from draftwise.distill.head_run import train_head
-from draftwise.distill.head_train import TTT_DECAY, TargetParts, build_head, head_loss, make_head_batch
-from draftwise.drafters.eagle import EagleDrafter, eagle_drafter
-from draftwise.drafters.eagle_head import EagleHead, HeadCache, HeadConfig, default_aux_layers, rollout_mask
-from draftwise.drafters.head_files import LoadedHead, load_head, save_head
+from draftwise.core.decode import decode_steps
+from draftwise.eagle.features import extract_features
+from draftwise.eagle.data import heldout_sequences
+from draftwise.eagle.export import CONFIG_FILE, WEIGHTS_FILE, export_speculators, validate_speculators_config
+from draftwise.eagle.run import train_head
+from draftwise.eagle.train import TTT_DECAY, TargetParts, build_head, head_loss, make_head_batch
+from draftwise.eagle.drafter import EagleDrafter, eagle_drafter
+from draftwise.eagle.head import EagleHead, HeadCache, HeadConfig, default_aux_layers, rollout_mask
+from draftwise.eagle.files import LoadedHead, load_head, save_head
 from draftwise.errors import ConfigError
 from draftwise.runtime.native import NativeRuntime
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 from .conftest import random_hf_model, tiny_llama_config
 from .test_eagle import _greedy

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from draftwise import engine as engine_mod
-from draftwise.decode import generate
+from draftwise.core import engine as engine_mod
+from draftwise import generate
 from draftwise.drafters.factory import make_drafter
-from draftwise.engine import Engine
+from draftwise.core.engine import Engine
 from draftwise.errors import ConfigError, DraftwiseError
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 from draftwise.server import pass_trace
 
 
@@ -97,7 +97,7 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
             self.calls += 1
             if self.calls == 3:
                 raise RuntimeError("the draft broke")
-            from draftwise.drafters.base import Draft
+            from draftwise.core.draft import Draft
 
             return Draft([])
 
@@ -183,7 +183,7 @@ def test_a_prompt_beside_speculating_decoders_enters_as_many_rows_as_they_bring(
         batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
     """engine.step_chunk: three decoders verifying k + 1 = 6 rows a pass let a joining prompt in
     18 tokens a pass, not prefill_chunk's 8; every answer is still the one alone."""
-    from draftwise.drafters.base import Draft
+    from draftwise.core.draft import Draft
 
     class Wrong:  # proposes k tokens every step: each decoder brings k + 1 rows a pass
         name, capabilities = "wrong", make_drafter("lookup", batched_model).capabilities

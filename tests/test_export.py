@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 
-from draftwise.cost.export import export_config, export_dict
+from draftwise.planner.export import export_config, export_dict
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 

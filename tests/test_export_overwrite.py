@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from draftwise.distill.head_export import CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE, check_export_dir, export_speculators
+from draftwise.eagle.export import CONFIG_FILE, OUTPUT_FILES, WEIGHTS_FILE, check_export_dir, export_speculators
 from draftwise.errors import ConfigError
 from draftwise.fsutil import MARKER
 

@@ -1,4 +1,4 @@
-"""The EAGLE head's feature store on disk (draftwise.distill.feature_store): sharded, memory-mapped,
+"""The EAGLE head's feature store on disk (draftwise.eagle.features): sharded, memory-mapped,
 bounded by --max-disk and free space, stopped cleanly by a full disk, refused for another target."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 from draftwise import ConfigError
 from draftwise.cli import app
 from draftwise.cli.train_head import parse_bytes
-from draftwise.distill import feature_store
-from draftwise.distill.feature_store import (
+from draftwise.eagle import features as feature_store
+from draftwise.eagle.features import (
     FEATURES_DIR,
     INDEX_FILE,
     bytes_per_token,
@@ -118,7 +118,7 @@ def test_train_head_refuses_a_bad_max_disk_and_weight_decay_in_one_line(tmp_path
 
 
 def test_weight_decay_reaches_the_optimizer(tiny, tmp_path, monkeypatch):
-    from draftwise.distill import head_run
+    from draftwise.eagle import run as head_run
 
     seen = []
     real = torch.optim.AdamW

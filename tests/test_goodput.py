@@ -10,13 +10,15 @@ from typing import Any
 
 import pytest
 
-from draftwise.cost import capacity, goodput
+from draftwise.capacity import plan as capacity
+from draftwise.capacity import workload
+from draftwise.cost import goodput
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed
 from draftwise.cost.goodput import Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput
-from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
-from draftwise.cost.goodput_sim import crossover, predict, simulate, solo_k, workload_from_plan, workload_from_rates
-from draftwise.cost.plan_file import Candidate, Plan
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.capacity.simulate import crossover, predict, simulate, solo_k, workload_from_plan, workload_from_rates
+from draftwise.planner.plan_file import Candidate, Plan
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
 
@@ -40,7 +42,7 @@ STEEP = pass_profile(0.010, 0.004)  # a CPU whose pass grows fast with rows
 FLAT = pass_profile(0.020, 0.002, knee=64)  # an accelerator: flat until 64 rows
 
 
-def two_kinds() -> goodput.Workload:
+def two_kinds() -> workload.Workload:
     return workload_from_rates({"copy": {"lookup": [0.85] * 8}, "chat": {"lookup": [0.35] * 8}}, k_max=8,
                                new_tokens=96, prompt_tokens=40)
 
@@ -304,7 +306,7 @@ def test_a_plan_s_auto_pick_runs_at_the_k_best_alone() -> None:
     plan.recommended, plan.ks = {"qa": ("lookup", "auto")}, [1, 2, "auto"]
     w = workload_from_plan(plan)
     assert sorted(w.kinds["qa"].options["lookup"]) == [1, 2] and w.ks == [1, 2]
-    assert w.kinds["qa"].plan == ("lookup", goodput.SOLO)
+    assert w.kinds["qa"].plan == ("lookup", workload.SOLO)
     cost = StepCost(STEEP)
     # alone: tokens per second of one sequence's pass at k = 0, 1, 2 (rows 1, 1.5, 2)
     rates = [t / STEEP.pass_time(1, r, 100) for t, r in ((1.0, 1.0), (1.4, 1.5), (1.8, 2.0))]
@@ -346,7 +348,7 @@ def test_an_n_that_does_not_fit_in_memory_is_one_line(monkeypatch: pytest.Monkey
             return slots * 2**30
 
     model = type("M", (), {"runtime": Rt()})()
-    monkeypatch.setattr("draftwise.engine.memory_available", lambda: 5 * 2**30)
+    monkeypatch.setattr("draftwise.core.engine.memory_available", lambda: 5 * 2**30)
     capacity.check_fits(model, [1, 2, 4])
     with pytest.raises(ConfigError, match=r"^--concurrency 8: max_batch=8 needs 8.0 GiB"):
         capacity.check_fits(model, [1, 2, 4, 8])

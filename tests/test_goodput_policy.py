@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 
 from draftwise import generate, load_model
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.goodput import PLAIN, Choice, Outcome, StepCost, step_goodput
-from draftwise.cost.goodput_policy import BatchGoodput, BatchKCoordinator, SeqState
-from draftwise.cost.batch_limit import read_capacity, speculating_limit
-from draftwise.cost.outside_pass import OutsidePass
-from draftwise.drafters.base import Draft
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator, SeqState
+from draftwise.policy.batch_limit import read_capacity, speculating_limit
+from draftwise.policy.outside_pass import OutsidePass
+from draftwise.core.draft import Draft
 from draftwise.drafters.factory import make_drafter
-from draftwise.engine import Engine
+from draftwise.core.engine import Engine
 from draftwise.errors import ConfigError
 
 BATCHES = [1, 2, 4, 8, 16]
@@ -85,7 +85,7 @@ def coordinator(profile: BatchProfile, epoch: list[int], seen: list[tuple[str, i
 
 
 def tree(scores: list[float]) -> Draft:
-    from draftwise.tree import TokenTree
+    from draftwise.core.tree import TokenTree
     n = len(scores)
     return Draft(list(range(n)), tree=TokenTree(list(range(n)), list(range(n))), scores=tuple(scores))
 

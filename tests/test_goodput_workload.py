@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 
-from draftwise.cost import capacity
+from draftwise.capacity import plan as capacity
 from draftwise.cost.batch_profile import BatchProfile, machine_fingerprint
 from draftwise.cost.goodput import StepCost
-from draftwise.cost.goodput_sim import (
+from draftwise.capacity.simulate import (
     client_units, describe, plan_units, predict, simulate, workload_from_plan, workload_from_rates,
 )
-from draftwise.cost.plan_file import Candidate, Plan
+from draftwise.planner.plan_file import Candidate, Plan
 from draftwise.cost.profile import Profile, model_fingerprint
 from draftwise.errors import ConfigError
 

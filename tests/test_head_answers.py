@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from draftwise.distill.corpus import read_corpus
-from draftwise.distill.head_data import conversation_ids
+from draftwise.eagle.corpus import read_corpus
+from draftwise.eagle.data import conversation_ids
 
 from .benchmark_scripts import load_benchmark
 from .test_corpus import jsonl, openai, sharegpt

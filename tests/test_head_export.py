@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 from typer.testing import CliRunner
 
 from draftwise.cli.export_head import export_head_cmd
-from draftwise.drafters.eagle import fingerprint_of
-from draftwise.drafters.eagle_head import EagleHead, HeadConfig
-from draftwise.drafters.head_files import save_head
+from draftwise.eagle.drafter import fingerprint_of
+from draftwise.eagle.head import EagleHead, HeadConfig
+from draftwise.eagle.files import save_head
 from draftwise.errors import ConfigError
-from draftwise.distill.head_export import (
+from draftwise.eagle.export import (
     CONFIG_FILE,
     FINAL_NORM_NAME,
     WEIGHT_NAMES,

@@ -332,12 +332,12 @@ def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HFRu
     weights and layers, so sequences of ~50 tokens cross the window instead of ~530."""
     import json
 
-    from draftwise.models import BUILTIN_MODELS
+    from draftwise.runtime.models import BUILTIN_MODELS
 
     builtin = BUILTIN_MODELS["gemma3-270m"]
     if not builtin.installed():
         pytest.skip(f"Gemma 3 270M is not installed ({builtin.install_hint})")
-    from draftwise.loaders import gguf_to_folder
+    from draftwise.runtime.loaders import gguf_to_folder
 
     converted = gguf_to_folder(builtin.gguf_path())
     folder = tmp_path_factory.mktemp("gemma3-270m-window")

@@ -16,18 +16,18 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from draftwise.decode import decode_steps
+from draftwise.core.decode import decode_steps
 from draftwise.drafters import PromptLookupDrafter, factory, make_drafter
-from draftwise.drafters.base import Draft
-from draftwise.drafters.eagle import EagleDrafter
-from draftwise.drafters.head_files import LoadedHead
+from draftwise.core.draft import Draft
+from draftwise.eagle.drafter import EagleDrafter
+from draftwise.eagle.files import LoadedHead
 from draftwise.drafters.hybrid import HybridDrafter, merge_chain
 from draftwise.drafters.spec import DraftSpec, parse_draft_list
-from draftwise.drafters.base import Capabilities
+from draftwise.core.draft import Capabilities
 from draftwise.drafters.suffix import SuffixDrafter
 from draftwise.errors import ConfigError
-from draftwise.sampling import SamplingConfig
-from draftwise.tree import TokenTree
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
 
 from . import test_eagle3
 from .test_eagle import PROMPT, _greedy
@@ -121,7 +121,7 @@ def test_a_hybrid_keeps_a_suffix_cache_of_its_own(monkeypatch):
 
 @pytest.mark.parametrize("engine", ["vllm", "sglang", "hf"])
 def test_export_says_no_engine_runs_a_hybrid_and_gives_its_copy_part(engine):
-    from draftwise.cost.export import export_dict
+    from draftwise.planner.export import export_dict
 
     got = export_dict("suffix+eagle:default", 4, engine)
     alone = export_dict("suffix", 4, engine)
@@ -130,7 +130,7 @@ def test_export_says_no_engine_runs_a_hybrid_and_gives_its_copy_part(engine):
 
 
 def test_the_planner_prices_a_hybrid_from_its_trace_not_a_replay():
-    from draftwise.cost.replay import rates_only, replayable
+    from draftwise.planner.replay import rates_only, replayable
 
     assert replayable("suffix") and not replayable("suffix+eagle:default") and not replayable("eagle:default")
     assert rates_only("suffix+eagle:default") and rates_only("eagle:default") and not rates_only("suffix")

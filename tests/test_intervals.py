@@ -12,14 +12,14 @@ from draftwise.cost.intervals import (
     timing_spread, uniforms,
 )
 from draftwise.cost.measure import measure_profile
-from draftwise.cost.plan import load_plan, make_plan
-from draftwise.cost.plan_pick import Spread
+from draftwise.planner.plan import load_plan, make_plan
+from draftwise.planner.pick import Spread
 from draftwise.cost.profile import Profile
-from draftwise.cost.replay import predict_seconds
-from draftwise.cost.validate import validate_plan
+from draftwise.planner.replay import predict_seconds
+from draftwise.planner.validate import validate_plan
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 from .test_plan import PROMPTS, fake_profile
 

@@ -79,8 +79,8 @@ def test_per_request_speed_is_each_request_s_tokens_over_its_latency():
 
 def test_a_later_turn_s_history_is_the_earlier_answer_as_bench_gives_it(tiny_chat_folder):
     from draftwise import load_model
-    from draftwise.chat import encode_conversation
-    from draftwise.cost.replay import answer, answer_text
+    from draftwise.runtime.chat import encode_conversation
+    from draftwise.planner.replay import answer, answer_text
 
     prompts = [{"question_id": 1, "category": "writing", "turn": 2, "users": ["Hi there.", "And again?"]},
                {"question_id": 1, "category": "writing", "turn": 1, "users": ["Hi there."]}]

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from draftwise import ConfigError, ModelLoadError, UnsupportedArchitectureError, load_model
-from draftwise.loaders import cache_dir, clean_stale_conversions, gguf_to_folder
-from draftwise.models import BUILTIN_MODELS
+from draftwise.runtime.loaders import cache_dir, clean_stale_conversions, gguf_to_folder
+from draftwise.runtime.models import BUILTIN_MODELS
 
 
 def test_missing_model_names_the_path(tmp_path):

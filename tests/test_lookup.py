@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from draftwise.drafters import Draft, NgramIndex, PromptLookupDrafter, find_ngram_match
 from draftwise.errors import ConfigError
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 # -- the reference ----------------------------------------------------------------------------
 

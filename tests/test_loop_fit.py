@@ -4,7 +4,7 @@ import pytest
 
 from draftwise.cost.loop_fit import fit_loop, fitted_profile
 from draftwise.cost.profile import Profile
-from draftwise.cost.replay import predict_seconds, price_parts
+from draftwise.planner.replay import predict_seconds, price_parts
 
 HYB = "suffix+eagle:default"
 

@@ -9,12 +9,12 @@ from typer.testing import CliRunner
 
 from draftwise import generate, load_model
 from draftwise.cli import app
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.measure import measure_profile
-from draftwise.cost.plan import Plan, as_questions, load_plan, make_plan
-from draftwise.cost.plan_pick import MARGIN
+from draftwise.planner.plan import Plan, as_questions, load_plan, make_plan
+from draftwise.planner.pick import MARGIN
 from draftwise.cost.profile import Profile, model_fingerprint
-from draftwise.cost.replay import Trace, replay_hits, replay_lookup, trace_generation
+from draftwise.planner.replay import Trace, replay_hits, replay_lookup, trace_generation
 from draftwise.drafters import make_drafter
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
@@ -334,7 +334,7 @@ def test_cli_demo_runs_end_to_end_on_a_tiny_model(tiny_chat_folder, tmp_path, mo
 def test_expected_steps_keep_the_accepted_tokens_when_each_step_accepts_under_one():
     """Per-depth replay (sampling, EAGLE) with 3 of 10 first tokens accepted: the steps commit
     the trace's tokens and report its accepted count (rounding per step reported 0)."""
-    from draftwise.cost.replay import Trace, expected_steps
+    from draftwise.planner.replay import Trace, expected_steps
 
     steps = [(1, 1 if i % 10 < 3 else 0) for i in range(100)]
     tokens = list(range(1 + sum(a + 1 for _, a in steps)))

@@ -8,17 +8,17 @@ import json
 import numpy as np
 import pytest
 
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.intervals import pooled_variance, rerun_draws, rerun_t_draws
-from draftwise.cost.moderation import log_spreads
-from draftwise.cost.plan import load_plan, make_plan
-from draftwise.cost.plan_file import Plan
-from draftwise.cost.replay import replay_lookup, trace_generation
-from draftwise.cost.route import route
+from draftwise.planner.moderation import log_spreads
+from draftwise.planner.plan import load_plan, make_plan
+from draftwise.planner.plan_file import Plan
+from draftwise.planner.replay import replay_lookup, trace_generation
+from draftwise.planner.route import route
 from draftwise.drafters import make_drafter
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 from .test_plan import PROMPTS, fake_profile
 
 
@@ -149,8 +149,8 @@ def test_a_multi_turn_question_is_planned_turn_by_turn_as_bench_runs_it(tiny):
 
 
 def test_a_choice_moves_from_the_default_only_by_more_than_the_planners_own_error():
-    from draftwise.cost.plan_pick import MARGIN, prefer, score_by
-    from draftwise.cost.plan_file import Candidate
+    from draftwise.planner.pick import MARGIN, prefer, score_by
+    from draftwise.planner.plan_file import Candidate
 
     def cand(k, speedup, lo=None):
         return Candidate("suffix", k, speedup, 2.0, None, None, None, interval=[lo or speedup, speedup + 0.1])
@@ -220,8 +220,8 @@ def test_a_costlier_draft_must_beat_the_simple_choice_by_the_margin_in_each_cate
     """The default everywhere is the best adaptive k of a host-search draft (what a user types
     without a plan); the old rule defaulted each category to the overall pick, so a hybrid ahead
     overall by more than the margin kept categories where suffix predicted higher."""
-    from draftwise.cost.plan_pick import MARGIN, choose, score_by
-    from draftwise.cost.plan_file import Candidate
+    from draftwise.planner.pick import MARGIN, choose, score_by
+    from draftwise.planner.plan_file import Candidate
 
     def c(draft, k, s):
         return Candidate(draft, k, s, 2.0, None, None, None)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from draftwise.cost.replay import accepted_along, replay_lookup, replayable, trace_generation
+from draftwise.planner.replay import accepted_along, replay_lookup, replayable, trace_generation
 from draftwise.drafters import make_drafter
-from draftwise.drafters.base import Capabilities, Draft
-from draftwise.tree import TokenTree
+from draftwise.core.draft import Capabilities, Draft
+from draftwise.core.tree import TokenTree
 
 
 def test_accepted_along_chain_and_tree() -> None:

@@ -209,7 +209,7 @@ def test_gguf_blocks_are_exactly_the_converted_weights(default_folder) -> None:
     exactly what transformers' conversion wrote: the q4 runtime runs the file's own weights."""
     from transformers import AutoConfig
 
-    from draftwise.models import BUILTIN_MODELS
+    from draftwise.runtime.models import BUILTIN_MODELS
 
     config = AutoConfig.from_pretrained(str(default_folder))
     blocks = read_q4_blocks(BUILTIN_MODELS["default"].gguf_path(), config)

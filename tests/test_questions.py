@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from draftwise.chat import encode_conversation
+from draftwise.runtime.chat import encode_conversation
 from draftwise.errors import ConfigError
 from draftwise.questions import (
     DEFAULT_QUESTIONS,

@@ -7,9 +7,9 @@ import pytest
 from rich.console import Console
 
 from draftwise.cli.demo import breakeven_table, picks_table
-from draftwise.cost import report
-from draftwise.cost.plan_file import Candidate, Plan
-from draftwise.cost.report import (
+from draftwise.planner import report
+from draftwise.planner.plan_file import Candidate, Plan
+from draftwise.planner.report import (
     breakeven_text, plan_rows, plot_plan, plot_samples, render_plan_markdown, render_validation_markdown,
     validation_summary,
 )

@@ -8,7 +8,7 @@ from draftwise.bench.methods import AUTO
 from draftwise.bench.runner import Runner, build_methods, teach
 from draftwise.drafters.factory import capabilities_of, make_drafter
 from draftwise.questions import Question
-from draftwise.sampling import SamplingConfig
+from draftwise.core.sampling import SamplingConfig
 
 
 class Plan:

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from draftwise import ConfigError
 from draftwise.cli import app
 from draftwise.distill import distill
-from draftwise.distill.checkpoint import load_checkpoint, load_snapshot
+from draftwise.training.checkpoint import load_checkpoint, load_snapshot
 
 PROMPTS = [("writing", "Write a short poem."), ("qa", "Why is the sky blue?"), ("math", "What is 12 times 7?")] * 2
 FAST = dict(layers=1, steps=2, batch=2, seq_len=16, gen_tokens=4, eval_prompts=0)

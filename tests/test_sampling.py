@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftwise.errors import ConfigError
-from draftwise.sampling import SamplingConfig, greedy, logits_to_probs, next_token, sample
+from draftwise.core.sampling import SamplingConfig, greedy, logits_to_probs, next_token, sample
 
 # logits whose softmax at temperature 1 is exactly [1, 2, 4] / 7
 LOGITS = torch.tensor([0.0, math.log(2), math.log(4)])

@@ -14,7 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from draftwise import SamplingConfig, generate, load_model  # noqa: E402
-from draftwise.cost.plan import Plan  # noqa: E402
+from draftwise.planner.plan import Plan  # noqa: E402
 from draftwise.server.app import ServerSettings, create_app  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
 from draftwise.server.protocol import Speculative  # noqa: E402

@@ -42,10 +42,10 @@ from typer.testing import CliRunner  # noqa: E402
 from draftwise import generate  # noqa: E402
 from draftwise import threads as threads_module  # noqa: E402
 from draftwise.cli import app as cli  # noqa: E402
-from draftwise.drafters import eagle as eagle_module  # noqa: E402
-from draftwise.drafters.eagle import fingerprint_of  # noqa: E402
-from draftwise.drafters.eagle_head import EagleHead, HeadConfig  # noqa: E402
-from draftwise.drafters.head_files import save_head  # noqa: E402
+from draftwise.eagle import drafter as eagle_module  # noqa: E402
+from draftwise.eagle.drafter import fingerprint_of  # noqa: E402
+from draftwise.eagle.head import EagleHead, HeadConfig  # noqa: E402
+from draftwise.eagle.files import save_head  # noqa: E402
 from draftwise.server import speculation as speculation_module  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
 

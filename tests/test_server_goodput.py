@@ -16,7 +16,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from draftwise import generate, load_model  # noqa: E402
-from draftwise.cost.goodput_policy import BatchSlotPolicy  # noqa: E402
+from draftwise.policy.batch import BatchSlotPolicy  # noqa: E402
 from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.server.app import ServerSettings, create_app  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402

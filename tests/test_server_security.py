@@ -69,7 +69,7 @@ def guarded(tiny):
 
     make_drafter = speculation_module.make_drafter
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr("draftwise.drafters.eagle.load_head", loader)
+        mp.setattr("draftwise.eagle.drafter.load_head", loader)
         mp.setattr("draftwise.drafters.factory.load_model", loader)
         mp.setattr(speculation_module, "make_drafter", recording)
         spec = Speculation(tiny, draft="lookup", k=4, plan=None, allow=["self:exit=2"])
@@ -94,7 +94,7 @@ CLIENT_DRAFTS = [
 
 
 def test_the_plans_drafts_and_allow_list_are_allowed_and_canonical():
-    from draftwise.cost.plan import Plan
+    from draftwise.planner.plan import Plan
 
     plan = Plan(model="tiny", fingerprint="", dtype="float32", greedy=True, drafts=["lookup:max=4,min=2"], ks=[2],
                 categories={}, recommended={"overall": ("lookup:min=2,max=4", 2), "math": ("none", 0)},

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from draftwise import SamplingConfig, generate
-from draftwise.decode import decode_steps
+from draftwise.core.decode import decode_steps
 from draftwise.drafters import Capabilities, Draft, ModelDrafter, SelfSpecDrafter, make_drafter
 from draftwise.runtime.hf import HFRuntime
 from draftwise.runtime.native import NativeRuntime

@@ -22,8 +22,8 @@ from draftwise.drafters.lookup import NgramIndex, merge_paths
 from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter
 from draftwise.drafters.suffix_trie import BRANCH, SuffixTrie, grow_tree
 from draftwise.errors import ConfigError
-from draftwise.sampling import SamplingConfig
-from draftwise.tree import TokenTree
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
 
 GREEDY, GEN = SamplingConfig(), torch.Generator()
 

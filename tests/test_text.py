@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from draftwise.errors import ConfigError
-from draftwise.text import TextAssembler, decode_escapes
+from draftwise.core.text import TextAssembler, decode_escapes
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from draftwise.cli import app
 from draftwise.errors import ConfigError
-from draftwise.sampling import SamplingConfig, sample
+from draftwise.core.sampling import SamplingConfig, sample
 from draftwise.threads import OPT_OUT, SPIN_COUNT, apply_omp_defaults, set_threads
-from draftwise.verify import verify_sampled
+from draftwise.core.verify import verify_sampled
 
 runner = CliRunner()
 OMP_VARS = ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY", OPT_OUT, "DRAFTWISE_SHARE_CORES")

@@ -14,16 +14,17 @@ from typer.testing import CliRunner
 
 from draftwise import ConfigError
 from draftwise.cli import app
-from draftwise.distill import feature_store, head_data
-from draftwise.distill.feature_store import FeatureStore, extract_features
-from draftwise.distill.head_data import (
+from draftwise.eagle import data as head_data
+from draftwise.eagle import features as feature_store
+from draftwise.eagle.features import FeatureStore, extract_features
+from draftwise.eagle.data import (
     filter_instructions,
     heldout_sequences,
     magpie_prompts,
     user_prefix,
 )
-from draftwise.distill.head_run import train_head
-from draftwise.distill.head_train import (
+from draftwise.eagle.run import train_head
+from draftwise.eagle.train import (
     TargetParts,
     build_head,
     evaluate_head,
@@ -31,7 +32,7 @@ from draftwise.distill.head_train import (
     head_loss,
     make_head_batch,
 )
-from draftwise.drafters.head_files import load_head, target_fingerprint
+from draftwise.eagle.files import load_head, target_fingerprint
 from draftwise.questions import Question
 
 PROMPTS = [

@@ -1,16 +1,16 @@
 """--k auto for scored trees: suffix decoding proposes its best-first tree and AdaptiveK keeps the
-prefix of nodes with the most expected tokens per second (cost/adaptive.py)."""
+prefix of nodes with the most expected tokens per second (policy/adaptive.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from draftwise.cost.adaptive import PRIOR_TOKENS, AdaptiveK
-from draftwise.drafters.base import Draft
+from draftwise.policy.adaptive import PRIOR_TOKENS, AdaptiveK
+from draftwise.core.draft import Draft
 from draftwise.drafters.suffix import SuffixDrafter
-from draftwise.sampling import SamplingConfig
-from draftwise.tree import TokenTree
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
 
 
 class _Costs:
@@ -108,7 +108,7 @@ def test_each_size_of_tree_is_calibrated_on_its_own():
 
 
 def test_what_one_generation_learns_of_a_size_the_next_starts_from():
-    from draftwise.cost.adaptive import TreeSizes
+    from draftwise.policy.adaptive import TreeSizes
 
     costs = _Costs(lambda n: 0.010 * (1 + 0.25 * (n - 1)))
     shared = TreeSizes()

@@ -14,7 +14,7 @@ from draftwise.errors import ConfigError
 from draftwise.runtime.base import Rows, Runtime, ancestor_mask, check_parents
 from draftwise.runtime.hf import HFRuntime
 from draftwise.runtime.native import NativeRuntime
-from draftwise.tree import TokenTree
+from draftwise.core.tree import TokenTree
 
 from .conftest import random_hf_model, tiny_llama_config
 

@@ -1,4 +1,4 @@
-"""Tree verification (draftwise.verify), layer by layer.
+"""Tree verification (draftwise.core.verify), layer by layer.
 
 - hand-built cases from +-100 logits (greedy paths, siblings, bonus at a leaf);
 - a chain through verify_tree_* gives EXACTLY the verdicts of verify_greedy / verify_sampled,
@@ -24,11 +24,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import draftwise.verify as verify_tree_module
+import draftwise.core.verify as verify_tree_module
 from draftwise.errors import ConfigError
-from draftwise.tree import TokenTree
-from draftwise.verify import verify_greedy, verify_sampled
-from draftwise.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampled
+from draftwise.core.tree import TokenTree
+from draftwise.core.verify import verify_greedy, verify_sampled
+from draftwise.core.verify import TreeVerdict, verify_tree_greedy, verify_tree_sampled
 
 from .test_distribution import chi_square
 from .test_verify import peaked_logits, peaked_probs

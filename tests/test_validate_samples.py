@@ -8,11 +8,11 @@ import statistics
 
 import pytest
 
-from draftwise.cost.adaptive import AdaptiveK
+from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.formulas import mean_rate_speedup
-from draftwise.cost.plan_file import Candidate, Plan
-from draftwise.cost.report import validation_summary
-from draftwise.cost.validate import unit_speedup, validate_plan
+from draftwise.planner.plan_file import Candidate, Plan
+from draftwise.planner.report import validation_summary
+from draftwise.planner.validate import unit_speedup, validate_plan
 from draftwise.errors import ConfigError
 from draftwise.questions import Question
 
@@ -104,7 +104,7 @@ def test_auto_k_runs_a_fresh_adaptive_policy_for_every_generation(tiny, monkeypa
         made.append(Counting(fake_profile(model), str(draft), capabilities=capabilities))
         return made[-1]
 
-    monkeypatch.setattr("draftwise.cost.validate.policy_for", fake_policy_for)
+    monkeypatch.setattr("draftwise.planner.validate.policy_for", fake_policy_for)
     plan = hand_plan(tiny, copy_k="auto")
     v = validate_plan(tiny, plan, ROWS[:2], extra=[("lookup", "auto"), ("lookup", 2)], seeds=2, repeats=2)
     # copy's pick and the extra setting are one: 2 prompts x 2 seeds x 2 repeats generations

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from draftwise.verify import Verdict, verify_greedy, verify_sampled
+from draftwise.core.verify import Verdict, verify_greedy, verify_sampled
 
 VOCAB = 6
 HIGH, LOW = 100.0, -100.0

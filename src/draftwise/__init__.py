@@ -19,25 +19,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
-    from .api import generate, share_cores_while_decoding, stream
-    from .decode import GenerationResult, Stream
-    from .drafters.spec import DraftSpec
-    from .errors import (
+    from draftwise.api import generate, share_cores_while_decoding, stream
+    from draftwise.core.decode import GenerationResult, Stream
+    from draftwise.drafters.spec import DraftSpec
+    from draftwise.errors import (
         ConfigError,
         ContextLengthError,
         DraftwiseError,
         ModelLoadError,
         UnsupportedArchitectureError,
     )
-    from .loaders import Model, load_model
-    from .sampling import SamplingConfig
+    from draftwise.runtime.loaders import Model, load_model
+    from draftwise.core.sampling import SamplingConfig
 
 _WHERE = {
     "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api",
-    "GenerationResult": ".decode", "Stream": ".decode", "DraftSpec": ".drafters.spec",
+    "GenerationResult": ".core.decode", "Stream": ".core.decode", "DraftSpec": ".drafters.spec",
     "ConfigError": ".errors", "ContextLengthError": ".errors", "DraftwiseError": ".errors",
     "ModelLoadError": ".errors", "UnsupportedArchitectureError": ".errors",
-    "Model": ".loaders", "load_model": ".loaders", "SamplingConfig": ".sampling",
+    "Model": ".runtime.loaders", "load_model": ".runtime.loaders", "SamplingConfig": ".core.sampling",
 }
 
 

@@ -1,10 +1,10 @@
 """The public entry points: :func:`generate` and :func:`stream` with every option, ``k="auto"``
 included. The bench, the server and the CLI call these, never the core loop directly.
 
-They are :func:`draftwise.decode.generate` / :func:`draftwise.decode.stream` (the core loop,
-which takes a number or a :class:`~draftwise.kpolicy.KPolicy`) plus one thing the core must not
+They are :func:`draftwise.core.decode.generate` / :func:`draftwise.core.decode.stream` (the core loop,
+which takes a number or a :class:`~draftwise.core.kpolicy.KPolicy`) plus one thing the core must not
 know: ``k="auto"`` builds the adaptive policy from this machine's measured profile
-(:func:`draftwise.cost.route.policy_for`, which measures and caches one on first use).
+(:func:`draftwise.planner.route.policy_for`, which measures and caches one on first use).
 
 Nothing here changes the process. :func:`share_cores_while_decoding` is the opt-in the CLI and
 the server make: other draftwise processes decoding on this machine then share the cores.
@@ -23,15 +23,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from . import decode
-from .cost.route import policy_for
-from .decode import GenerationResult, Stream
-from .drafters.base import Drafter
-from .drafters.spec import DraftSpec
-from .errors import ConfigError
-from .kpolicy import KPolicy
-from .loaders import Model, load_model
-from .threads import share_cores
+from draftwise.core import decode
+from draftwise.planner.route import policy_for
+from draftwise.core.decode import GenerationResult, Stream
+from draftwise.core.draft import Drafter
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.core.kpolicy import KPolicy
+from draftwise.drafters.factory import make_drafter
+from draftwise.runtime.loaders import Model, load_model
+from draftwise.threads import share_cores
 
 KArg = int | Literal["auto"] | KPolicy
 
@@ -61,20 +62,21 @@ def stream(
     k: KArg = 4,
     **options: Any,
 ) -> Stream:
-    """Start a generation and return a :class:`~draftwise.decode.Stream` of text pieces.
+    """Start a generation and return a :class:`~draftwise.core.decode.Stream` of text pieces.
 
     ``prompt`` is text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
     spec: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
     :class:`draftwise.drafters.DraftSpec`); ``k`` is how many tokens it proposes per step, or
     ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
-    acceptance seen so far (:mod:`draftwise.cost.adaptive`). The other options
+    acceptance seen so far (:mod:`draftwise.policy.adaptive`). The other options
     (``max_new_tokens=128``, ``sampling``, ``stop``, ``chat``) are those of
-    :func:`draftwise.decode.stream`.
+    :func:`draftwise.core.decode.stream`.
     """
     if isinstance(model, str):
         model = load_model(model)
-    return decode.stream(model, prompt, draft=draft, k=_policy(model, draft, k), **options)
+    policy = _policy(model, draft, k)
+    return decode.stream(model, prompt, draft=make_drafter(draft, model), k=policy, **options)
 
 
 def generate(
@@ -92,4 +94,5 @@ def generate(
     """
     if isinstance(model, str):
         model = load_model(model)
-    return decode.generate(model, prompt, draft=draft, k=_policy(model, draft, k), **options)
+    policy = _policy(model, draft, k)
+    return decode.generate(model, prompt, draft=make_drafter(draft, model), k=policy, **options)

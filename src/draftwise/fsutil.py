@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from draftwise.errors import ConfigError
 
 #: the file a command leaves in a folder it made, so ``--overwrite`` knows it may delete it
 MARKER = ".draftwise-output"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import ConfigError
+from draftwise.errors import ConfigError
 
 T = TypeVar("T")
 

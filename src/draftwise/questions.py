@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from draftwise.errors import ConfigError
 
 #: the Spec-Bench development questions (240, even question ids) shipped with draftwise
 DEFAULT_QUESTIONS: Path = Path(__file__).resolve().parent / "data" / "spec_bench" / "question_dev.jsonl"

@@ -33,7 +33,7 @@ import time
 from collections.abc import MutableMapping
 from pathlib import Path
 
-from .errors import ConfigError
+from draftwise.errors import ConfigError
 
 OPT_OUT = "DRAFTWISE_OMP_DEFAULTS"
 """Set to ``0`` (or ``off``/``false``/``no``) to leave OpenMP's own defaults alone."""

@@ -16,12 +16,12 @@
 
 from __future__ import annotations
 
-from .modes import run_modes_benchmark
-from .modes_report import render_markdown as render_modes_markdown
-from .plain_vs_hf import render_markdown as render_runtime_markdown
-from .plain_vs_hf import run_runtime_benchmark
-from .report import render_markdown
-from .run import run_bench
+from draftwise.bench.modes import run_modes_benchmark
+from draftwise.bench.modes_report import render_markdown as render_modes_markdown
+from draftwise.bench.plain_vs_hf import render_markdown as render_runtime_markdown
+from draftwise.bench.plain_vs_hf import run_runtime_benchmark
+from draftwise.bench.report import render_markdown
+from draftwise.bench.run import run_bench
 
 __all__ = [
     "render_markdown",

@@ -2,7 +2,7 @@
 
 After the one-at-a-time loop, every method whose draft can run in a slot (plain decoding and
 every draft but the peers, ``auto`` and EAGLE heads) runs the finished questions' turns on one
-:class:`draftwise.engine.Engine`: all first turns together, then all second turns (each built
+:class:`draftwise.core.engine.Engine`: all first turns together, then all second turns (each built
 from that question's *batched* first answer, as :func:`.runner.build_prompt` builds it), and so
 on. Per method:
 
@@ -26,15 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..cost.route import policy_for
-from ..drafters.factory import make_drafter
-from ..engine import Engine, check_batch
-from ..errors import ConfigError, DraftwiseError
-from ..questions import Question
-from ..sampling import SamplingConfig
-from .answers import choice, question_key
-from .methods import AUTO, Method
-from .runner import build_prompt
+from draftwise.planner.route import policy_for
+from draftwise.drafters.factory import make_drafter
+from draftwise.core.engine import Engine, check_batch
+from draftwise.errors import ConfigError, DraftwiseError
+from draftwise.questions import Question
+from draftwise.core.sampling import SamplingConfig
+from draftwise.bench.answers import choice, question_key
+from draftwise.bench.methods import AUTO, Method
+from draftwise.bench.runner import build_prompt
 
 #: positions a slot holds beyond the longest conversation's estimate (a tree's nodes, a chain's bonus)
 CONTEXT_MARGIN = 256

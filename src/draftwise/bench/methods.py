@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from ..drafters.spec import SPEC_HELP, DraftSpec, KValue, parse_draft_item, parse_k, split_draft_list
-from ..errors import ConfigError
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, KValue, parse_draft_item, parse_k, split_draft_list
+from draftwise.errors import ConfigError
 
 BASELINE = "none"
 AUTO = "auto"

@@ -4,7 +4,7 @@ Each mode is loaded once (:data:`MODES`: its dtype and ``quant``); then, prompt 
 mode runs in turn, the order rotating from prompt to prompt so that the noise of a shared machine
 hits all alike. Per prompt and mode:
 
-- plain: the first ``N`` tokens of :func:`draftwise.decode.plain_tokens` (greedy, EOS not looked
+- plain: the first ``N`` tokens of :func:`draftwise.core.decode.plain_tokens` (greedy, EOS not looked
   at), wall time with the prefill, exactly as ``bench-runtime`` times it;
 - speculative, per draft: :func:`draftwise.generate` for ``max_new_tokens=N`` on a view of the
   model with no EOS ids, so it too yields exactly ``N`` tokens: every comparison is between runs
@@ -33,20 +33,20 @@ from typing import Any
 
 import torch
 
-from ..api import generate
-from ..cost.adaptive import auto_policy
-from ..cost.route import policy_for
-from ..drafters.factory import make_drafter
-from ..drafters.spec import KValue, parse_k
-from ..errors import ConfigError
-from ..loaders import Model, load_model, resolve_model
-from ..questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
-from .methods import AUTO, parse_methods
-from .modes_probe import LlamaCppPeer, llama_cpp_available, logit_difference, matmul_split, plain_margin
-from .modes_report import write_report
-from .plain_vs_hf import _first_divergence, _stats, _time_draftwise, _whole
-from .progress import Progress, quiet_transformers
-from .roofline import MIB, machine_info, measure_bandwidth, weight_bytes_per_token
+from draftwise.api import generate
+from draftwise.policy.adaptive import auto_policy
+from draftwise.planner.route import policy_for
+from draftwise.drafters.factory import make_drafter
+from draftwise.drafters.spec import KValue, parse_k
+from draftwise.errors import ConfigError
+from draftwise.runtime.loaders import Model, load_model, resolve_model
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
+from draftwise.bench.methods import AUTO, parse_methods
+from draftwise.bench.modes_probe import LlamaCppPeer, llama_cpp_available, logit_difference, matmul_split, plain_margin
+from draftwise.bench.modes_report import write_report
+from draftwise.bench.plain_vs_hf import _first_divergence, _stats, _time_draftwise, _whole
+from draftwise.bench.progress import Progress, quiet_transformers
+from draftwise.bench.roofline import MIB, machine_info, measure_bandwidth, weight_bytes_per_token
 
 #: mode name -> (dtype, quant) for :func:`draftwise.load_model`
 MODES: dict[str, tuple[str, str]] = {

@@ -126,7 +126,7 @@ def llama_cpp_available() -> bool:
 
 class LlamaCppPeer:
     """llama-cpp-python on a GGUF file: greedy, exactly ``n`` tokens (EOS not looked at), as
-    :func:`draftwise.decode.plain_tokens` decodes."""
+    :func:`draftwise.core.decode.plain_tokens` decodes."""
 
     def __init__(self, gguf: Path, n_ctx: int, threads: int) -> None:
         from llama_cpp import Llama

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import write_json_atomic, write_text_atomic
-from ..plots import pyplot, save_figure, try_plot
-from .roofline import MIB
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.plots import pyplot, save_figure, try_plot
+from draftwise.bench.roofline import MIB
 
 RESULT_STEM = "runtime_modes"
 

@@ -12,8 +12,8 @@ picks ``N`` argmax tokens (no forward after the last token).
   eos_token_id=None)``: with no EOS it never stops early and adds no logits processor, so it is
   the same algorithm as draftwise's. (``min_new_tokens=N`` would instead *suppress* EOS, i.e.
   pick the second-best token where greedy picks EOS, and the outputs would diverge there.)
-- draftwise: the first ``N`` tokens of :func:`draftwise.decode.plain_tokens` (prefill + one
-  forward per token, greedy :class:`~draftwise.sampling.SamplingConfig`), which does not look
+- draftwise: the first ``N`` tokens of :func:`draftwise.core.decode.plain_tokens` (prefill + one
+  forward per token, greedy :class:`~draftwise.core.sampling.SamplingConfig`), which does not look
   at EOS at all.
 
 Tokens/s = N / wall seconds, prefill included. Every run must yield exactly N tokens. The
@@ -36,20 +36,20 @@ from typing import Any
 
 import torch
 
-from ..decode import plain_tokens
-from ..errors import ConfigError
-from ..fsutil import write_json_atomic, write_text_atomic
-from ..loaders import load_model, parse_dtype
-from ..questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
-from ..sampling import SamplingConfig
-from .progress import Progress, quiet_transformers
-from .roofline import MIB, kv_bytes_per_token, machine_info, measure_bandwidth, weight_bytes_per_token
+from draftwise.core.decode import plain_tokens
+from draftwise.errors import ConfigError
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.runtime.loaders import load_model, parse_dtype
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
+from draftwise.core.sampling import SamplingConfig
+from draftwise.bench.progress import Progress, quiet_transformers
+from draftwise.bench.roofline import MIB, kv_bytes_per_token, machine_info, measure_bandwidth, weight_bytes_per_token
 
 RESULT_STEM = "runtime_vs_hf"
 _VALID_DTYPES = ("float32", "bfloat16")
 METHOD = (
     "per prompt, HF generate(max_new_tokens=N, do_sample=False, eos_token_id=None) "
-    "and the first N tokens of draftwise.decode.plain_tokens (greedy), interleaved, "
+    "and the first N tokens of draftwise.core.decode.plain_tokens (greedy), interleaved, "
     "order alternating; both warmed up once; wall time includes the prefill; "
     "with repeats > 1, the fastest of the repeats per method"
 )

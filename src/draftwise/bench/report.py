@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..plots import pyplot, save_figure
-from .methods import BASELINE, is_peer
-from .runner import SETTLE_CAP
+from draftwise.plots import pyplot, save_figure
+from draftwise.bench.methods import BASELINE, is_peer
+from draftwise.bench.runner import SETTLE_CAP
 
 
 #: what the two speedups of a bench mean, for every report that shows them

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from ..cost.profile import cpu_flags, cpu_model
+from draftwise.cost.profile import cpu_flags, cpu_model
 
 MIB = 1 << 20
 

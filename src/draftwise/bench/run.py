@@ -33,22 +33,22 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..cost.defaults import DEFAULT_DRAFTS
-from ..drafters.spec import KValue, parse_k
-from ..errors import ConfigError, ContextLengthError
-from ..fsutil import write_json_atomic, write_text_atomic
-from ..loaders import load_model
-from ..questions import DEFAULT_QUESTIONS, Question, parse_question, read_questions, select_questions
-from ..sampling import SamplingConfig
-from .answers import answer_record, question_key
-from .batched import check_batch_option, check_batch_runtime, run_batched
-from .equality import check_equality
-from .methods import AUTO, DraftItem, Method, parse_methods, parse_peers
-from .noise import speedup_intervals
-from .outdir import fingerprint, prepare_out, start_run
-from .report import render_markdown, write_plots
-from .runner import Runner, build_methods, build_prompt, load_plan_for_auto
-from .summary import summarise
+from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.drafters.spec import KValue, parse_k
+from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.runtime.loaders import load_model
+from draftwise.questions import DEFAULT_QUESTIONS, Question, parse_question, read_questions, select_questions
+from draftwise.core.sampling import SamplingConfig
+from draftwise.bench.answers import answer_record, question_key
+from draftwise.bench.batched import check_batch_option, check_batch_runtime, run_batched
+from draftwise.bench.equality import check_equality
+from draftwise.bench.methods import AUTO, DraftItem, Method, parse_methods, parse_peers
+from draftwise.bench.noise import speedup_intervals
+from draftwise.bench.outdir import fingerprint, prepare_out, start_run
+from draftwise.bench.report import render_markdown, write_plots
+from draftwise.bench.runner import Runner, build_methods, build_prompt, load_plan_for_auto
+from draftwise.bench.summary import summarise
 
 Answers = dict[str, dict[str, dict[str, Any]]]
 

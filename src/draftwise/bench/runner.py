@@ -10,7 +10,7 @@ It learns from *every* answer of its method, once, after the clock stopped (:fun
 standalone ``suffix`` every answer it decodes, and each learning drafter of ``auto`` every answer
 ``auto`` gives, also where the plan routed the prompt elsewhere (to ``lookup``, or plain decoding).
 
-The plan's choice for ``auto`` and the k it runs come from :func:`draftwise.cost.route.route`,
+The plan's choice for ``auto`` and the k it runs come from :func:`draftwise.planner.route.route`,
 as in ``serve``: the plan's draft at the plan's k, which may be ``"auto"`` (the adaptive policy,
 a fresh one per generation); with ``--k auto`` the adaptive k runs whatever draft the plan picks.
 """
@@ -21,18 +21,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .. import api
-from ..chat import encode_conversation
-from ..cost.plan import load_plan
-from ..cost.route import policy_for, route
-from ..drafters.factory import capabilities_of, make_drafter
-from ..drafters.spec import DraftSpec, KValue, parse_k
-from ..errors import ConfigError
-from ..questions import Question
-from ..sampling import SamplingConfig
-from .answers import TurnResult
-from .hf_peer import HFPeer, hf_methods
-from .methods import AUTO, BASELINE, DraftItem, Method, parse_methods
+from draftwise import api
+from draftwise.runtime.chat import encode_conversation
+from draftwise.planner.plan import load_plan
+from draftwise.planner.route import policy_for, route
+from draftwise.drafters.factory import capabilities_of, make_drafter
+from draftwise.drafters.spec import DraftSpec, KValue, parse_k
+from draftwise.errors import ConfigError
+from draftwise.questions import Question
+from draftwise.core.sampling import SamplingConfig
+from draftwise.bench.answers import TurnResult
+from draftwise.bench.hf_peer import HFPeer, hf_methods
+from draftwise.bench.methods import AUTO, BASELINE, DraftItem, Method, parse_methods
 
 
 def build_prompt(model: Any, turns: Sequence[str], answers: Sequence[str]) -> list[int]:

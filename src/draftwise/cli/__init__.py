@@ -10,13 +10,13 @@ from __future__ import annotations
 
 # First, before anything imports torch: libgomp reads its wait policy once, when torch loads it.
 # The command line is an entry point, so it may set the process's defaults; the library never does.
-from ..threads import apply_omp_defaults
+from draftwise.threads import apply_omp_defaults
 
 apply_omp_defaults()
 
 import typer  # noqa: E402 (after the OpenMP defaults)
 
-from . import (  # noqa: E402
+from draftwise.cli import (  # noqa: E402
     bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, profile, serve,
     train_head,
 )
@@ -46,7 +46,7 @@ app.command("serve")(serve.serve)
 
 
 def main() -> None:  # pragma: no cover - console entry point
-    from ..api import share_cores_while_decoding
+    from draftwise.api import share_cores_while_decoding
 
     share_cores_while_decoding()  # the CLI and its server share the cores with other draftwise processes
     app()

@@ -8,18 +8,18 @@ from typing import Annotated
 
 import typer
 
-from ..bench import render_markdown, run_bench
-from ..bench.batched import check_batch_option
-from ..bench.methods import parse_methods, parse_peers
-from ..bench.outdir import prepare_out
-from ..bench.run import check_repeats, check_settle
-from ..bench.runner import load_plan_for_auto
-from ..cost.defaults import DEFAULT_DRAFTS
-from ..drafters.spec import SPEC_HELP, parse_k
-from ..plots import PLOT_INSTALL_HINT, plotting_available
-from ..questions import DEFAULT_QUESTIONS, read_questions
-from ..sampling import SamplingConfig
-from .common import (
+from draftwise.bench import render_markdown, run_bench
+from draftwise.bench.batched import check_batch_option
+from draftwise.bench.methods import parse_methods, parse_peers
+from draftwise.bench.outdir import prepare_out
+from draftwise.bench.run import check_repeats, check_settle
+from draftwise.bench.runner import load_plan_for_auto
+from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.drafters.spec import SPEC_HELP, parse_k
+from draftwise.plots import PLOT_INSTALL_HINT, plotting_available
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions
+from draftwise.core.sampling import SamplingConfig
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
     user_errors, warn,
 )

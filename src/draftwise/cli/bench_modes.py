@@ -9,10 +9,10 @@ from typing import Annotated
 
 import typer
 
-from ..bench import render_modes_markdown, run_modes_benchmark
-from ..fsutil import check_writable
-from ..questions import DEFAULT_QUESTIONS
-from .common import ModelOpt, QuestionsOpt, ThreadsOpt, out, progress_bar, user_errors
+from draftwise.bench import render_modes_markdown, run_modes_benchmark
+from draftwise.fsutil import check_writable
+from draftwise.questions import DEFAULT_QUESTIONS
+from draftwise.cli.common import ModelOpt, QuestionsOpt, ThreadsOpt, out, progress_bar, user_errors
 
 
 def bench_modes(

@@ -7,10 +7,10 @@ from typing import Annotated
 
 import typer
 
-from ..bench import render_runtime_markdown, run_runtime_benchmark
-from ..fsutil import check_writable
-from ..questions import DEFAULT_QUESTIONS
-from .common import ModelOpt, QuestionsOpt, ThreadsOpt, out, user_errors
+from draftwise.bench import render_runtime_markdown, run_runtime_benchmark
+from draftwise.fsutil import check_writable
+from draftwise.questions import DEFAULT_QUESTIONS
+from draftwise.cli.common import ModelOpt, QuestionsOpt, ThreadsOpt, out, user_errors
 
 
 def bench_runtime(

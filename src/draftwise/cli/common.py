@@ -21,13 +21,13 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from ..cost.profile import Profile
-from ..drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
-from ..errors import ConfigError, DraftwiseError
-from ..fsutil import check_writable
-from ..loaders import load_model
-from ..plots import PLOT_INSTALL_HINT, check_plot_path, plotting_available, try_plot
-from ..threads import check_threads, set_threads
+from draftwise.cost.profile import Profile
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
+from draftwise.errors import ConfigError, DraftwiseError
+from draftwise.fsutil import check_writable
+from draftwise.runtime.loaders import load_model
+from draftwise.plots import PLOT_INSTALL_HINT, check_plot_path, plotting_available, try_plot
+from draftwise.threads import check_threads, set_threads
 
 err = Console(stderr=True)
 out = Console()

@@ -4,7 +4,7 @@ On the embedded default model and a few dev questions, one from each Spec-Bench 
 from the questions held out of the shipped draft's training), it:
 
 1. loads (or measures once) this machine's profile: T(n), each draft's D(k);
-2. plans: traces the default drafts (:func:`draftwise.cost.defaults.default_drafts`: lookup
+2. plans: traces the default drafts (:func:`draftwise.planner.defaults.default_drafts`: lookup
    and suffix), predicts every k and the adaptive k, recommends per category;
 3. benchmarks plain decoding, each draft at its best k and ``auto`` (the plan's pick per
    category), interleaved prompt by prompt, checking that every output equals plain decoding;
@@ -26,19 +26,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..bench import run_bench
-from ..bench.methods import AUTO, BASELINE
-from ..bench.report import format_value
-from ..cost.adaptive import resolve_profile
-from ..cost.defaults import default_drafts
-from ..cost.plan import Plan, make_plan
-from ..cost.report import best_per_draft, breakeven_text, interval_text, plan_rows, plot_plan, render_plan_markdown
-from ..distill.data import split_questions
-from ..errors import ConfigError
-from ..fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
-from ..plots import plotting_available
-from ..questions import DEFAULT_QUESTIONS, Question, category_group, read_questions
-from .common import (
+from draftwise.bench import run_bench
+from draftwise.bench.methods import AUTO, BASELINE
+from draftwise.bench.report import format_value
+from draftwise.policy.adaptive import resolve_profile
+from draftwise.planner.defaults import default_drafts
+from draftwise.planner.plan import Plan, make_plan
+from draftwise.planner.report import best_per_draft, breakeven_text, interval_text, plan_rows, plot_plan, render_plan_markdown
+from draftwise.training.data import split_questions
+from draftwise.errors import ConfigError
+from draftwise.fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
+from draftwise.plots import plotting_available
+from draftwise.questions import DEFAULT_QUESTIONS, Question, category_group, read_questions
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
     plot_or_warn, progress_bar, user_errors,
 )

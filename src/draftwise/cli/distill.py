@@ -10,11 +10,11 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from ..distill import distill
-from ..distill.outputs import check_out_dir
-from ..distill.pack import PACK_WEIGHTS, pack_draft
-from ..threads import set_threads
-from .common import (
+from draftwise.distill import distill
+from draftwise.distill.outputs import check_out_dir
+from draftwise.distill.pack import PACK_WEIGHTS, pack_draft
+from draftwise.threads import set_threads
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, Quant, QuantOpt, TargetOpt, ThreadsOpt, command_line, load_with_status, out,
     parse_number_list, phase_bars, status_printer, user_errors,
 )

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..distill.head_export import (
+from draftwise.eagle.export import (
     DEFAULT_K,
     MODEL_TYPE,
     WEIGHTS_FILE,
@@ -18,9 +18,9 @@ from ..distill.head_export import (
     validate_speculators_config,
     verifier_id,
 )
-from ..drafters.eagle import fingerprint_of
-from ..drafters.head_files import load_head
-from .common import DType, ThreadsOpt, load_with_status, out, user_errors, warn
+from draftwise.eagle.drafter import fingerprint_of
+from draftwise.eagle.files import load_head
+from draftwise.cli.common import DType, ThreadsOpt, load_with_status, out, user_errors, warn
 
 
 def export_head_cmd(
@@ -47,7 +47,7 @@ def export_head_cmd(
 
     The target is loaded once, to check the head was trained for it and to copy its final norm
     and (eagle3) its LM head rows, which the head borrows. What the layout cannot say exactly is listed in
-    config.json under draftwise.not_represented; see ``draftwise.distill.head_export``.
+    config.json under draftwise.not_represented; see ``draftwise.eagle.export``.
     """
     with user_errors():
         loaded = load_head(head)  # a missing or damaged head: one line, before anything loads

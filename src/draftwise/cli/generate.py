@@ -8,13 +8,13 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from ..api import stream as start_stream
-from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k
-from ..errors import ConfigError
-from ..models import BUILTIN_MODELS
-from ..sampling import SamplingConfig
-from ..text import decode_escapes
-from .common import (
+from draftwise.api import stream as start_stream
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k
+from draftwise.errors import ConfigError
+from draftwise.runtime.models import BUILTIN_MODELS
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.text import decode_escapes
+from draftwise.cli.common import (
     CompileOpt,
     DeviceOpt,
     DType,

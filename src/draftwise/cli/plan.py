@@ -19,14 +19,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..cost.defaults import default_drafts, default_drafts_text
-from ..cost.capacity import check_fits, parse_concurrency, render_concurrency_markdown, run_concurrency
-from ..cost.export import export_config
-from ..cost.measure import measure_profile
-from ..cost.parsing import parse_ks
-from ..cost.plan import DEFAULT_SAMPLES, NONE, Plan, check_samples, make_plan
-from ..cost.profile import Profile, default_profile_path
-from ..cost.report import (
+from draftwise.planner.defaults import default_drafts, default_drafts_text
+from draftwise.capacity.plan import check_fits, parse_concurrency, render_concurrency_markdown, run_concurrency
+from draftwise.planner.export import export_config
+from draftwise.cost.measure import measure_profile
+from draftwise.cost.parsing import parse_ks
+from draftwise.planner.plan import DEFAULT_SAMPLES, NONE, Plan, check_samples, make_plan
+from draftwise.cost.profile import Profile, default_profile_path
+from draftwise.planner.report import (
     breakeven_text,
     inside_text,
     interval_text,
@@ -37,15 +37,15 @@ from ..cost.report import (
     render_plan_markdown,
     validation_summary,
 )
-from ..cost.validate import validate_plan
-from ..drafters import make_drafter
-from ..drafters.factory import model_draft_source
-from ..drafters.spec import DraftSpec
-from ..errors import ConfigError
-from ..fsutil import check_writable, write_text_atomic
-from ..questions import DEFAULT_QUESTIONS, Question, read_questions, select_questions
-from ..sampling import SamplingConfig
-from .common import (
+from draftwise.planner.validate import validate_plan
+from draftwise.drafters import make_drafter
+from draftwise.drafters.factory import model_draft_source
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.fsutil import check_writable, write_text_atomic
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, select_questions
+from draftwise.core.sampling import SamplingConfig
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out,
     output_file, parse_drafts, plot_or_warn, progress_bar, read_profile, user_errors,
 )

@@ -14,11 +14,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from ..cost.measure import measure_profile
-from ..cost.profile import default_profile_path
-from ..cost.report import plot_profile
-from ..errors import ConfigError
-from .common import (
+from draftwise.cost.measure import measure_profile
+from draftwise.cost.profile import default_profile_path
+from draftwise.planner.report import plot_profile
+from draftwise.errors import ConfigError
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, load_with_status, out, output_file,
     parse_drafts, plot_file, progress_bar, user_errors,
 )

@@ -11,13 +11,13 @@ from typing import Annotated, Any
 
 import typer
 
-from ..cost.batch_limit import read_capacity
-from ..cost.plan import load_plan
-from ..engine import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
-from ..drafters.factory import capabilities_of
-from ..drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
-from ..errors import ConfigError
-from .common import (
+from draftwise.policy.batch_limit import read_capacity
+from draftwise.planner.plan import load_plan
+from draftwise.core.engine import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
+from draftwise.drafters.factory import capabilities_of
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
+from draftwise.errors import ConfigError
+from draftwise.cli.common import (
     CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, RuntimeChoice, RuntimeOpt, ThreadsOpt, err,
     load_with_status, user_errors, warn,
 )
@@ -77,9 +77,9 @@ def serve(
         try:  # the server's packages are an optional extra: import them only when serving
             import uvicorn
 
-            from ..server.app import ServerSettings, create_app
-            from ..server.speculation import AUTO, Speculation, startup_plan
-            from ..server.worker import ModelThread
+            from draftwise.server.app import ServerSettings, create_app
+            from draftwise.server.speculation import AUTO, Speculation, startup_plan
+            from draftwise.server.worker import ModelThread
         except ImportError as exc:
             raise ConfigError(f"{SERVE_EXTRA} ({exc})") from None
         spec = AUTO if draft.strip() == "auto" else DraftSpec.parse(draft)

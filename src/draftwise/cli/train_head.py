@@ -11,11 +11,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ..distill.head_run import check_out, train_head
-from ..errors import ConfigError
-from ..plots import pyplot, save_figure
-from ..threads import set_threads
-from .common import (
+from draftwise.eagle.run import check_out, train_head
+from draftwise.errors import ConfigError
+from draftwise.plots import pyplot, save_figure
+from draftwise.threads import set_threads
+from draftwise.cli.common import (
     DeviceOpt, TargetOpt, ThreadsOpt, command_line, load_with_status, out, parse_number_list, phase_bars, plot_or_warn,
     status_printer, user_errors,
 )
@@ -94,7 +94,7 @@ def _print_result(result: Any, png: Path | None) -> None:
 
 
 def _train(model: Any, out_dir: Path, options: dict[str, Any], **run: Any) -> Any:
-    """:func:`~draftwise.distill.head_run.train_head` behind one progress bar per phase."""
+    """:func:`~draftwise.eagle.run.train_head` behind one progress bar per phase."""
     with phase_bars() as (progress, bar):
 
         def on_step(s: Any) -> None:

@@ -1,11 +1,13 @@
-"""The cost model and the planner: which draft pays, with what k, on this machine.
+"""The cost model: what speculation costs on this machine, analytic and measured.
 
-The formulas live in :mod:`draftwise.cost.formulas` (E, speedup, break-even, best k); a machine
-profile in :mod:`~draftwise.cost.profile` (measured by :mod:`~draftwise.cost.measure`); the
-planner in :mod:`~draftwise.cost.plan`; adaptive k in :mod:`~draftwise.cost.adaptive`.
+- the analytic model: :mod:`.formulas` (E, speedup, break-even, best k), :mod:`.intervals`,
+  :mod:`.breakeven`, :mod:`.goodput` (a batched step's goodput, and the k's that maximise it);
+- measurement: :mod:`.profile` (a machine profile, measured by :mod:`.measure` and
+  :mod:`.timing`), :mod:`.calibrate`, :mod:`.loop_fit`, :mod:`.batch_profile` and
+  :mod:`.batch_measure` (the batched pass).
 """
 
-from .formulas import (
+from draftwise.cost.formulas import (
     breakeven_acceptance,
     ceiling,
     effective_acceptance,

@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-from ..engine import check_batch
-from ..errors import ConfigError
-from ..runtime.base import Rows
-from .batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
+from draftwise.core.engine import check_batch
+from draftwise.errors import ConfigError
+from draftwise.runtime.base import Rows
+from draftwise.cost.batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
                             default_batch_profile_path, machine_fingerprint, save_batch_profile)
-from .measure import _reporter, monotone
-from .profile import cpu_flags, cpu_model, model_fingerprint
-from .timing import fast_half_mean
+from draftwise.cost.measure import _reporter, monotone
+from draftwise.cost.profile import cpu_flags, cpu_model, model_fingerprint
+from draftwise.cost.timing import fast_half_mean
 
 # -- measuring -------------------------------------------------------------------------------
 def _tokens(n: int, seed: int, vocab: int) -> list[int]:
@@ -77,7 +77,7 @@ def measure_batch_profile(
 
     The runtime's slots are allocated once, each batch its own (1 + 2 + 4 + 8 + 16 = 31 by
     default; refused in one line when their KV cache does not fit in memory:
-    :func:`draftwise.engine.check_batch`). For each c, every batch's slots are filled with
+    :func:`draftwise.core.engine.check_batch`). For each c, every batch's slots are filled with
     synthetic text to :func:`spread_contexts` (mean c, from c (1 - spread) to c (1 + spread): a
     batch of sequences at one length would price the pass below what a serving batch of ragged
     lengths costs, measured 1.2-1.5x at B = 8-16 here), and every timed pass is rolled back, so

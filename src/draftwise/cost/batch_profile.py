@@ -1,7 +1,7 @@
 """A batch profile: what one batched target pass costs on *this* machine, over B sequences that
 each bring r new rows at a context of c tokens (the data, its file, measuring it, reading it).
 
-The batched engine (:mod:`draftwise.engine`) runs one
+The batched engine (:mod:`draftwise.core.engine`) runs one
 :meth:`~draftwise.runtime.native.NativeRuntime.forward_batch` per step over every running
 sequence's rows: 1 for a plain step, k + 1 for a chain that verifies k proposals. The goodput
 model (:mod:`draftwise.cost.goodput`) needs the time of that pass as a function of
@@ -57,9 +57,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..fsutil import fields_of, read_json, write_json_atomic
-from .profile import (
+from draftwise.errors import ConfigError
+from draftwise.fsutil import fields_of, read_json, write_json_atomic
+from draftwise.cost.profile import (
     default_profile_path,
     locked,
     machine_fingerprint,

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..drafters.spec import DraftSpec
-from ..errors import ConfigError
-from ..plots import check_plot_path, pyplot, save_figure
-from .formulas import (
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.plots import check_plot_path, pyplot, save_figure
+from draftwise.cost.formulas import (
     CostRatio,
     breakeven_acceptance,
     ceiling,
@@ -33,7 +33,7 @@ from .formulas import (
     optimal_k,
     speedup,
 )
-from .profile import Profile
+from draftwise.cost.profile import Profile
 
 #: Typical draft cost per proposed token c = D(k) / (k T(1)), as a fraction of a target step.
 #:

@@ -18,14 +18,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..decode import generate
-from ..drafters.factory import calibration_path
-from ..drafters.self_spec import SelfSpecDrafter
-from ..errors import ConfigError
-from ..fsutil import write_json_atomic
-from ..runtime.native import NativeRuntime
-from .formulas import expected_committed_by_position, predicted_speedup
-from .timing import time_forward
+from draftwise.core.decode import generate
+from draftwise.drafters.factory import calibration_path
+from draftwise.drafters.self_spec import SelfSpecDrafter
+from draftwise.errors import ConfigError
+from draftwise.fsutil import write_json_atomic
+from draftwise.runtime.native import NativeRuntime
+from draftwise.cost.formulas import expected_committed_by_position, predicted_speedup
+from draftwise.cost.timing import time_forward
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from typing import NamedTuple
 
-from ..errors import ConfigError
+from draftwise.errors import ConfigError
 
 CostRatio = Callable[[int], float]  # k -> R(k), one speculative step in plain steps
 

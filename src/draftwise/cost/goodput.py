@@ -1,7 +1,7 @@
 """Goodput at batch: which k each sequence should propose when N requests share every pass, and
 what that predicts for aggregate and per-request tokens/s at each concurrency N.
 
-A batched step (:mod:`draftwise.engine`) runs one target pass over every running sequence's
+A batched step (:mod:`draftwise.core.engine`) runs one target pass over every running sequence's
 rows. Sequence i, proposing k_i tokens with draft d_i, commits E_i(k_i) tokens on average and
 feeds r_i(k_i) rows (k_i + 1 for a chain that always proposes). The step costs::
 
@@ -12,7 +12,7 @@ D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence veri
 overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
 verification run one sequence after another on the model's thread), and tau its per-token
 overhead. A serving batch measures o itself, apart for a plain and a speculating sequence
-(:class:`~draftwise.cost.outside_pass.OutsidePass`): the profile's one value for both (1.24 ms)
+(:class:`~draftwise.policy.outside_pass.OutsidePass`): the profile's one value for both (1.24 ms)
 charged a plain sequence three to five times what it costs outside a batched pass (0.25-0.4 ms in
 the load test at N = 16) and a speculating one (0.9-1.0 ms) nothing more, so proposals looked
 cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
@@ -21,7 +21,7 @@ draft). At N = 1 this is the single-stream speedup model; as the batch fills, a 
 costs about what another request's row would, so the best k falls, often to 0.
 
 **Acceptance** (:class:`Outcome`, per category, draft and k): from a plan
-(:func:`~draftwise.cost.goodput_sim.workload_from_plan`), each category's candidates give, per
+(:func:`~draftwise.capacity.simulate.workload_from_plan`), each category's candidates give, per
 (draft, k), the committed tokens per decoding step and the rows per step, 1 + proposed / steps.
 ``Candidate.mat`` counts the prefill's first token as a step of its own: over a category's C
 answer tokens in U answers (turns), mat = C / (D + U) with D = C / mat - U decoding steps and
@@ -29,7 +29,7 @@ A = (mat - 1) (D + U) accepted tokens, so a decoding step commits 1 + A / D toke
 A / (D acceptance) (C and U from the plan's ``prompts``; without them D + U is taken for D). A
 lookup that finds no match proposes nothing and costs one row. These are the replayed
 per-category figures of the plan, not an i.i.d. model. Or from explicit conditional
-per-position rates (:func:`~draftwise.cost.goodput_sim.workload_from_rates`):
+per-position rates (:func:`~draftwise.capacity.simulate.workload_from_rates`):
 E = 1 + sum_i prod_{j<=i} a_j, k + 1 rows.
 
 **Choosing the k's** (:func:`choose_ks`): the objective is the goodput of the step's decoding
@@ -44,8 +44,8 @@ most, stop when none does (the rows budget bounds every change). Each round cost
 O(B K) evaluations of the step's cost; the exhaustive :func:`best_ks_exhaustive` is the slow,
 obviously correct reference that the tests compare it with.
 
-The policy object the server would consult is in :mod:`draftwise.cost.goodput_policy`; the
-workload and the simulation below are in :mod:`draftwise.cost.goodput_sim`.
+The policy object the server would consult is in :mod:`draftwise.policy.batch`; the
+workload and the simulation below are in :mod:`draftwise.capacity.simulate`.
 
 **The workload** is the plan's: a *unit* is one question with all its turns, each turn one
 request whose history holds the earlier answers (as the plan traces it, as bench and Spec-Bench
@@ -53,15 +53,15 @@ run it), each answer up to the plan's ``max_new_tokens``. The plan's acceptance 
 exactly that (second turns of MT-bench copy the first answer and accept far more than first
 turns; later tokens of an answer accept more than early ones), so it predicts nothing else:
 the validation (``benchmarks/goodput_validate.py``) sends the same kind of units, and
-:func:`~draftwise.cost.goodput_sim.workload_from_plan` takes ``units=`` to predict the very
+:func:`~draftwise.capacity.simulate.workload_from_plan` takes ``units=`` to predict the very
 requests it sent.
 
-**Predicting a concurrency N** (:func:`~draftwise.cost.goodput_sim.predict`): a deterministic
+**Predicting a concurrency N** (:func:`~draftwise.capacity.simulate.predict`): a deterministic
 simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending its
 units one after the other and a unit's turns one after the other, the units shared as the load
-test shares them (:func:`~draftwise.cost.goodput_sim.client_units`: R a client, or the same
+test shares them (:func:`~draftwise.capacity.simulate.client_units`: R a client, or the same
 units at every N). A joining request prefills its whole prompt (history
-included) in chunks inside the batch (the engine's rule, :func:`draftwise.engine.step_chunk`), then decodes
+included) in chunks inside the batch (the engine's rule, :func:`draftwise.core.engine.step_chunk`), then decodes
 with the policy's k, committing its expected tokens per step (fractional), until its answer's
 length. Aggregate tokens/s = all tokens / the simulated wall time; per-request tokens/s = the
 mean over requests (turns) of tokens / (end - start), start being when its client sent it.
@@ -95,13 +95,12 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
-from .batch_profile import BatchProfile
-from .formulas import expected_committed_by_position
-from .profile import Profile
+from draftwise.errors import ConfigError
+from draftwise.cost.batch_profile import BatchProfile
+from draftwise.cost.formulas import expected_committed_by_position
+from draftwise.cost.profile import Profile
 
 NONE = "none"
-SOLO = -1  # a plan's k "auto": the k that is best for the sequence alone (solo_k), at every N
 
 
 @dataclass(frozen=True)
@@ -119,51 +118,6 @@ class Outcome:
 
 
 PLAIN = Outcome(1.0, 1.0, 1.0, 1.0)
-
-
-@dataclass
-class Kind:
-    """A category of the workload: per draft, its :class:`Outcome` at each k (k = 0 is plain and
-    implicit); the draft the ``goodput`` policy gives it (``none``: always plain) and the plan's
-    fixed (draft, k) for it."""
-
-    name: str
-    options: dict[str, dict[int, Outcome]]
-    draft: str = NONE
-    plan: tuple[str, int] = (NONE, 0)
-
-    def outcome(self, draft: str, k: int) -> Outcome:
-        if k == 0 or draft == NONE:
-            return PLAIN
-        return self.options[draft][k]
-
-
-Request = tuple[str, int, int]  # (category, prompt tokens with the history, answer tokens)
-
-
-@dataclass
-class Workload:
-    """Categories and what a load sends: ``units``, each a conversation of one or more
-    :data:`Request` s sent one after the other (a question's turns), taken in turn by the
-    simulated clients."""
-
-    kinds: dict[str, Kind]
-    drafts: list[str]
-    ks: list[int]
-    units: list[list[Request]]
-    source: str = ""
-
-    @property
-    def requests(self) -> list[Request]:
-        """Every request of every unit, in order."""
-        return [r for unit in self.units for r in unit]
-
-    def check(self) -> None:
-        if not self.kinds or not self.units or not all(self.units):
-            raise ConfigError("the workload has no categories or no requests to simulate")
-        missing = {c for c, _, _ in self.requests} - set(self.kinds)
-        if missing:
-            raise ConfigError(f"the workload's requests name categories it has no acceptance for: {sorted(missing)}")
 
 
 def rates_outcomes(rates: Sequence[float], k_max: int) -> dict[int, Outcome]:
@@ -186,7 +140,7 @@ class StepCost:
     batch: BatchProfile
     profile: Profile | None = None
     #: (plain, speculating): a sequence's seconds outside the pass at batch, as measured while
-    #: serving (:class:`~draftwise.cost.outside_pass.OutsidePass`); None: the profile's overhead
+    #: serving (:class:`~draftwise.policy.outside_pass.OutsidePass`); None: the profile's overhead
     per_sequence: tuple[float, float] | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
     _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked
@@ -368,17 +322,3 @@ def best_ks_exhaustive(choices: Sequence[Choice], cost: StepCost, *, context: fl
     return best
 
 
-def choice_for(kind: Kind, draft: str, cost: StepCost, context: float, ks: Sequence[int] | None = None) -> Choice:
-    """A sequence of ``kind`` drafting with ``draft``: its outcomes at k = 0 and at each k in
-    ``ks`` (default: every k its draft has), with their seconds beyond the pass."""
-    outcomes: dict[int, Outcome] = {0: PLAIN}
-    if draft != NONE:
-        have = kind.options.get(draft, {})
-        for k in (ks if ks is not None else sorted(have)):
-            if k in have:
-                outcomes[k] = have[k]
-    extra = {k: cost.draft(draft, k) + cost.overhead(k, context) for k in outcomes}
-    return Choice(outcomes, extra)
-
-
-# -- item 4: the policy a batched server consults each step --------------------------------

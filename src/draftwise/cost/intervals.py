@@ -32,7 +32,7 @@ is multiplied by a log-normal factor of that variance over the units measured
 **With several continuations per prompt** (sampling, ``plan --samples S``), the binomial draws
 above say nothing about how differently the next continuation goes: whether it quotes the
 prompt decides most of a copying draft's gain. There a category's interval comes from the
-spread between continuations (:func:`~draftwise.cost.moderation.log_spreads`, :func:`rerun_t_draws`), and an interval
+spread between continuations (:func:`~draftwise.planner.moderation.log_spreads`, :func:`rerun_t_draws`), and an interval
 over several categories bootstraps the units (:func:`rerun_draws`); see their docstrings.
 
 >>> c = counts_from_steps([(4, 4), (4, 0), (4, 2), (0, 0)], k=4)
@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from ..drafters.spec import DraftSpec
-from .formulas import mean_rate_speedup
-from .profile import Profile
+from draftwise.drafters.spec import DraftSpec
+from draftwise.cost.formulas import mean_rate_speedup
+from draftwise.cost.profile import Profile
 
 LEVEL = 0.95
 
@@ -277,7 +277,7 @@ def rerun_t_draws(items: Sequence[dict], spread: tuple[float, float], *, seed: i
 
     The rerun's mean and the plan's own each average n = len(items) continuations, so their
     difference, on the log scale, has variance 2 s^2 / n with s^2 the variance between continuations of
-    :func:`~draftwise.cost.moderation.log_spreads` (the category's variance, moderated towards
+    :func:`~draftwise.planner.moderation.log_spreads` (the category's variance, moderated towards
     the others'); with s^2 itself estimated on its degrees of freedom, the
     difference over its standard error follows Student's t. Each draw is the point prediction
     (Spec-Bench's: mean tokens/s over plain's) times exp(se * t).

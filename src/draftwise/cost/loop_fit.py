@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from .profile import Profile
+from draftwise.cost.profile import Profile
 
 #: a factor outside this range is not a drifting machine but a fit on too little (a run that
 #: barely proposed): it is clipped, and the raw value kept in the plan

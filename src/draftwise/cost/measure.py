@@ -20,16 +20,16 @@ from typing import Any
 
 import torch
 
-from ..decode import generate
-from ..drafters import make_drafter
-from ..drafters.base import Draft, Drafter
-from ..drafters.factory import cost_variant
-from ..drafters.spec import DraftSpec
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from ..passes import verify_pass
-from .profile import Profile, cpu_flags, cpu_model, machine_fingerprint, model_fingerprint
-from .timing import fast_half_mean, time_pass
+from draftwise.core.decode import generate
+from draftwise.drafters import make_drafter
+from draftwise.core.draft import Draft, Drafter
+from draftwise.drafters.factory import cost_variant
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.passes import verify_pass
+from draftwise.cost.profile import Profile, cpu_flags, cpu_model, machine_fingerprint, model_fingerprint
+from draftwise.cost.timing import fast_half_mean, time_pass
 
 
 def monotone(values: Sequence[float]) -> list[float]:

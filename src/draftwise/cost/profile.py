@@ -49,12 +49,12 @@ from typing import Any
 
 import torch
 
-from ..drafters.factory import cost_variant
-from ..drafters.spec import DraftSpec
-from ..errors import ConfigError
-from ..fsutil import fields_of, read_json, write_json_atomic
-from ..loaders import cache_dir, model_fingerprint
-from ..runtime import kernels
+from draftwise.drafters.factory import cost_variant
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.fsutil import fields_of, read_json, write_json_atomic
+from draftwise.runtime.loaders import cache_dir, model_fingerprint
+from draftwise.runtime import kernels
 
 SCHEMA = "draftwise.profile/1"
 

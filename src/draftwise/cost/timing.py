@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from ..errors import ConfigError
-from ..runtime.base import Runtime
+from draftwise.errors import ConfigError
+from draftwise.runtime.base import Runtime
 
 
 def fast_half_mean(times: Sequence[float]) -> float:

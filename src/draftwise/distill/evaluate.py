@@ -19,11 +19,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..cost.formulas import breakeven_acceptance, leviathan_speedup
-from ..cost.timing import time_forward
-from ..api import generate
-from ..drafters import make_drafter
-from ..errors import ConfigError
+from draftwise.cost.formulas import breakeven_acceptance, leviathan_speedup
+from draftwise.cost.timing import time_forward
+from draftwise.api import generate
+from draftwise.drafters import make_drafter
+from draftwise.errors import ConfigError
 
 
 def breakeven_for_cost(c: float, k: int) -> float | None:

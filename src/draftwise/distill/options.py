@@ -12,13 +12,12 @@ Options fall in three kinds:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
-from .student import draft_config, evenly_spaced_layers
+from draftwise.errors import ConfigError
+from draftwise.distill.student import draft_config, evenly_spaced_layers
 
 #: settings that define a run; ``--resume`` keeps the checkpoint's values and refuses others
 DEFAULTS: dict[str, Any] = {
@@ -35,25 +34,6 @@ DEFAULTS: dict[str, Any] = {
 DEFAULT_STEPS = 300
 
 
-def check_number(name: str, value: Any, *, minimum: float, integer: bool, strict: bool = False) -> None:
-    """Refuse ``value`` unless it is None or a finite number (an int if ``integer``) >= ``minimum``
-    (> with ``strict``).
-
-    >>> check_number("steps", 0, minimum=1, integer=True)
-    Traceback (most recent call last):
-    ...
-    draftwise.errors.ConfigError: steps=0 must be an integer >= 1
-    """
-    if value is None:
-        return
-    kind = int if integer else (int, float)
-    bad = isinstance(value, bool) or not isinstance(value, kind) or not math.isfinite(value)
-    if bad or value < minimum or (strict and value == minimum):
-        rel = ">" if strict else ">="
-        what = "an integer" if integer else "a number"
-        raise ConfigError(f"{name}={value!r} must be {what} {rel} {minimum}")
-
-
 #: distill's numeric options, name: (minimum, integer, strict)
 NUMBER_RULES: dict[str, tuple[float, bool, bool]] = {
     "layers": (1, True, False), "hidden_size": (1, True, False), "vocab_size_draft": (1, True, False),
@@ -63,31 +43,6 @@ NUMBER_RULES: dict[str, tuple[float, bool, bool]] = {
     "snapshot_every": (1, True, False), "eval_prompts": (0, True, False), "eval_k": (1, True, False),
     "eval_max_new_tokens": (1, True, False),
 }
-
-
-def check_numbers(values: dict[str, Any], rules: dict[str, tuple[float, bool, bool]] = NUMBER_RULES) -> None:
-    """Check every numeric option by name against ``rules`` (default: :func:`~draftwise.distill.distill`'s).
-
-    >>> check_numbers({"lr": 0.0})
-    Traceback (most recent call last):
-    ...
-    draftwise.errors.ConfigError: lr=0.0 must be a number > 0
-    """
-    for name, value in values.items():
-        minimum, integer, strict = rules[name]
-        check_number(name, value, minimum=minimum, integer=integer, strict=strict)
-
-
-def check_temperatures(gen_temperatures: Sequence[float] | None) -> list[float] | None:
-    """The generation temperatures as floats, each >= 0 (0 = greedy), at least one."""
-    if gen_temperatures is None:
-        return None
-    temps = list(gen_temperatures)
-    if not temps:
-        raise ConfigError("gen_temperatures is empty; give at least one (0 = greedy)")
-    for t in temps:
-        check_number("gen_temperatures", t, minimum=0, integer=False)
-    return [float(t) for t in temps]
 
 
 def default_layers(target_layers: int) -> int:
@@ -157,26 +112,3 @@ def resolve_shape(
     return DraftShape(n_layers, init_list, d_hidden, vocab_size_draft)
 
 
-def resolve_settings(
-    explicit: dict[str, Any], saved: dict[str, Any] | None, defaults: dict[str, Any] = DEFAULTS
-) -> dict[str, Any]:
-    """Explicit values, else the checkpoint's (on resume), else ``defaults`` (distill's :data:`DEFAULTS`).
-
-    >>> resolve_settings({"lr": None, "seed": 3}, None)
-    {'lr': 0.0003, 'seed': 3}
-    >>> resolve_settings({"lr": None, "seed": None}, {"lr": 0.1, "seed": 3})
-    {'lr': 0.1, 'seed': 3}
-    """
-    out: dict[str, Any] = {}
-    for key, value in explicit.items():
-        if saved is not None and key in saved:
-            if value is not None and value != saved[key]:
-                flag = "--" + key.replace("_", "-")
-                raise ConfigError(
-                    f"{flag} {value} differs from the checkpoint's {saved[key]}; drop {flag} to "
-                    "resume that run, or start a new one with --overwrite"
-                )
-            out[key] = saved[key]
-        else:
-            out[key] = value if value is not None else defaults.get(key)
-    return out

@@ -22,8 +22,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from ..runtime.native import load_state_dict
+from draftwise.errors import ConfigError
+from draftwise.runtime.native import load_state_dict
 
 
 def evenly_spaced_layers(n: int, total: int) -> list[int]:

@@ -37,27 +37,20 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..loaders import Model, load_model
-from ..questions import DEFAULT_QUESTIONS, Question, read_questions
-from ..runtime.native import SUPPORTED_MODEL_TYPES
-from .checkpoint import load_checkpoint, save_checkpoint
-from .data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from .evaluate import EvalReport, evaluate_draft
-from .loop import RunProgress, StepLog, resume_from, start_log, train_loop
-from .options import DEFAULT_STEPS, DraftShape, check_numbers, check_temperatures, resolve_settings, resolve_shape
-from .outputs import (
-    check_out_dir,
-    claim_out_dir,
-    file_sha256,
-    portable_command,
-    prompts_name,
-    save_draft_folder,
-    write_eval,
-    write_heldout,
-    write_meta,
-)
-from .student import build_draft
+from draftwise.errors import ConfigError
+from draftwise.runtime.loaders import Model, load_model
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
+from draftwise.runtime.native import SUPPORTED_MODEL_TYPES
+from draftwise.training.checkpoint import load_checkpoint, save_checkpoint
+from draftwise.training.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
+from draftwise.distill.evaluate import EvalReport, evaluate_draft
+from draftwise.distill.loop import train_loop
+from draftwise.training.loop import RunProgress, StepLog, resume_from, start_log
+from draftwise.distill.options import DEFAULT_STEPS, DEFAULTS, NUMBER_RULES, DraftShape, resolve_shape
+from draftwise.training.options import check_numbers, check_temperatures, resolve_settings
+from draftwise.distill.outputs import check_out_dir, claim_out_dir, save_draft_folder, write_eval, write_meta
+from draftwise.training.outputs import file_sha256, portable_command, prompts_name, write_heldout
+from draftwise.distill.student import build_draft
 
 __all__ = ["DistillResult", "StepLog", "distill"]
 
@@ -193,7 +186,8 @@ def distill(
             "seed": seed, "gen_tokens": gen_tokens, "checkpoint_every": checkpoint_every,
             "snapshot_every": snapshot_every, "eval_prompts": eval_prompts, "eval_k": eval_k,
             "eval_max_new_tokens": eval_max_new_tokens,
-        }
+        },
+        NUMBER_RULES,
     )
     explicit = {
         "batch": batch, "seq_len": seq_len, "lr": lr, "temperature": temperature, "seed": seed,
@@ -250,7 +244,7 @@ def _plan(
     if saved is not None and saved["target"] != target.name:
         raise ConfigError(f"the checkpoint in {out} distils {saved['target']!r}, not {target.name!r}")
     draft_shape = resolve_shape(target, saved, **shape)
-    settings = resolve_settings(explicit, saved)
+    settings = resolve_settings(explicit, saved, DEFAULTS)
     if settings["seq_len"] > target.runtime.max_context:
         raise ConfigError(f"--seq-len {settings['seq_len']} exceeds the target's context ({target.runtime.max_context})")
     steps = steps if steps is not None else int(ckpt["planned_steps"]) if ckpt is not None else DEFAULT_STEPS

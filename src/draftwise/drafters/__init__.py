@@ -3,13 +3,13 @@ the declared :class:`Capabilities`), one spec
 parser (:class:`DraftSpec`) and one factory (:func:`make_drafter`). A draft proposes a chain or
 a token tree (:class:`Draft`'s ``tree``): ``suffix`` always, ``lookup`` with ``branches > 1``."""
 
-from .base import Capabilities, Draft, Drafter, draft_autoregressive
-from .factory import capabilities_of, make_drafter
-from .lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
-from .small_model import ModelDrafter, check_same_tokenizer
-from .self_spec import SelfSpecDrafter
-from .spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
-from .suffix import SuffixCache, SuffixDrafter
+from draftwise.core.draft import Capabilities, Draft, Drafter, draft_autoregressive
+from draftwise.drafters.factory import capabilities_of, make_drafter
+from draftwise.drafters.lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
+from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
+from draftwise.drafters.self_spec import SelfSpecDrafter
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
+from draftwise.drafters.suffix import SuffixCache, SuffixDrafter
 
 __all__ = [
     "SPEC_HELP",

@@ -7,17 +7,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..loaders import cache_dir, load_model
-from .base import Capabilities, Drafter
-from .eagle import default_head_weights, eagle_drafter
-from .hybrid import HybridDrafter
-from .lookup import PromptLookupDrafter
-from .small_model import ModelDrafter, check_same_tokenizer
-from .packs import META_FILE, default_draft_folder
-from .self_spec import SelfSpecDrafter
-from .spec import SPEC_HELP, DraftSpec
-from .suffix import MAX_MATCH, SuffixCache, SuffixDrafter
+from draftwise.errors import ConfigError
+from draftwise.runtime.loaders import cache_dir, load_model
+from draftwise.core.draft import Capabilities, Drafter
+from draftwise.eagle.drafter import default_head_weights, eagle_drafter
+from draftwise.drafters.hybrid import HybridDrafter
+from draftwise.drafters.lookup import PromptLookupDrafter
+from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
+from draftwise.drafters.packs import META_FILE, default_draft_folder
+from draftwise.drafters.self_spec import SelfSpecDrafter
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec
+from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter
 
 # Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
 # user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
@@ -137,7 +137,7 @@ def capabilities_of(spec: DraftSpec | str) -> Capabilities:
 def cost_variant(spec: DraftSpec | str) -> str:
     """What, beside its spec, decides what ``spec`` costs on this machine: ``"head int8"`` or
     ``"head float32"`` for a draft with an EAGLE head (the weight format :func:`make_drafter`
-    gives the head here, :func:`~draftwise.drafters.eagle.default_head_weights`), and for a
+    gives the head here, :func:`~draftwise.eagle.drafter.default_head_weights`), and for a
     hybrid its head's ``fill`` as well (the spec's canonical form leaves out the default, which
     changed from 1 to 3 on 2026-12-06); ``""`` for every other draft. A cached cost measured
     under another variant is stale (a profile made before heads drafted in int8 priced them ~30%

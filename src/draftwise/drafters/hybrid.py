@@ -22,7 +22,7 @@ both each step:
   was level with 1 on unseen ones (docs/benchmarks.md).
 - **sampled**: the copy draft's tree when it proposes one, else the head's chain (``fill``
   tokens) with its distributions (tree verification of point masses and of distributions are separate schemes;
-  see :mod:`draftwise.verify`). Either way each step is an ordinary lossless step.
+  see :mod:`draftwise.core.verify`). Either way each step is an ordinary lossless step.
 
 The same pairing, suffix decoding in front of a trained speculator, is what ArcticInference
 runs for its hybrid mode (Oliaro et al., 2024, section 4); this is a CPU version of the idea,
@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from ..sampling import SamplingConfig
-from ..tree import TokenTree
-from .base import Capabilities, Draft, Drafter
-from .spec import FILL
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
+from draftwise.core.draft import Capabilities, Draft, Drafter
+from draftwise.drafters.spec import FILL
 
 #: head tokens merged into each greedy tree (the head's k=1 pays best on the default model)
 EXTRA = 1
@@ -98,7 +98,7 @@ class HybridDrafter:
     """A copy draft (suffix, lookup) and an EAGLE head in one draft (see the module docstring).
 
     copy:  a drafter that proposes scored trees or chains (point masses).
-    head:  an :class:`~draftwise.drafters.eagle.EagleDrafter` (chains; ``propose_scored``).
+    head:  an :class:`~draftwise.eagle.drafter.EagleDrafter` (chains; ``propose_scored``).
     extra: head tokens merged into a greedy tree each step.
     fill: head tokens where the copy draft proposes nothing.
     skip_from: skip the head where the copy draft's path is at least this long (0: never).

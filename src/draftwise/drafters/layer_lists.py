@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..errors import ConfigError
+from draftwise.errors import ConfigError
 
 
 def clip(text: str, limit: int = 60) -> str:

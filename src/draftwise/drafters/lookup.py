@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from ..tree import TokenTree
-from .base import Capabilities, Draft
+from draftwise.errors import ConfigError
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
+from draftwise.core.draft import Capabilities, Draft
 
 SCAN_PER_BRANCH = 8  # earlier occurrences looked at per wanted branch (repeats add nothing)
 

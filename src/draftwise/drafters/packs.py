@@ -24,9 +24,9 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
-from ..loaders import cache_dir
-from ..runtime.native import load_state_dict
+from draftwise.errors import ConfigError
+from draftwise.runtime.loaders import cache_dir
+from draftwise.runtime.native import load_state_dict
 
 PACK_WEIGHTS = "layers.safetensors"
 PACK_FORMAT = "draftwise-draft-pack-1"

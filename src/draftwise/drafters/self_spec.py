@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from .base import Capabilities, Draft, draft_autoregressive
-from .layer_lists import format_layers
+from draftwise.errors import ConfigError
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
+from draftwise.drafters.layer_lists import format_layers
 
 
 class SelfSpecDrafter:

@@ -48,11 +48,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError
-from ..sampling import SamplingConfig
-from ..tree import TokenTree
-from .base import Capabilities, Draft
-from .suffix_trie import Node, Seq, SuffixTrie, Where, grow_tree
+from draftwise.errors import ConfigError
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.tree import TokenTree
+from draftwise.core.draft import Capabilities, Draft
+from draftwise.drafters.suffix_trie import Node, Seq, SuffixTrie, Where, grow_tree
 
 MAX_MATCH = 16  # the longest context suffix matched; the tries hold MAX_MATCH + depth levels
 # Memory a cached generation may take, for refusing a cache that cannot fit. Measured with

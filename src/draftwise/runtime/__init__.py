@@ -1,5 +1,5 @@
 """Model runtimes: the native Llama-family runtime and the Hugging Face adapter."""
 
-from .base import Runtime
+from draftwise.runtime.base import Runtime
 
 __all__ = ["Runtime"]

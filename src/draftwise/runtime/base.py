@@ -6,7 +6,7 @@ returns one row of logits per new token; ``rollback(n)`` forgets every position 
 Speculative decoding relies on rollback being exact and cheap: decode, roll back, decode again
 gives the same logits.
 
-Token trees (:mod:`draftwise.tree`). ``forward(ids, parents=...)`` feeds a tree in one pass:
+Token trees (:mod:`draftwise.core.tree`). ``forward(ids, parents=...)`` feeds a tree in one pass:
 row j goes to cache *slot* ``base + j`` (``base`` = the length before the pass) but sits at
 rotary *position* ``base + depth(j)`` and attends to the cache ``[0, base)`` and to its own
 ancestors (and itself) among the new rows only. Row j's logits then score the token after node
@@ -40,7 +40,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..errors import ConfigError
+from draftwise.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class Runtime(Protocol):
 
         ``parents`` (``supports_trees`` only, else a chain is all it takes) makes the pass a tree:
         ``n`` ints, ``parents[0] = -1`` (row 0, the root) and ``0 <= parents[j] < j``; build it
-        from a :class:`~draftwise.tree.TokenTree` as ``[-1, *tree.parents]``. None is a chain.
+        from a :class:`~draftwise.core.tree.TokenTree` as ``[-1, *tree.parents]``. None is a chain.
         """
         ...
 

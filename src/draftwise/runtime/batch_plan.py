@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, ContextLengthError
-from . import kernels
-from .attention import attend, padded_keys, padded_rows, visible_keys
-from .base import Rows, ancestor_mask, check_parents
+from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.runtime import kernels
+from draftwise.runtime.attention import attend, padded_keys, padded_rows, visible_keys
+from draftwise.runtime.base import Rows, ancestor_mask, check_parents
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Protocol
 
 import torch
 
-from ..errors import ConfigError
+from draftwise.errors import ConfigError
 
 _MIN_CAPACITY = 256
 

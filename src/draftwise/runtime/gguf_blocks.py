@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ModelLoadError
-from .quant import GROUP, Q4Weight, quantize_q4
+from draftwise.errors import ModelLoadError
+from draftwise.runtime.quant import GROUP, Q4Weight, quantize_q4
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",
@@ -89,7 +89,7 @@ def save_q4(weights: dict[str, Q4Weight], sources: dict[str, str], path: Path) -
     two per byte, atomically."""
     from safetensors.torch import save_file
 
-    from ..fsutil import atomic_path
+    from draftwise.fsutil import atomic_path
 
     flat: dict[str, torch.Tensor] = {}
     for name, w in weights.items():

@@ -44,10 +44,10 @@ from typing import Any
 import torch
 from transformers.cache_utils import Cache, DummyLayer, DynamicCache
 
-from ..errors import ConfigError, ContextLengthError, ModelLoadError
-from .base import ancestor_mask, check_keep, check_parents
-from .features import FeatureCapture
-from .hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
+from draftwise.errors import ConfigError, ContextLengthError, ModelLoadError
+from draftwise.runtime.base import ancestor_mask, check_keep, check_parents
+from draftwise.runtime.features import FeatureCapture
+from draftwise.runtime.hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
 
 
 class HFRuntime(FeatureCapture):

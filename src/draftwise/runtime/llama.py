@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ModelLoadError, UnsupportedArchitectureError
+from draftwise.errors import ModelLoadError, UnsupportedArchitectureError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 DEFAULT_MAX_CONTEXT = 8192

@@ -35,15 +35,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, UnsupportedArchitectureError
-from .attention import padded_keys
-from . import kernels
-from .batch_plan import Plan, attend_groups, make_plan
-from .base import Rows, check_keep, check_parents
-from .features import FeatureCapture
-from .llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
-from .native_weights import WeightLoader, context_length, quant_modes
-from .quant import Q4Weight
+from draftwise.errors import ConfigError, UnsupportedArchitectureError
+from draftwise.runtime.attention import padded_keys
+from draftwise.runtime import kernels
+from draftwise.runtime.batch_plan import Plan, attend_groups, make_plan
+from draftwise.runtime.base import Rows, check_keep, check_parents
+from draftwise.runtime.features import FeatureCapture
+from draftwise.runtime.llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
+from draftwise.runtime.native_weights import WeightLoader, context_length, quant_modes
+from draftwise.runtime.quant import Q4Weight
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
 

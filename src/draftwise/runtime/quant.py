@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
+from draftwise.errors import ConfigError
 
 QuantName = Literal["none", "q4", "int8"]
 QUANTS: tuple[str, ...] = ("none", "q4", "int8")

@@ -8,7 +8,7 @@ proposal ("drafts"):
 - ``draftwise:spec_decode_num_accepted_tokens`` - of those, accepted;
 - ``draftwise:spec_decode_num_accepted_tokens_per_pos{position}`` - accepted at draft position i.
 
-Under ``--k auto`` on a batched server (the goodput policy, :mod:`draftwise.cost.goodput_policy`),
+Under ``--k auto`` on a batched server (the goodput policy, :mod:`draftwise.policy.batch`),
 the k each decoding sequence goes with, every step: ``draftwise:spec_decode_chosen_k{draft}``, a
 histogram (a scored tree's k is the nodes it keeps), and
 ``draftwise:spec_decode_num_plain_choices{draft}``, the steps it chose k = 0 (a plain step).
@@ -39,7 +39,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from ..metrics import SpecStats
+from draftwise.core.stats import SpecStats
 
 P = "draftwise:"
 _LATENCY = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)

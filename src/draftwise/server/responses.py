@@ -3,7 +3,7 @@
 Every finished response (the last chunk of a stream) carries three views of one generation:
 
 - ``usage`` (OpenAI): prompt, completion and total tokens;
-- ``speculative`` (draftwise's own vocabulary, :class:`~draftwise.metrics.SpecStats`): draft, k,
+- ``speculative`` (draftwise's own vocabulary, :class:`~draftwise.core.stats.SpecStats`): draft, k,
   who chose them, proposed, accepted, committed, target passes, mean committed per pass,
   acceptance by position, draft and verify seconds; plus SGLang's ``spec_accept_rate`` and
   ``spec_accept_length`` (= mean committed per pass, the bonus token included);
@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from ..decode import GenerationResult
-from ..metrics import SpecStats
-from .speculation import Choice
+from draftwise.core.decode import GenerationResult
+from draftwise.core.stats import SpecStats
+from draftwise.server.speculation import Choice
 
 Kind = Literal["chat", "text"]
 

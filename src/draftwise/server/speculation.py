@@ -2,7 +2,7 @@
 
 Precedence: the request's ``speculative`` object, then the server's ``--draft``/``--k``. A
 ``draft`` of ``auto`` (the server's or the request's) asks the plan for the request's
-``category`` through :func:`draftwise.cost.route.route`, the routing ``bench`` and ``generate``
+``category`` through :func:`draftwise.planner.route.route`, the routing ``bench`` and ``generate``
 use too (the overall pick for a category the plan has not seen, ``none`` meaning plain
 decoding). The plan's k is used unless the server runs with ``--k auto``: then the plan picks
 the draft and the adaptive k runs it (the load test measured 1.33x plain that way, see
@@ -22,16 +22,16 @@ request and only read afterwards, so it is bounded by the allowed list:
 - when the server's k is ``auto``, one machine profile covering every allowed draft, read (or
   measured, once) at start-up. A request never starts a measurement: on a server with a fixed
   k, a request asking ``k: "auto"`` gets 400. Each request gets a fresh
-  :class:`~draftwise.cost.adaptive.AdaptiveK`, since the policy learns from one generation's
+  :class:`~draftwise.policy.adaptive.AdaptiveK`, since the policy learns from one generation's
   acceptance.
 - on a batched worker (``--max-batch`` > 1) with k ``auto``, the batch profile, read at
   start-up (:meth:`Speculation.follow_batch`), and one
-  :class:`~draftwise.cost.goodput_policy.BatchKCoordinator`: each step every such request's k is
+  :class:`~draftwise.policy.batch.BatchKCoordinator`: each step every such request's k is
   chosen together, from the goodput of the batch as it is, so speculation turns down as the
   batch fills. What a sequence costs the step outside the pass, plain or speculating, it prices
-  by what the worker measures of the served steps (:class:`~draftwise.cost.outside_pass.OutsidePass`).
+  by what the worker measures of the served steps (:class:`~draftwise.policy.outside_pass.OutsidePass`).
   With the plan's concurrency prediction beside it (``concurrency.json``), a pass of more
-  sequences than its speculating limit steps plain (:mod:`draftwise.cost.batch_limit`).
+  sequences than its speculating limit steps plain (:mod:`draftwise.policy.batch_limit`).
   Without a batch profile (or one measured for smaller batches) each request keeps
   its own adaptive k, and the log says in one line how to make one: the server never measures
   one itself (a minute or more of passes at start-up, and a second writer of the planner's file).
@@ -44,21 +44,21 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cost.adaptive import AdaptiveK, TreeSizes, resolve_profile
-from ..cost.batch_limit import speculating_limit
-from ..cost.batch_profile import BatchProfile, default_batch_profile_path
-from ..cost.defaults import DEFAULT_DRAFTS
-from ..cost.goodput_policy import BatchGoodput, BatchKCoordinator
-from ..cost.plan import Plan, make_plan
-from ..cost.route import route
-from ..drafters.base import Drafter
-from ..drafters.factory import make_drafter
-from ..drafters.layer_lists import clip
-from ..drafters.spec import DraftSpec, KValue
-from ..errors import ConfigError
-from ..kpolicy import KPolicy
-from ..questions import DEFAULT_QUESTIONS, read_questions, select_questions
-from .protocol import APIError, Speculative
+from draftwise.policy.adaptive import AdaptiveK, TreeSizes, resolve_profile
+from draftwise.policy.batch_limit import speculating_limit
+from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
+from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator
+from draftwise.planner.plan import Plan, make_plan
+from draftwise.planner.route import route
+from draftwise.core.draft import Drafter
+from draftwise.drafters.factory import make_drafter
+from draftwise.drafters.layer_lists import clip
+from draftwise.drafters.spec import DraftSpec, KValue
+from draftwise.errors import ConfigError
+from draftwise.core.kpolicy import KPolicy
+from draftwise.questions import DEFAULT_QUESTIONS, read_questions, select_questions
+from draftwise.server.protocol import APIError, Speculative
 
 log = logging.getLogger("draftwise.server")
 AUTO = "auto"
@@ -254,7 +254,7 @@ class Speculation:
 
 def startup_plan(model: Any, *, per_category: int = 1, max_new_tokens: int = 64) -> Plan:
     """A plan made at start-up for ``--draft auto`` without ``--plan``: the default drafts
-    (:data:`~draftwise.cost.defaults.DEFAULT_DRAFTS`: lookup and suffix), k = 1..8, on
+    (:data:`~draftwise.planner.defaults.DEFAULT_DRAFTS`: lookup and suffix), k = 1..8, on
     ``per_category`` dev questions per category (Spec-Bench's), from the cached profile."""
     questions = select_questions(read_questions(DEFAULT_QUESTIONS), per_category)
     drafts = list(DEFAULT_DRAFTS)

@@ -14,7 +14,7 @@ or ``error``) that the worker posts into the handle's asyncio queue from its thr
 One thread for the model, from loading to serving: :class:`~draftwise.server.model_thread.ModelThread`.
 
 Continuous batching (``max_batch`` > 1): the worker runs up to ``max_batch`` jobs at once on
-the batched engine (:mod:`draftwise.engine`): between two steps it admits queued jobs into free
+the batched engine (:mod:`draftwise.core.engine`): between two steps it admits queued jobs into free
 slots, each job is the same :meth:`Worker._run` as alone (its own drafter, k, sampling, stop
 strings, cancellation and deadline), and one target pass per step serves them all. A job that
 ends (done, cancelled, timed out, failed) frees its slot at once. With ``max_batch`` 1 jobs run
@@ -35,17 +35,17 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ..api import stream
-from ..cost.goodput_policy import BatchSlotPolicy
-from ..decode import GenerationResult
-from ..engine import DEFAULT_PREFILL_CHUNK, Engine
-from ..errors import DraftwiseError
-from ..metrics import SpecStats
-from ..sampling import SamplingConfig
-from . import pass_trace
-from .metrics import ServerMetrics
-from .model_thread import ModelThread
-from .speculation import Choice, Speculation
+from draftwise.api import stream
+from draftwise.policy.batch import BatchSlotPolicy
+from draftwise.core.decode import GenerationResult
+from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine
+from draftwise.errors import DraftwiseError
+from draftwise.core.stats import SpecStats
+from draftwise.core.sampling import SamplingConfig
+from draftwise.server import pass_trace
+from draftwise.server.metrics import ServerMetrics
+from draftwise.server.model_thread import ModelThread
+from draftwise.server.speculation import Choice, Speculation
 
 log = logging.getLogger("draftwise.server")
 EventKind = Literal["start", "text", "done", "error"]

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from ...errors import ConfigError
-from ...fsutil import cache_root
+from draftwise.errors import ConfigError
+from draftwise.fsutil import cache_root
 
 SOURCE = Path(__file__).with_name("attention.c")
 HEAD_DIMS = (16, 32, 64, 128)  # what attention.c covers

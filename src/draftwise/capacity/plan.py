@@ -1,0 +1,300 @@
+"""``draftwise plan --concurrency 1,2,4,8,16``: does speculation still pay at N concurrent requests?
+
+For each N in the grid, from a plan (per-category acceptance), the machine's batch profile
+(:mod:`.batch_profile`) and its ordinary profile (draft costs, overheads), the goodput model
+(:mod:`.goodput`) predicts aggregate and per-request tokens/s of plain batching, of every
+fixed (draft, k), of the plan's per-category picks and of the goodput policy, with intervals;
+the crossover N above which speculation stops paying; a plot of throughput against N; and the
+per-batch-size k tables serving engines take (:func:`export_batch_schedule`).
+
+The workload is the plan's: units of one question with all its turns, one request a turn, up to
+the plan's ``max_new_tokens`` each (:mod:`.goodput`). ``--validate`` measures each N for real
+with ``benchmarks/goodput_validate.py`` (one server at a time, greedy, the same kind of units
+from questions the plan did not see; a source checkout's script, since ``benchmarks/`` is not
+shipped in the package), predicts the very requests it sent (their categories and lengths,
+the plan's acceptance) and :func:`compare_measured` scores each prediction.
+
+Example::
+
+    from draftwise import load_model
+    from draftwise.capacity.plan import concurrency_plan, render_concurrency_markdown
+    result = concurrency_plan(model, plan, batch_profile, profile, concurrency=[1, 2, 4, 8, 16])
+    print(render_concurrency_markdown(result))
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from draftwise.core.engine import DEFAULT_SERVE_CONTEXT, check_batch
+from draftwise.errors import ConfigError
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.policy.batch_limit import limit_of
+from draftwise.cost.batch_measure import resolve_batch_profile
+from draftwise.cost.batch_profile import BatchProfile
+from draftwise.capacity.export import SCHEDULE_ENGINES, export_batch_schedule
+from draftwise.capacity.report import (  # render_validation_markdown: re-exported for the callers of this module
+    plot_concurrency, render_concurrency_markdown, render_validation_markdown,  # noqa: F401
+)
+from draftwise.planner.export import ENGINES
+from draftwise.capacity.workload import Request
+from draftwise.cost.goodput import StepCost
+from draftwise.capacity.simulate import predict, workload_from_plan
+from draftwise.cost.profile import Profile
+
+SCHEMA = "draftwise.concurrency/1"
+DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+
+
+def parse_concurrency(text: str | Sequence[int]) -> list[int]:
+    """``"1,2,4,8,16"`` -> ``[1, 2, 4, 8, 16]`` (sorted); one clear line for 0, a negative, a
+    duplicate or something that is not a whole number.
+
+    >>> parse_concurrency("4, 1,16")
+    [1, 4, 16]
+    """
+    parts = [p.strip() for p in text.split(",")] if isinstance(text, str) else list(text)
+    if not parts or parts == [""]:
+        raise ConfigError("--concurrency needs at least one number of concurrent requests, e.g. 1,2,4,8,16")
+    values = []
+    for p in parts:
+        try:
+            if isinstance(p, bool) or (isinstance(p, float) and p != int(p)):
+                raise TypeError
+            n = int(p)
+        except (TypeError, ValueError):
+            raise ConfigError(f"--concurrency {p!r} is not a whole number; give e.g. 1,2,4,8,16") from None
+        if n < 1:
+            raise ConfigError(f"--concurrency {n}: the number of concurrent requests must be >= 1")
+        values.append(n)
+    dupes = sorted({n for n in values if values.count(n) > 1})
+    if dupes:
+        raise ConfigError(f"--concurrency lists {', '.join(map(str, dupes))} more than once; give each N once")
+    return sorted(values)
+
+
+def check_fits(model: Any, concurrency: Sequence[int], context: int | None = None) -> None:
+    """One line for the first N whose batch's KV cache will not fit in memory (at ``context``
+    positions a sequence, the server's default when None)."""
+    ctx = min(context or DEFAULT_SERVE_CONTEXT, model.runtime.max_context)
+    for n in concurrency:
+        try:
+            check_batch(model, n, ctx)
+        except ConfigError as exc:
+            raise ConfigError(f"--concurrency {n}: {exc}") from None
+
+
+def concurrency_plan(
+    model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile,
+    concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, context: int | None = None,
+    progress: Callable[[str, float], None] | None = None, units: Sequence[Sequence[Request]] | None = None,
+    per_phase: int | None = None,
+) -> dict[str, Any]:
+    """Predictions at each N (JSON-able; :func:`draftwise.capacity.simulate.predict`), after checking
+    that the plan, both profiles and ``model`` belong together and that each N fits in memory.
+    ``units``: the requests to predict (default: the plan's own prompts); ``requests_per_client``
+    counts units (questions, every turn of each) and ``per_phase``, where given, the units every N
+    sends (:func:`draftwise.capacity.simulate.client_units`)."""
+    concurrency = parse_concurrency(concurrency)
+    batch_profile.check_model(model)
+    profile.check_model(model)
+    if plan.fingerprint != batch_profile.fingerprint:
+        raise ConfigError(f"the plan was made for model {plan.model!r} (fingerprint {plan.fingerprint}), the batch "
+                          f"profile on {batch_profile.model!r} ({batch_profile.fingerprint}); use one model for both")
+    check_fits(model, concurrency, context)
+    workload = workload_from_plan(plan, units)
+    result = predict(workload, StepCost(batch_profile, profile), concurrency,
+                     requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress,
+                     per_phase=per_phase)
+    result.update(
+        schema=SCHEMA, model=plan.model, dtype=batch_profile.dtype, date=time.strftime("%Y-%m-%d %H:%M"),
+        plan_date=plan.config.get("date", ""), batch_profile_created=batch_profile.created,
+        profile_created=profile.created,
+        linear_fit={str(c): v for c, v in batch_profile.linear_fit().items()},
+        prompt_share=batch_profile.prompt_share, validation=None,
+    )
+    return result
+
+
+# -- validation -----------------------------------------------------------------------------------
+def served_policy(n: int, policies: Mapping[str, Any], limit: int | None = None) -> str:
+    """What ``serve --k auto --max-batch N`` runs, as a predicted policy: the plan's picks with each
+    request's own adaptive k alone (N = 1), the goodput policy on a batch (N > 1, where the server
+    reads the batch profile), and plain batching past the speculating ``limit``
+    (:mod:`draftwise.policy.batch_limit`; an approximation: the server still speculates in the
+    passes of up to ``limit`` sequences as the load starts and drains). Until 2026-12-05 the
+    validation predicted ``plan`` at every N while the servers ran the goodput policy at N > 1."""
+    if n > 1 and limit is not None and n > limit and "plain" in policies:
+        return "plain"
+    return "goodput" if n > 1 and "goodput" in policies else "plan"
+
+
+def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[str, float]],
+                     policy: str = "served", per_request: Mapping[int, Mapping[str, float]] | None = None) -> dict[str, Any]:
+    """Score predictions against a load test: ``measured[N]`` holds ``plain`` and ``auto``
+    aggregate tokens/s (``auto``: the server's speculation, predicted by ``policy``; ``served``:
+    :func:`served_policy`), and ``per_request[N]`` the same phases' mean per-request tokens/s where
+    measured. Per N and phase the relative error; the aggregate errors' median and max; the
+    measured crossover (the smallest N where ``auto`` measures below plain) against the predicted
+    one. Past the speculating limit the ``served`` server steps plain, so those N are scored as
+    plain batching and left out of the measured crossover (``plain_past_limit``): there the two
+    phases are plain against plain. ``result`` must predict the requests the load test sent
+    (``goodput_validate.py``'s ``workload``)."""
+    by_n = {row["n"]: row for row in result["rows"]}
+    if policy != "served" and policy not in result["policies"]:
+        raise ConfigError(f"unknown policy {policy!r}; the prediction has {', '.join(result['policies'])}")
+    rows, errors, past_limit = [], [], []
+    for n in sorted(measured):
+        if n not in by_n:
+            raise ConfigError(f"N={n} was measured but not predicted (predicted: {sorted(by_n)})")
+        name_auto = served_policy(n, result["policies"], result.get("speculating_limit")) if policy == "served" else policy
+        if policy == "served" and name_auto == "plain":
+            past_limit.append(n)
+        for phase, name in (("plain", "plain"), ("auto", name_auto)):
+            if phase not in measured[n]:
+                continue
+            pred = by_n[n]["policies"][name]
+            got = float(measured[n][phase])
+            err = pred["aggregate_tps"] / got - 1 if got > 0 else float("inf")
+            lo, hi = pred["aggregate_interval"]
+            row = {"n": n, "phase": phase, "policy": name, "predicted_tps": pred["aggregate_tps"],
+                   "interval": [lo, hi], "measured_tps": got, "error": err, "inside": lo <= got <= hi}
+            one = (per_request or {}).get(n, {}).get(phase)
+            if one:
+                row.update(predicted_per_request=pred["per_request_tps"], measured_per_request=float(one),
+                           per_request_error=pred["per_request_tps"] / float(one) - 1)
+            rows.append(row)
+            errors.append(abs(err))
+    speculative = [n for n in sorted(measured) if "auto" in measured[n] and "plain" in measured[n] and n not in past_limit]
+    measured_cross = next((n for n in speculative if measured[n]["auto"] < measured[n]["plain"]), None)
+    grid = list(result["concurrency"])
+    pred_cross = result.get("crossover")
+
+    def step(n: int | None) -> int:
+        return len(grid) if n is None else grid.index(n)
+
+    return {
+        "policy": policy, "rows": rows, "plain_past_limit": past_limit,
+        "speculating_limit": result.get("speculating_limit"),
+        "median_error": statistics.median(errors) if errors else None,
+        "max_error": max(errors) if errors else None,
+        "measured_crossover": measured_cross, "predicted_crossover": pred_cross,
+        "crossover_within_one_step": abs(step(measured_cross) - step(pred_cross)) <= 1,
+        "goals": {"median_within_10pct": bool(errors) and statistics.median(errors) <= 0.10,
+                  "max_within_20pct": bool(errors) and max(errors) <= 0.20},
+    }
+
+
+def validation_script() -> Path:
+    """``benchmarks/goodput_validate.py`` of the source checkout this package runs from (or of the
+    current folder); ConfigError where there is none (an installed wheel has no benchmarks)."""
+    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
+        script = root / "benchmarks" / "goodput_validate.py"
+        if script.is_file():
+            return script
+    raise ConfigError("--validate runs benchmarks/goodput_validate.py, which ships with the draftwise source "
+                      "checkout, not the package; run the command from a checkout")
+
+
+def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Request]]:
+    """``goodput_validate.py``'s ``workload`` (units of turns) as the simulation's units.
+
+    >>> load_units([[{"category": "qa", "prompt_tokens": 40, "new_tokens": 128}]])
+    [[('qa', 40, 128)]]
+    """
+    return [[(str(t["category"]), int(t["prompt_tokens"]), int(t["new_tokens"])) for t in unit] for unit in workload]
+
+
+def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile, raw: Mapping[str, Any],
+               policy: str = "served", limit: int | None = None) -> dict[str, Any]:
+    """A load test's measurements (``goodput_validate.py``'s file) scored against the prediction
+    of the very requests it sent: its units, each turn's prompt with its history and its answer's
+    length, shared among the clients as it shared them (``units_per_phase``, else R a client);
+    the plan's acceptance (:func:`compare_measured`). ``limit``: the speculating limit the servers
+    read (``concurrency.json``'s, from the plan's own workload, not from these requests), so that
+    past it the speculative phase is scored as the plain batching it ran."""
+    if not raw.get("workload"):
+        raise ConfigError("the measurements do not say which requests were sent (no 'workload'): rerun "
+                          "benchmarks/goodput_validate.py from this checkout")
+    measured = {int(n): v for n, v in raw["measured"].items()}
+    per_request = {int(n): v for n, v in (raw.get("per_request") or {}).items()}
+    per_phase = raw.get("units_per_phase")  # absent before every N sent the same units
+    prediction = concurrency_plan(model, plan, batch_profile, profile, sorted(measured),
+                                  requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]),
+                                  per_phase=int(per_phase) if per_phase is not None else None)
+    prediction["speculating_limit"] = limit
+    out = compare_measured(prediction, measured, policy, per_request)
+    out.update(equal=raw.get("equal"), workload=prediction["workload"], max_tokens=raw.get("max_tokens"),
+               units_per_phase=prediction["units_per_phase"], requests_per_client=prediction["requests_per_client"],
+               prediction={"rows": prediction["rows"], "crossover": prediction["crossover"]})
+    return out
+
+
+def run_concurrency(
+    model: Any, plan: Any, concurrency: str | Sequence[int], *, out_dir: str | Path, profile: Profile,
+    batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = 4,
+    max_new_tokens: int | None = None, plan_path: str | Path | None = None, export: Sequence[str] = (),
+    status: Callable[[str], None] | None = None, validate_policy: str = "served",
+) -> dict[str, Any]:
+    """What ``draftwise plan --concurrency`` runs: the predictions (batch profile resolved or
+    measured), ``concurrency.json``, ``concurrency.md`` and ``concurrency.png`` in ``out_dir``,
+    one ``schedule-<engine>.txt`` per ``export`` engine that has a per-batch-size table (``hf``
+    has none and is skipped), and with ``validate`` the load test at
+    each N (``plan_path``: the plan file the servers load) scored against the prediction."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    concurrency = parse_concurrency(concurrency)
+    engines = []
+    for engine in export:  # Hugging Face generate runs one request: it has no per-batch table
+        name = engine.strip().lower()
+        if name not in SCHEDULE_ENGINES and name not in ENGINES:
+            raise ConfigError(f"--export {engine!r}: use one of {', '.join(SCHEDULE_ENGINES)}")
+        if name in SCHEDULE_ENGINES:
+            engines.append(name)
+    script = validation_script() if validate else None  # fail before any work
+    if validate and plan_path is None:
+        raise ConfigError("--validate needs the plan's file (the servers load it): pass plan_path")
+    traced = int(plan.config.get("max_new_tokens", 128))
+    if validate and max_new_tokens not in (None, traced):
+        raise ConfigError(f"--validate measures the plan's own workload, answers of up to {traced} tokens a turn, "
+                          f"on which its acceptance was measured; max_new_tokens={max_new_tokens} would measure "
+                          f"another: leave it out, or make the plan with -n {max_new_tokens}")
+    bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
+    result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
+                              max_new_tokens=max_new_tokens)
+    result["speculating_limit"] = limit_of(result) if "goodput" in result["policies"] else None
+    if script is not None:
+        write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
+        measured_path = out / "measured.json"
+        cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),
+               "--concurrency", ",".join(map(str, concurrency)), "--requests", str(requests_per_client),
+               "--max-tokens", str(traced),
+               "--dtype", model.mode.split("+")[0], "--quant", model.mode.split("+")[1] if "+" in model.mode else "none",
+               "--out", str(out / "load"), "--measured", str(measured_path)]
+        if status is not None:
+            status("validating: " + " ".join(cmd))
+        done = subprocess.run(cmd, check=False)
+        if done.returncode not in (0, 1) or not measured_path.is_file():  # 1: some output differed; reported
+            raise ConfigError(f"the validation load test failed (exit {done.returncode}); see {out / 'load'}")
+        raw = json.loads(measured_path.read_text())
+        result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy,
+                                          limit=result["speculating_limit"])
+    write_json_atomic(out / "concurrency.json", result)
+    write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
+    for engine in engines:
+        sched = export_batch_schedule(result, engine, model=model.name)
+        write_text_atomic(out / f"schedule-{sched['engine']}.txt", sched["text"] + "\n")
+    try:
+        plot_concurrency(result, out / "concurrency.png")
+    except ImportError as exc:  # matplotlib missing: the tables and JSON still stand
+        if status is not None:
+            status(str(exc))
+    return result

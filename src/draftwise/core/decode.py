@@ -1,0 +1,397 @@
+"""The decode loop: prompt -> tokens -> text, with streaming, EOS, stop strings and a budget.
+
+This is the core: ``k`` is a number or a :class:`~draftwise.core.kpolicy.KPolicy` object. Everything
+above the core (the bench, the server, the CLI) calls the public :func:`draftwise.generate` /
+:func:`draftwise.stream` (:mod:`draftwise.api`), which are these plus ``k="auto"`` (the
+adaptive policy from a measured profile).
+
+A library call changes nothing in the process: the entry points (the CLI, the server) opt in to
+sharing the cores with other draftwise processes through :func:`add_step_hook`, which
+:func:`draftwise.api.share_cores_while_decoding` calls.
+"""
+
+from __future__ import annotations
+
+import operator
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
+
+import torch
+
+from draftwise.core.draft import Draft, Drafter
+from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.core.kpolicy import FixedK, KPolicy
+from draftwise.runtime.loaders import Model, load_model
+from draftwise.core.stats import SpecStats
+from draftwise.runtime.base import Runtime
+from draftwise.core.sampling import SamplingConfig, next_token
+from draftwise.core.passes import Step, verify_pass  # noqa: F401  (Step is part of this module's API)
+from draftwise.core.text import TextAssembler
+from draftwise.core.verify import Verdict
+
+FinishReason = Literal["eos", "stop", "length"]
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced.
+
+    ``token_ids`` are the new tokens (the EOS token that ended a generation is not included:
+    it is ``eos_token``); ``seconds`` is wall time with prefill included.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    seconds: float
+    prefill_seconds: float
+    stats: SpecStats = field(default_factory=SpecStats)
+    draft: str = "none"
+    k: int | str = 0
+    eos_token: int | None = None  # the end-of-sequence token that ended it (finish_reason "eos")
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stats"] = self.stats.to_dict()
+        out["new_tokens"] = self.new_tokens
+        out["tokens_per_second"] = self.tokens_per_second
+        return out
+
+
+_STEP_HOOKS: list[Callable[[], object]] = []
+
+
+def add_step_hook(hook: Callable[[], object]) -> None:
+    """Call ``hook()`` before every target pass of every generation in this process (an entry
+    point's opt-in, such as sharing the cores; it must be cheap). Adding one twice adds it once."""
+    if hook not in _STEP_HOOKS:
+        _STEP_HOOKS.append(hook)
+
+
+def remove_step_hook(hook: Callable[[], object]) -> None:
+    if hook in _STEP_HOOKS:
+        _STEP_HOOKS.remove(hook)
+
+
+def propose_step(
+    drafter: Drafter | None, policy: KPolicy, context: list[int], budget: int, left: int
+) -> tuple[Draft, list[int] | None]:
+    """This step's draft (trimmed by the policy) and, when it proposes nothing, a *shadow*
+    proposal whose first token the policy compares with the plain step's (see cost.adaptive).
+    The planner's replay (:func:`draftwise.planner.replay.replay_lookup`) calls it too, so a
+    replayed step is the step decoding would take."""
+    if drafter is None:
+        return Draft([]), None
+    if budget > 0:
+        full = drafter.propose(context, budget)
+        draft = policy.trim(full, len(context))  # a scored tree under --k auto: its best prefix
+        return draft, (full.tokens[:1] if full.tokens and not draft.tokens else None)
+    if policy.shadow and left > 0:
+        return Draft([]), drafter.propose(context, 1).tokens  # costs ~nothing
+    return Draft([]), None
+
+
+def decode_steps(
+    runtime: Runtime,
+    prompt_ids: Sequence[int],
+    cfg: SamplingConfig,
+    generator: torch.Generator,
+    *,
+    drafter: Drafter | None = None,
+    k: int | KPolicy = 4,
+    max_new_tokens: int | None = None,
+    stats: SpecStats | None = None,
+) -> Iterator[Step]:
+    """The loop: propose -> verify -> commit / roll back -> observe. Runs until the caller stops.
+
+    The last committed token is never in the target's cache: each pass feeds it together with
+    the proposal, ``[last, x_1..x_m]``, and gets m + 1 rows of logits back. Without a drafter
+    (or when it proposes nothing) a pass is a plain decode step. ``max_new_tokens`` only caps
+    how many tokens are proposed, so no pass does work the budget will throw away. ``k`` is a
+    number or a policy that picks it each step (:class:`draftwise.policy.adaptive.AdaptiveK`).
+    """
+    stats = stats if stats is not None else SpecStats()
+    policy: KPolicy = FixedK(k) if isinstance(k, int) else k
+    clock = time.perf_counter
+    for hook in _STEP_HOOKS:
+        hook()
+    t0 = clock()
+    if drafter is not None:  # before the prefill: an EAGLE head sets which layers it records
+        drafter.start(prompt_ids, cfg, generator)
+        stats.draft_seconds += clock() - t0
+        t0 = clock()
+    logits = runtime.prefill(prompt_ids)  # [vocab]
+    first = next_token(logits, cfg, generator)
+    stats.verify_seconds += clock() - t0
+    context = list(prompt_ids) + [first]
+    yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
+    produced = 1
+    while True:
+        for hook in _STEP_HOOKS:
+            hook()
+        left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
+        budget = min(policy.choose(len(context)), left) if drafter is not None else 0
+        t0 = clock()
+        draft, shadow = propose_step(drafter, policy, context, budget, left)
+        t1 = clock()
+        verdict, ranks, verified = verify_pass(runtime, context[-1], draft, cfg, generator)
+        depth = verified.depth  # what was verified: a tree, or its first chain on some runtimes
+        if drafter is not None and draft.tokens:
+            drafter.observe(verdict.accepted)
+            policy.observe(depth, verdict.accepted)
+        elif shadow is not None:
+            policy.observe_shadow(shadow, verdict.tokens)
+        stats.draft_seconds += t1 - t0
+        stats.verify_seconds += clock() - t1
+        context.extend(verdict.tokens)
+        produced += len(verdict.tokens)
+        yield Step(len(verified), verdict, ranks, depth)
+
+
+def plain_tokens(
+    runtime: Runtime, prompt_ids: Sequence[int], cfg: SamplingConfig, generator: torch.Generator
+) -> Iterator[int]:
+    """Plain autoregressive decoding, one token at a time, forever (the caller stops)."""
+    for step in decode_steps(runtime, prompt_ids, cfg, generator):
+        yield from step.verdict.tokens
+
+
+class Stream:
+    """Iterate to get text pieces as they are decoded; ``result`` is set when it ends.
+
+    Pieces concatenate to ``result.text``; a multi-byte character is never split between pieces.
+    """
+
+    def __init__(
+        self,
+        model: Model,
+        prompt_ids: list[int],
+        *,
+        max_new_tokens: int,
+        sampling: SamplingConfig,
+        stop: Sequence[str],
+        drafter: Drafter | None = None,
+        k: int | KPolicy = 4,
+        learn: bool = True,
+    ) -> None:
+        self.model = model
+        self.learn = learn
+        self.prompt_ids = prompt_ids
+        self.max_new_tokens = max_new_tokens
+        self.sampling = sampling
+        self.stop = tuple(stop)
+        self.drafter = drafter
+        self.k = k
+        self.stats = SpecStats()
+        self.result: GenerationResult | None = None
+        self._steps = self._run()
+        self._iter = (piece for pieces in self._steps for piece in pieces)
+
+    def __iter__(self) -> Iterator[str]:
+        return self._iter
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def by_step(self) -> Iterator[str]:
+        """The text of each target pass, one piece per pass (a pass may commit several tokens),
+        for consumers with a cost per piece, such as a server sending one chunk per piece.
+        Iterate this *or* the stream itself, not both."""
+        return ("".join(pieces) for pieces in self._steps if pieces)
+
+    def close(self) -> None:
+        """Stop the generation now (the decode loop ends at this step); ``result`` stays None and
+        ``stats`` holds what was done so far."""
+        self._steps.close()
+
+    def _commit(self, tokens: Sequence[int], ids: list[int], assembler: TextAssembler
+                ) -> tuple[list[str], int, FinishReason | None]:
+        """Take one step's committed tokens into ``ids`` until EOS, a stop string or the budget:
+        (the text pieces, how many tokens were kept, why the generation ends or None)."""
+        pieces: list[str] = []
+        kept = 0
+        for token in tokens:  # a step may commit several tokens
+            kept += 1
+            if token in self.model.eos_token_ids:
+                return pieces, kept, "eos"
+            ids.append(token)
+            piece = assembler.push([token])
+            if piece:
+                pieces.append(piece)
+            if assembler.stopped:
+                return pieces, kept, "stop"
+            if len(ids) >= self.max_new_tokens:
+                return pieces, kept, "length"
+        return pieces, kept, None
+
+    def _run(self) -> Iterator[list[str]]:
+        model, stats = self.model, self.stats
+        assembler = TextAssembler(model.tokenizer, self.stop)
+        ids: list[int] = []
+        finish: FinishReason | None = None
+        eos_token: int | None = None
+        start = time.perf_counter()
+        prefill_s = 0.0
+        steps = decode_steps(
+            model.runtime,
+            self.prompt_ids,
+            self.sampling,
+            self.sampling.generator(),
+            drafter=self.drafter,
+            k=self.k,
+            max_new_tokens=self.max_new_tokens,
+            stats=stats,
+        )
+        pieces: list[str] = []
+        try:
+            for step in steps:
+                if not prefill_s:
+                    prefill_s = time.perf_counter() - start
+                pieces, kept, finish = self._commit(step.verdict.tokens, ids, assembler)
+                if finish == "eos":
+                    eos_token = int(step.verdict.tokens[kept - 1])
+                stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks, depth=step.positions)
+                if finish is not None:
+                    break
+                yield pieces
+        finally:
+            steps.close()
+            if self.drafter is not None:  # a cancelled generation (finish None) teaches nothing
+                self.drafter.end(ids if finish is not None and self.learn else None)
+        piece = assembler.finish()
+        if piece:
+            pieces.append(piece)
+        assert finish is not None
+        self.result = GenerationResult(
+            text=assembler.text,
+            token_ids=ids,
+            finish_reason=finish,
+            prompt_tokens=len(self.prompt_ids),
+            seconds=time.perf_counter() - start,
+            prefill_seconds=prefill_s,
+            stats=stats,
+            draft=getattr(self.drafter, "name", "none"),
+            k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
+            eos_token=eos_token,
+        )
+        yield pieces
+
+
+def stream(
+    model: Model | str,
+    prompt: str | Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig | None = None,
+    stop: Sequence[str] = (),
+    chat: bool | None = None,
+    draft: Drafter | None = None,
+    k: int | KPolicy = 4,
+    learn: bool = True,
+) -> Stream:
+    """Start a generation and return a :class:`Stream` of text pieces.
+
+    ``prompt`` is text (wrapped in the chat template when the model has one, unless
+    ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or None
+    (plain decoding; :func:`draftwise.stream` builds one from a spec such as ``"lookup"``); ``k`` is how many tokens it proposes per step, or a
+    :class:`~draftwise.core.kpolicy.KPolicy` that chooses it every step. ``learn=False``: a draft
+    that learns across generations (suffix decoding's cache) does not learn from this one (a
+    warm-up, a repeat of a question it must not find its own answer to).
+    """
+    if isinstance(model, str):
+        model = load_model(model)
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    if not isinstance(k, KPolicy) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ConfigError(
+            f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes) or 'auto'"
+        )
+    if isinstance(stop, str):
+        stop = (stop,)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ConfigError("stop strings must be non-empty strings")
+    if draft is not None and not isinstance(draft, Drafter):
+        raise ConfigError(f"draft={draft!r}: the core loop takes a drafter object; draftwise.stream and "
+                          "draftwise.generate take a spec such as 'lookup'")
+    drafter = draft
+    if isinstance(prompt, str):
+        prompt_ids = model.encode_prompt(prompt, chat=chat)
+    else:
+        prompt_ids = check_token_ids(prompt, model.runtime.vocab_size)
+    if not prompt_ids:
+        raise ConfigError("the prompt is empty; pass some text or at least one token id")
+    limit = model.runtime.max_context
+    if len(prompt_ids) + max_new_tokens > limit:
+        raise ContextLengthError(
+            f"the prompt has {len(prompt_ids)} tokens and max_new_tokens is {max_new_tokens}: "
+            f"{len(prompt_ids) + max_new_tokens} > the context of {limit} tokens; shorten the "
+            "prompt or lower --max-new-tokens"
+        )
+    return Stream(
+        model,
+        prompt_ids,
+        max_new_tokens=max_new_tokens,
+        sampling=sampling or SamplingConfig(),
+        stop=stop,
+        drafter=drafter,
+        k=k,
+        learn=learn,
+    )
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
+    """``ids`` as a list of ints, each a token of a vocabulary of ``vocab_size``.
+
+    >>> check_token_ids([1, 2], 10)
+    [1, 2]
+    """
+    out: list[int] = []
+    for i in ids:
+        try:
+            if isinstance(i, bool):
+                raise TypeError
+            i = operator.index(i)
+        except TypeError:
+            raise ConfigError(f"token ids must be integers, got {i!r}") from None
+        if not 0 <= i < vocab_size:
+            raise ConfigError(f"token id {i} is out of range: this model's vocabulary has ids 0..{vocab_size - 1}")
+        out.append(i)
+    return out
+
+
+def generate(
+    model: Model | str,
+    prompt: str | Sequence[int],
+    *,
+    max_new_tokens: int = 128,
+    sampling: SamplingConfig | None = None,
+    stop: Sequence[str] = (),
+    chat: bool | None = None,
+    draft: Drafter | None = None,
+    k: int | KPolicy = 4,
+    learn: bool = True,
+) -> GenerationResult:
+    """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
+
+    The output is exactly what plain decoding of the target gives (greedy: token for token;
+    sampling: in distribution), whatever the draft; the draft only changes the speed.
+    """
+    s = stream(
+        model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
+        draft=draft, k=k, learn=learn,
+    )
+    for _ in s:
+        pass
+    assert s.result is not None
+    return s.result

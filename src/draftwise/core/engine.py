@@ -1,0 +1,400 @@
+"""The batched engine: many generations at once, one target pass per step over all of them.
+
+Each running generation is the ordinary decode loop (:mod:`draftwise.core.decode`: its drafter, its
+k or policy, its sampling generator, stop strings and budget), run in a greenlet on a *slot* of
+the native runtime's KV cache. Its runtime is a :class:`SlotRuntime`: ``length``, ``keep`` and
+``rollback`` act on the slot at once, while ``forward`` and ``prefill`` hand their rows to the
+engine and wait. When every running generation waits, :meth:`Engine.step` runs one
+:meth:`~draftwise.runtime.native.NativeRuntime.forward_batch` over all their rows (a plain step's
+one row, a chain's k + 1, a tree's nodes, a chunk of a prompt) and hands each its logits.
+
+Why greenlets and not threads: every pass and every drafter runs on the one thread that owns the
+model, so OpenMP keeps one thread team (see :mod:`draftwise.server.worker`), and no lock guards
+the runtime. Why the plain loop and not a second, batched one: one code path, so a generation's
+tokens are those it gets alone, as long as the pass is row-invariant (it is:
+:mod:`draftwise.runtime.attention`, ``tests/test_row_invariance.py``).
+
+Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; while
+more generations decode than prefill, a prompt enters ``prefill_chunk`` tokens a step or, where
+more, the decoders' rows of the last pass, otherwise :data:`BURST_CHUNK` (:func:`step_chunk`).
+
+Example::
+
+    engine = Engine(model, max_batch=8)
+    results = engine.generate_all([ids_a, ids_b, ids_c], max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from draftwise.core.decode import GenerationResult, Stream
+from draftwise.core.draft import Drafter
+from draftwise.errors import ConfigError, DraftwiseError
+from draftwise.core.kpolicy import KPolicy
+from draftwise.runtime.loaders import Model
+from draftwise.runtime.base import Rows
+from draftwise.core.sampling import SamplingConfig
+
+DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
+#: prompt tokens a generation feeds per step while no more generations decode than prefill
+BURST_CHUNK = 512
+DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: how chosen, with the measured T(n): docs/serving.md
+DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
+
+
+def _greenlet() -> Any:
+    try:
+        import greenlet
+    except ImportError as exc:  # pragma: no cover - a core dependency
+        raise ConfigError("the batched engine needs the greenlet package: pip install greenlet") from exc
+    return greenlet
+
+
+def step_chunk(chunk: int, prefilling: int, decoding: int, decode_rows: int = 0) -> int:
+    """Prompt tokens each prefilling generation feeds the coming step.
+
+    The small ``chunk`` is there for the generations that decode: a step that carries prompt
+    rows is a longer gap between their tokens. While they outnumber the generations still in
+    their prompts, the prompts enter ``chunk`` tokens each a step, or together as many rows as
+    the decoders had in the last pass (``decode_rows``) where that is more: speculating decoders
+    bring k + 1 rows each, and a prompt that crawls in beside them leaves its slot idle longer
+    (the gap grows by the share of the pass it does in a plain batch). Otherwise (a burst of
+    arrivals, a lone request) up to ``max(chunk, BURST_CHUNK)``: the decoders' one long gap buys
+    every waiting prompt its start. The engine counts as a step starts: a generation whose
+    prompt's last chunk ran in the previous pass still counts as prefilling, so the short
+    prompts of a burst, which end together, do not at once turn the longer ones back to small
+    chunks. The chunking changes no bit of any result (the pass is row-invariant), only time.
+
+    >>> step_chunk(16, prefilling=1, decoding=8), step_chunk(16, 15, 1), step_chunk(16, 2, 15, decode_rows=90)
+    (16, 512, 45)
+    """
+    burst = max(chunk, BURST_CHUNK)
+    return burst if decoding <= prefilling else min(burst, max(chunk, decode_rows // max(prefilling, 1)))
+
+
+def memory_available() -> int | None:
+    """Bytes of memory this machine has available now (None where it cannot tell)."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None
+
+
+def check_batch(model: Model, max_batch: Any, context: int | None = None) -> int:
+    """``max_batch`` checked against the runtime and this machine's memory (one clear line)."""
+    if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
+        raise ConfigError(f"max_batch={max_batch!r} must be an integer >= 1")
+    rt = model.runtime
+    if not hasattr(rt, "forward_batch"):
+        raise ConfigError(f"the {type(rt).__name__} runtime runs one sequence at a time; use max_batch 1 "
+                          "(batching needs the native runtime: Llama-family models)")
+    if max_batch > 1:
+        ctx = rt.max_context if context is None else context
+        need, have = rt.cache_bytes(max_batch, ctx), memory_available()
+        if have is not None and need > have * 0.8:
+            per = rt.cache_bytes(1, ctx)
+            raise ConfigError(
+                f"max_batch={max_batch} needs {need / 2**30:.1f} GiB of KV cache ({per / 2**20:.0f} MiB per "
+                f"sequence of {ctx} tokens) and {have / 2**30:.1f} GiB is available; use max_batch "
+                f"{max(1, int(have * 0.8 // per))} or less, or a shorter context"
+            )
+    return max_batch
+
+
+class SlotRuntime:
+    """The runtime protocol on one slot of a batched native runtime (see the module docstring)."""
+
+    def __init__(self, engine: Engine, slot: int) -> None:
+        self._engine, self._rt, self.slot = engine, engine.runtime, slot
+
+    # what does not change per slot
+    vocab_size = property(lambda self: self._rt.vocab_size)
+    num_layers = property(lambda self: self._rt.num_layers)
+    dtype = property(lambda self: self._rt.dtype)
+    supports_trees = property(lambda self: True)
+    runs_layer_subsets = True  # forward(layers=...) runs a self-speculation draft pass on the slot
+    device = property(lambda self: self._rt.device)
+    quant = property(lambda self: self._rt.quant)
+
+    @property
+    def max_context(self) -> int:
+        return self._rt.slot_context
+
+    @property
+    def length(self) -> int:
+        return self._rt.slot_length(self.slot)
+
+    def rollback(self, length: int) -> None:
+        self._rt.rollback_slot(self.slot, length)
+
+    def keep(self, base: int, rows: Sequence[int]) -> None:
+        self._rt.keep_slot(self.slot, base, rows)
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = list(ids)
+        if not ids:
+            raise ConfigError("prefill needs at least one token")
+        self._rt.rollback_slot(self.slot, 0)
+        self._engine._current().prefilling = True
+        out, lo = None, 0
+        while lo < len(ids):  # the chunk is the engine's for this step (step_chunk)
+            chunk = self._engine.chunk
+            last = lo + chunk >= len(ids)
+            out = self._engine._wait(Rows(self.slot, ids[lo : lo + chunk], last_only=last, logits=last))
+            lo += chunk
+        self._engine._current().prefilling = False
+        assert out is not None
+        return out[0]
+
+    def forward(
+        self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
+    ) -> torch.Tensor:
+        if layers is not None:  # a self-speculation draft pass: its own, unbatched pass
+            return self._engine._wait_layers(self.slot, list(ids), tuple(layers))
+        tree = None if parents is None else [int(p) for p in parents]
+        return self._engine._wait(Rows(self.slot, list(ids), tree))
+
+    def capture_features(self, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
+        raise ConfigError("EAGLE drafts read the target's features one sequence at a time; serve them with max_batch 1")
+
+
+@dataclass
+class Sequence_:
+    """One generation in the engine: its slot, its greenlet, the pass it waits on, and what
+    ended it if it raised (``error``; :meth:`Engine.start` returns this object)."""
+
+    slot: int
+    glet: Any = None
+    waiting: Rows | None = None  # the rows it waits on (None: runnable, or done)
+    layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
+    answer: Any = None  # the logits of its last pass, handed back when it resumes
+    error: BaseException | None = None
+    prefilling: bool = True  # until it resumes after its prompt's last chunk (new: not started yet)
+
+
+@dataclass
+class PassStats:
+    """What the engine's passes did (for /metrics and benchmarks)."""
+
+    passes: int = 0
+    rows: int = 0
+    last_rows: int = 0
+    last_speculating: int = 0  # the last pass's sequences verifying a proposal (rows > 1, every row's logits)
+    seconds: float = 0.0
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
+    #: when a list: each pass's sequences, those feeding a prompt, their rows, the other rows,
+    #: the positions already in its sequences' caches (summed), and its seconds
+    trace: list[tuple[int, int, int, int, int, float]] | None = None
+
+    def record(self, sequences: int, rows: int, seconds: float) -> None:
+        self.passes += 1
+        self.rows += rows
+        self.last_rows = rows
+        self.seconds += seconds
+        self.batch_sizes.append(sequences)
+        if len(self.batch_sizes) > 4096:
+            del self.batch_sizes[:2048]
+
+
+class Engine:
+    """Up to ``max_batch`` generations decoding together on one native runtime (module docstring).
+
+    ``start(fn)`` runs ``fn(slot_model)`` in a free slot, where ``slot_model`` is the model with
+    a :class:`SlotRuntime`: anything that decodes with it (:func:`draftwise.core.decode.stream`, a
+    server job) joins the batch. ``step()`` advances every generation to its next pass and runs
+    that pass. Everything runs on the calling thread."""
+
+    def __init__(self, model: Model, *, max_batch: int, context: int | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        self.max_batch = check_batch(model, max_batch, context)
+        if isinstance(prefill_chunk, bool) or not isinstance(prefill_chunk, int) or prefill_chunk < 1:
+            raise ConfigError(f"prefill_chunk={prefill_chunk!r} must be an integer >= 1")
+        self.model = model
+        self.runtime: Any = model.runtime
+        self.runtime.allocate_slots(self.max_batch, context)
+        self.prefill_chunk = prefill_chunk
+        self.chunk = prefill_chunk  # this step's prompt tokens per prefilling generation (step_chunk)
+        self._decode_rows = 0  # the last pass's rows that were not prompt chunks
+        self.stats = PassStats()
+        self._free = deque(range(self.max_batch))
+        self._live: list[Sequence_] = []
+        self._slot_models = [dataclasses.replace(model, runtime=SlotRuntime(self, s)) for s in range(self.max_batch)]
+        self._main: Any = None
+
+    @property
+    def slot_models(self) -> list[Model]:
+        """The model as each slot's generation sees it (its runtime is that slot's)."""
+        return list(self._slot_models)
+
+    @property
+    def running(self) -> int:
+        """Generations in the batch now."""
+        return len(self._live)
+
+    @property
+    def free(self) -> int:
+        return len(self._free)
+
+    def start(self, fn: Callable[[Model], Any]) -> Sequence_:
+        """Run ``fn(slot_model)`` in a free slot from the next step on; ConfigError when full."""
+        if not self._free:
+            raise ConfigError(f"all {self.max_batch} slots are busy; wait for a step to free one")
+        slot = self._free.popleft()
+        seq = Sequence_(slot)
+        seq.glet = _greenlet().greenlet(lambda: fn(self._slot_models[slot]))
+        self._live.append(seq)
+        return seq
+
+    def step(self) -> int:
+        """Advance every generation to its next pass, run the pass, and return how many
+        generations it served (0: nothing is running)."""
+        self._main = _greenlet().getcurrent()
+        prefilling = sum(s.prefilling for s in self._live)
+        self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling, self._decode_rows)
+        for seq in list(self._live):
+            if seq.waiting is None and seq.layers is None:
+                self._resume(seq)
+        while True:  # self-speculation draft passes (a subset of layers) run on their own
+            solo = [s for s in self._live if s.layers is not None]
+            if not solo:
+                break
+            for seq in solo:
+                assert seq.waiting is not None
+                seq.answer = self.runtime.forward_batch([seq.waiting], layers=seq.layers)[0]
+                seq.waiting, seq.layers = None, None
+                self._resume(seq)
+        batch = [s for s in self._live if s.waiting is not None]
+        if not batch:
+            return 0
+        context = sum(self.runtime.slot_length(s.waiting.slot) for s in batch) if self.stats.trace is not None else 0
+        t0 = time.perf_counter()
+        try:
+            answers = self.runtime.forward_batch([s.waiting for s in batch])
+        except DraftwiseError:  # one sequence's rows cannot run (its context is full...)
+            answers = self._one_by_one(batch)
+        seconds, rows = time.perf_counter() - t0, sum(len(s.waiting.ids) for s in batch)
+        self.stats.record(len(batch), rows, seconds)  # a prompt's rows: only its last row's logits, or none
+        self.stats.last_speculating = sum(len(s.waiting.ids) > 1 and s.waiting.logits and not s.waiting.last_only
+                                          for s in batch)
+        prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
+        self._decode_rows = rows - sum(prompts)
+        if self.stats.trace is not None:
+            self.stats.trace.append((len(batch), len(prompts), sum(prompts), rows - sum(prompts), context, seconds))
+        for seq, answer in zip(batch, answers):
+            seq.answer, seq.waiting = answer, None
+        return len(batch)
+
+    def _one_by_one(self, batch: list[Sequence_]) -> list[Any]:
+        """A batch that failed: run each sequence's rows alone, so only the bad one fails."""
+        answers: list[Any] = []
+        for seq in batch:
+            try:
+                answers.append(self.runtime.forward_batch([seq.waiting])[0])
+            except DraftwiseError as exc:
+                answers.append(exc)
+        return answers
+
+    def _resume(self, seq: Sequence_) -> None:
+        """Run ``seq`` until it waits on a pass or ends; an ended one frees its slot."""
+        answer, seq.answer = seq.answer, None
+        try:
+            seq.glet.switch(answer) if seq.glet else seq.glet.switch()  # the first switch starts it
+        except BaseException as exc:  # its own failure ends only it
+            seq.error = exc
+        if seq.glet.dead:
+            self._live.remove(seq)
+            self._free.append(seq.slot)
+            self.runtime.rollback_slot(seq.slot, 0)
+
+    def _wait(self, rows: Rows) -> torch.Tensor:
+        """Called from a generation's greenlet: wait for ``rows``' logits from the next pass."""
+        seq = self._current()
+        seq.waiting = rows
+        answer = self._main.switch()
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def _wait_layers(self, slot: int, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
+        seq = self._current()
+        seq.waiting, seq.layers = Rows(slot, ids), layers
+        return self._main.switch()
+
+    def _current(self) -> Sequence_:
+        me = _greenlet().getcurrent()
+        for seq in self._live:
+            if seq.glet is me:
+                return seq
+        raise ConfigError("a slot's runtime was used outside the engine's step()")
+
+    def run_until_done(self) -> None:
+        """Step until nothing runs."""
+        while self._live:
+            self.step()
+
+    def generate_all(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        max_new_tokens: int | Sequence[int] = 128,
+        sampling: SamplingConfig | Sequence[SamplingConfig] | None = None,
+        stop: Sequence[str] = (),
+        drafters: Sequence[Drafter | None] | None = None,
+        k: int | Callable[[], KPolicy] = 4,
+        progress: Callable[[int], None] | None = None,
+        on_result: Callable[[int, GenerationResult], None] | None = None,
+    ) -> list[GenerationResult]:
+        """Generate a completion of every prompt (token ids), ``max_batch`` at a time, each as
+        :func:`draftwise.core.decode.generate` would alone; results in prompt order. ``max_new_tokens``
+        and ``sampling``: one for all or one each; ``drafters`` (one per slot, or None) are reused
+        slot by slot; ``k`` a number or a policy factory. ``progress(done)`` after every step;
+        ``on_result(i, result)`` as soon as prompt ``i``'s generation ends (to save it early)."""
+        n = len(prompts)
+        configs = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingConfig()] * n
+        budgets = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * n
+        if len(budgets) != n or len(configs) != n:
+            raise ConfigError(f"{len(budgets)} max_new_tokens and {len(configs)} sampling configs for {n} prompts: "
+                              "pass one for all, or one for each")
+        results: list[GenerationResult | None] = [None] * n
+        todo, running = deque(range(n)), set()
+        while todo or self._live:
+            while todo and self._free:
+                i = todo.popleft()
+                slot = self._free[0]
+                drafter = drafters[slot] if drafters is not None else None
+                kk = k if isinstance(k, int) else k()
+                self.start(self._job(i, list(prompts[i]), budgets[i], configs[i], stop, drafter, kk, results))
+                running.add(i)
+            self.step()
+            for i in [i for i in running if results[i] is not None]:
+                running.discard(i)
+                if on_result is not None and isinstance(results[i], GenerationResult):
+                    on_result(i, results[i])
+            if progress is not None:
+                progress(sum(r is not None for r in results))
+        for seq_error in (r for r in results if isinstance(r, BaseException)):
+            raise seq_error
+        return [r for r in results if r is not None]
+
+    @staticmethod
+    def _job(i: int, ids: list[int], max_new: int, cfg: SamplingConfig, stop: Sequence[str],
+             drafter: Drafter | None, k: int | KPolicy, results: list[Any]) -> Callable[[Model], None]:
+        def run(model: Model) -> None:
+            s = Stream(model, ids, max_new_tokens=max_new, sampling=cfg, stop=tuple(stop), drafter=drafter, k=k)
+            try:
+                for _ in s.by_step():
+                    pass
+                results[i] = s.result
+            except BaseException as exc:  # reported by generate_all
+                results[i] = exc
+
+        return run
