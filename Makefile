@@ -11,7 +11,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # The Spec-Bench dev questions that ship inside the package (draftwise.questions.DEFAULT_QUESTIONS)
 QUESTIONS = "$$($(BIN)/python -c 'import draftwise.questions as q; print(q.DEFAULT_QUESTIONS)')"
 
-.PHONY: setup demo test lint wheel-check bench draft head clean
+.PHONY: setup demo test test-torch-attention lint wheel-check bench draft head clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,17 @@ demo: setup
 
 test: setup
 	$(BIN)/python -m pytest -q -n auto --durations=15
+
+# The runtime, equality and engine tests again on the torch attention path (DRAFTWISE_KERNELS=off),
+# the path of a machine that cannot build the compiled kernel; `make test` runs the kernel wherever
+# it builds: the runtime, trees, rollback, hybrid drafts, the batched server and the scheduler on
+# tiny random models, and on the real default model decoding, greedy equality of every draft,
+# row invariance and the batched engine. CI runs it after `make test`.
+TORCH_ATTENTION_TESTS = tests/test_native_runtime.py tests/test_tree_runtime.py tests/test_spec_rollback.py \
+	tests/test_hybrid.py tests/test_server_batch.py tests/test_batch_plan.py tests/test_decode.py \
+	tests/test_greedy_equality.py tests/test_engine.py tests/test_row_invariance.py tests/test_scheduler.py
+test-torch-attention: setup
+	DRAFTWISE_KERNELS=off $(BIN)/python -m pytest -q -n auto -p no:cacheprovider --durations=10 $(TORCH_ATTENTION_TESTS)
 
 # The import contracts alone (the test suite runs them too: tests/test_architecture.py).
 lint: setup

@@ -138,16 +138,29 @@ def test_the_kernel_does_the_arithmetic_its_header_states(hd: int) -> None:
 
 
 def test_without_the_kernel_the_runtime_takes_the_torch_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRAFTWISE_KERNELS=off gives, bit for bit, the logits of the torch path chosen by hand on a
+    runtime that was offered the kernel (and they are the model's: transformers' to 1e-4)."""
+    from .conftest import random_hf_model
+
     monkeypatch.setattr(kernels, "_state", {})
     monkeypatch.setenv("DRAFTWISE_KERNELS", "off")
     assert kernels.library() is None and kernels.why_not() == "DRAFTWISE_KERNELS=off"
     config = tiny_llama_config()
-    from .conftest import random_hf_model
-
-    state = {k: t.detach().clone() for k, t in random_hf_model(config, seed=0).state_dict().items()}
+    hf = random_hf_model(config, seed=0)
+    state = {k: t.detach().clone() for k, t in hf.state_dict().items()}
+    ids = [1, 7, 3, 42, 5, 88, 13, 21, 9]
     rt = NativeRuntime(config, state)
     assert not rt.kernel_attention
-    assert torch.isfinite(rt.prefill([1, 2, 3])).all()
+    off = rt.prefill(ids)
+
+    monkeypatch.delenv("DRAFTWISE_KERNELS")
+    kernels._state.clear()  # this test's own dict: decided again, the kernel where it builds
+    by_hand = NativeRuntime(config, state)
+    by_hand.kernel_attention = False
+    assert torch.equal(off, by_hand.prefill(ids))
+    with torch.no_grad():
+        want = hf(torch.tensor([ids])).logits[0, -1].float()
+    assert (off - want).abs().max().item() <= 1e-4
 
 
 def test_an_uncovered_head_size_takes_the_torch_path() -> None:

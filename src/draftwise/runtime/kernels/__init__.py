@@ -9,9 +9,30 @@ header says how). It is compiled once per machine with the system's C compiler
 folder, under a name that covers the source, the compiler and the CPU, and loaded with
 :mod:`ctypes`; its OpenMP threads are torch's own (the same ``libgomp``).
 
-Where it cannot be built (no compiler, a head size it does not cover) or ``DRAFTWISE_KERNELS=off``,
-the runtime runs :mod:`..attention` instead. Both are row-invariant; they differ from each other in
-the last bits, so one process uses one of them throughout (:func:`available` decides once).
+Where it cannot be built or loaded, for a head size it does not cover, or with
+``DRAFTWISE_KERNELS=off``, the runtime runs :mod:`..attention` instead. Both are row-invariant;
+they differ from each other in the last bits, so one process uses one of them throughout
+(:func:`available` decides once). The kernel fails safe: whatever goes wrong on the way to it (no
+compiler, a compiler that fails, such as Apple's clang without ``-fopenmp``, Windows, anything
+else) the process takes the torch path with one ``RuntimeWarning`` that says why (none for
+``DRAFTWISE_KERNELS=off``, which asks for it), never an exception. Windows is not tried: the
+build assumes a POSIX ``cc`` and ``dlopen``, and ``libgomp`` is not torch's OpenMP runtime there.
+
+A cached library that does not load (a truncated or corrupt ``.so``: "file too short", "invalid
+ELF header", or one without ``dw_attend``) is rebuilt once in place; if that does not load
+either, the torch path it is.
+
+A shared library runs as the process that loads it, so the cache's ``kernels`` folder must be the
+user's own: draftwise creates it private (``0700``), and loads nothing from it nor writes to it
+when another user owns it or it is group- or world-writable (someone else could have put a
+library there, or could swap one in between the check and the load), nor where it cannot be made
+(a read-only home). A cached library that is not the user's own, or that others may write, is
+rebuilt like a corrupt one. Where the folder is refused, the process builds the kernel in a
+private temporary folder, loads it and deletes the folder (the loaded library stays mapped), with
+the one warning naming the folder and the fix. It builds elsewhere rather than taking the torch
+path because the kernel's bits do not depend on where it was built: the process keeps the same
+arithmetic and the same cost-profile fingerprint (:func:`signature`) as every other draftwise
+process on the machine, and pays only the compile, once per process.
 """
 
 from __future__ import annotations
@@ -19,8 +40,11 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
+import stat
 import subprocess
+import sys
 import tempfile
 import threading
 import warnings
@@ -36,6 +60,7 @@ HEAD_DIMS = (16, 32, 64, 128)  # what attention.c covers
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
 _lock = threading.Lock()
+#: "lib": the loaded library (None: the torch path), "why": why not (None while the kernel runs)
 _state: dict[str, object] = {}
 
 
@@ -47,30 +72,52 @@ def _compiler() -> str | None:
 
 
 def _cpu_key() -> str:
-    """What -march=native compiles for: the CPU's feature flags (x86 "flags", Arm "Features")."""
+    """What -march=native compiles for: the machine and the CPU's feature flags (x86 "flags", Arm
+    "Features"; none where there is no ``/proc/cpuinfo``)."""
     try:
         with open("/proc/cpuinfo") as f:
             found = next((line for line in f if line.startswith(("flags", "Features"))), "")
     except OSError:
         found = ""
-    return os.uname().machine + " " + found
+    return platform.machine() + " " + found
 
 
-def _build(cc: str) -> Path:
-    """The compiled library's path, compiling it first if this machine has not yet."""
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_key(), *FLAGS]).encode()).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"attention-{key}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+def _user() -> int:
+    """The effective user id: whose files the cache's may be."""
+    return os.geteuid()
+
+
+def _untrusted(path: Path) -> str | None:
+    """Why ``path`` (a folder, or a library in it) is not safe to load code from: owned by another
+    user, or writable by the group or the world; None when it is the user's own."""
+    st = os.stat(path)
+    if st.st_uid != _user():
+        return f"{path} is owned by another user (uid {st.st_uid})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"{path} is {'world' if st.st_mode & stat.S_IWOTH else 'group'}-writable ({stat.filemode(st.st_mode)})"
+    return None
+
+
+def _target(cc: str) -> Path:
+    """Where the cache keeps the library ``cc`` builds for this CPU from this source."""
+    cpu = _cpu_key()
+    version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu, *FLAGS]).encode()).hexdigest()[:16]
+    return cache_root() / "kernels" / f"attention-{key}.so"
+
+
+def _compile(cc: str, target: Path) -> Path:
+    """Build ``attention.c`` into ``target`` (through a temporary file beside it and a rename, so
+    no reader sees half a library and a rebuild replaces a bad one at once)."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], check=False, capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
             raise ConfigError(f"{cc} could not build {SOURCE.name}: {said}")
+        os.chmod(tmp, 0o755)  # the linker's own mode follows the umask, which may leave it group-writable
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -78,17 +125,70 @@ def _build(cc: str) -> Path:
     return target
 
 
-def _load() -> ctypes.CDLL | str:
-    """The loaded library, or why not (a few words)."""
+def _open(path: Path) -> ctypes.CDLL:
+    """The library at ``path``, bound; OSError where it does not load (AttributeError: no ``dw_attend``)."""
+    return bind(ctypes.CDLL(str(path)))
+
+
+def _cached(cc: str, target: Path) -> ctypes.CDLL:
+    """The library from the (trusted) cache folder: the cached one, rebuilt once where it does not
+    load or is not the user's own, or a fresh build."""
+    if target.exists():
+        if _untrusted(target) is None:
+            try:
+                return _open(target)
+            except (OSError, AttributeError):
+                pass  # truncated or corrupt: rebuilt below, once
+        _compile(cc, target)
+        try:
+            return _open(target)
+        except (OSError, AttributeError) as exc:
+            raise OSError(f"the rebuilt {target.name} does not load either: {exc}") from None
+    return _open(_compile(cc, target))
+
+
+def _private(cc: str) -> ctypes.CDLL:
+    """A build in a private temporary folder, loaded and deleted (the mapping stays)."""
+    with tempfile.TemporaryDirectory(prefix="draftwise-kernel-") as tmp:
+        return _open(_compile(cc, Path(tmp) / "attention.so"))
+
+
+def _load() -> tuple[ctypes.CDLL | None, str | None, str | None]:
+    """The loaded library (or None), why not (or None) and what to warn of (or None)."""
     if os.environ.get("DRAFTWISE_KERNELS", "").strip().lower() in ("off", "0", "no", "torch"):
-        return "DRAFTWISE_KERNELS=off"
+        return None, "DRAFTWISE_KERNELS=off", None
+    if sys.platform == "win32":
+        return _fallback("not built on Windows")
     cc = _compiler()
     if cc is None:
-        return "no C compiler on PATH"
+        return _fallback("no C compiler on PATH")
+    refused = None
     try:
-        return bind(ctypes.CDLL(str(_build(cc))))
-    except (OSError, ConfigError, subprocess.SubprocessError) as exc:
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        target = _target(cc)
+        folder = target.parent
+        try:
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            refused = _untrusted(folder)
+        except OSError as exc:
+            refused = f"cannot use {folder}: {_brief(exc)}"
+        if refused is None:
+            return _cached(cc, target), None, None
+        lib = _private(cc)
+    except Exception as exc:  # noqa: BLE001  anything at all: the torch path, never an exception out of here
+        return _fallback(f"{refused}; in a private folder: {_brief(exc)}" if refused else _brief(exc))
+    return lib, None, (f"draftwise: not loading the attention kernel from the cache ({refused}); built it in a "
+                       "private temporary folder for this process instead. To cache it again, make that folder "
+                       "the user's own and not writable by others (chmod go-w), or set DRAFTWISE_CACHE")
+
+
+def _brief(exc: BaseException) -> str:
+    said = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {said[0][:200] if said else ''}".rstrip(": ")
+
+
+def _fallback(why: str) -> tuple[None, str, str]:
+    return None, why, (f"draftwise: the compiled attention kernel is not available ({why}); "
+                       "using the slower torch path")
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -101,14 +201,13 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def library() -> ctypes.CDLL | None:
-    """The compiled kernel, or None where this process runs the torch path (:func:`why_not` says why)."""
+    """The compiled kernel, or None where this process runs the torch path (:func:`why_not` says
+    why). Decided at the first call; a failure warns once, at that call."""
     with _lock:
         if "lib" not in _state:
-            got = _load()
-            _state["lib"], _state["why"] = (got, None) if isinstance(got, ctypes.CDLL) else (None, got)
-            if _state["why"] is not None and "KERNELS=off" not in str(_state["why"]):
-                warnings.warn(f"draftwise: the compiled attention kernel is not available ({_state['why']}); "
-                              "using the slower torch path", RuntimeWarning, stacklevel=3)
+            _state["lib"], _state["why"], warn = _load()
+            if warn is not None:
+                warnings.warn(warn, RuntimeWarning, stacklevel=3)
     lib = _state["lib"]
     return lib if isinstance(lib, ctypes.CDLL) else None
 
