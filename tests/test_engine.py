@@ -3,7 +3,9 @@ and sampled with a seed), whatever its draft, and one that fails ends alone."""
 
 from __future__ import annotations
 
+import functools
 import json
+import operator
 from typing import Any
 
 import pytest
@@ -38,6 +40,7 @@ def prompts(batched_model: Any) -> list[list[int]]:
 KINDS = ("none", "lookup", "suffix", "lookup:branches=3", "self")
 
 
+@pytest.mark.real_model
 def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any, prompts: list[list[int]],
                                                               tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     plain = [generate(batched_model, p, max_new_tokens=16, draft="none").token_ids for p in prompts]
@@ -51,7 +54,13 @@ def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any
     assert len(trace) == eng.stats.passes and eng.stats.trace == []
     assert sum(t["prompt_rows"] + t["rows"] for t in trace) == eng.stats.rows
     assert sum(t["prompt_rows"] for t in trace) == sum(len(p) for p in prompts)  # every prompt token, once
-    assert all(t["prompting"] <= t["sequences"] and t["seconds"] > 0 for t in trace)
+    # each traced pass is one the engine counted, in order: its sequences, and its seconds (added in order)
+    assert [t["sequences"] for t in trace] == eng.stats.batch_sizes
+    assert functools.reduce(operator.add, (t["seconds"] for t in trace), 0.0) == eng.stats.seconds
+    # every sequence in a pass brings a row or more: a prompt chunk to prompt_rows, the others to rows
+    assert all((t["prompting"] == 0) == (t["prompt_rows"] == 0) and t["prompting"] <= t["prompt_rows"]
+               and (t["prompting"] == t["sequences"]) == (t["rows"] == 0) and t["sequences"] - t["prompting"] <= t["rows"]
+               for t in trace)
     assert max(t["context"] for t in trace) > max(len(p) for p in prompts)
     for spec, want, res in zip(KINDS + ("(a reused slot)",), plain, got):
         assert res.token_ids == want, spec
@@ -62,6 +71,7 @@ def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any
     assert eng.running == 0 and eng.free == len(KINDS)
 
 
+@pytest.mark.real_model
 def test_sampled_with_a_seed_is_the_same_alone_and_batched(batched_model: Any, prompts: list[list[int]]) -> None:
     """Plain and lookup generations side by side in the same passes, each with its own seed."""
     cfgs = [SamplingConfig(temperature=0.8, top_p=0.95, seed=100 + i) for i in range(len(prompts))]
@@ -75,6 +85,7 @@ def test_sampled_with_a_seed_is_the_same_alone_and_batched(batched_model: Any, p
     assert all(r.stats.proposed > 0 for r in got[1::2]) and max(eng.stats.batch_sizes) == len(prompts)
 
 
+@pytest.mark.real_model
 def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[int]]) -> None:
     eng = Engine(batched_model, max_batch=4, context=256)
     outcome: dict[int, Any] = {}
@@ -122,6 +133,7 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8).token_ids
 
 
+@pytest.mark.real_model
 def test_each_prompt_its_own_budget(batched_model: Any, prompts: list[list[int]]) -> None:
     """``max_new_tokens`` per prompt: each generation stops at its own, as it would alone."""
     budgets = [3, 11, 6]
@@ -147,6 +159,7 @@ def pass_rows(eng: Engine, monkeypatch: pytest.MonkeyPatch) -> list[dict[int, in
     return rows
 
 
+@pytest.mark.real_model
 def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
         batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
     """engine.step_chunk: a burst of prompts enters in one pass each; a long prompt that joins
@@ -179,6 +192,7 @@ def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
         assert got[i] == generate(batched_model, ids, max_new_tokens=new[i]).token_ids, i
 
 
+@pytest.mark.real_model
 def test_a_prompt_beside_speculating_decoders_enters_as_many_rows_as_they_bring(
         batched_model: Any, prompts: list[list[int]], monkeypatch: pytest.MonkeyPatch) -> None:
     """engine.step_chunk: three decoders verifying k + 1 = 6 rows a pass let a joining prompt in
@@ -223,6 +237,7 @@ def test_a_prompt_beside_speculating_decoders_enters_as_many_rows_as_they_bring(
         assert got[i] == generate(batched_model, ids, max_new_tokens=new, draft="none").token_ids, i
 
 
+@pytest.mark.real_model
 def test_bad_batches_get_one_clear_line(batched_model: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="max_batch"):

@@ -109,11 +109,12 @@ def test_max_disk_must_be_a_size(text):
         parse_bytes(text, "--max-disk")
 
 
-def test_train_head_refuses_a_bad_max_disk_and_weight_decay_in_one_line(tmp_path):
+def test_train_head_refuses_a_bad_max_disk_and_weight_decay_in_one_line(tmp_path, tiny_chat_folder):
     runner = CliRunner()
-    got = runner.invoke(app, ["train-head", "--out", str(tmp_path / "h"), "--max-disk", "lots"])
+    target = ["--target", str(tiny_chat_folder)]  # not the default model: the refusals need no real one
+    got = runner.invoke(app, ["train-head", *target, "--out", str(tmp_path / "h"), "--max-disk", "lots"])
     assert got.exit_code != 0 and "--max-disk 'lots' is not a size" in got.output and "Traceback" not in got.output
-    got = runner.invoke(app, ["train-head", "--out", str(tmp_path / "h"), "--weight-decay", "-1"])
+    got = runner.invoke(app, ["train-head", *target, "--out", str(tmp_path / "h"), "--weight-decay", "-1"])
     assert got.exit_code != 0 and "weight_decay=-1.0" in got.output and "Traceback" not in got.output
 
 

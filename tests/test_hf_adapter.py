@@ -351,6 +351,7 @@ def gemma3_270m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[HFRu
     yield rt, rt._model, folder
 
 
+@pytest.mark.real_model
 def test_gemma3_270m_rollback_across_window_matches_fresh(
     gemma3_270m: tuple[HFRuntime, Any, Path],
 ) -> None:

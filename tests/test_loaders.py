@@ -24,6 +24,7 @@ def test_file_that_is_not_gguf(tmp_path):
         load_model(str(bad))
 
 
+@pytest.mark.real_model
 def test_truncated_gguf_names_the_path(tmp_path, monkeypatch):
     monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))
     source = BUILTIN_MODELS["default"].gguf_path()
@@ -44,6 +45,7 @@ def test_cache_dir_follows_environment(tmp_path, monkeypatch):
     assert cache_dir() == tmp_path
 
 
+@pytest.mark.real_model
 def test_second_load_reuses_the_converted_folder(default_folder, monkeypatch):
     import transformers
 
@@ -68,11 +70,13 @@ def gpt2_folder(tmp_path_factory, default_folder):
     return folder
 
 
+@pytest.mark.real_model
 def test_unsupported_architecture_native_says_use_hf(gpt2_folder):
     with pytest.raises(UnsupportedArchitectureError, match="runtime='hf'"):
         load_model(str(gpt2_folder), runtime="native")
 
 
+@pytest.mark.real_model
 def test_auto_falls_back_to_the_hf_adapter(gpt2_folder):
     from draftwise import generate
     from draftwise.runtime.hf import HFRuntime
@@ -82,6 +86,7 @@ def test_auto_falls_back_to_the_hf_adapter(gpt2_folder):
     assert generate(model, [10, 11, 12], max_new_tokens=3).new_tokens <= 3
 
 
+@pytest.mark.real_model
 def test_default_model_loads_natively(default_model):
     from draftwise.runtime.native import NativeRuntime
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 from typer.testing import CliRunner
@@ -12,7 +13,7 @@ from draftwise.cli import app
 from draftwise.policy.adaptive import AdaptiveK
 from draftwise.cost.measure import measure_profile
 from draftwise.planner.plan import Plan, as_questions, load_plan, make_plan
-from draftwise.planner.pick import MARGIN
+from draftwise.planner.pick import MARGIN, aggregate, routed_items
 from draftwise.cost.profile import Profile, model_fingerprint
 from draftwise.planner.replay import Trace, replay_hits, replay_lookup, trace_generation
 from draftwise.drafters import make_drafter
@@ -255,9 +256,14 @@ def test_cli_plan_and_profile(tiny_chat_folder, tmp_path):
     assert list(runs) == ["lookup k=8", "plain"]  # the traced draft, and plain decoding timed for the fit
     assert all(r["measured_s"] > 0 < r["predicted_s"] and len(r["parts"]) == 4 for r in runs.values())
     assert abs(sum(runs["plain"]["parts"]) - runs["plain"]["predicted_s"]) < 1e-3
-    pricing = data["validation"]["pricing"]
-    assert set(pricing) == {"plain", "plain (validation)", "lookup k=8"} and all(v > 0 for v in pricing.values())
-    assert pricing["lookup k=8"] == data["config"]["pricing"]["lookup k=8"]
+    # measured seconds over priced ones: each timed run's median over the prompts, as the plan kept
+    # them; and the validation's plain decoding (its best rate per prompt) over the plan's plain price
+    timed = {run: round(statistics.median(p["runs"][run]["measured_s"] / p["runs"][run]["predicted_s"]
+                                          for p in data["prompts"]), 4) for run in runs}
+    best = {u["question_id"]: max(u["plain"]) for u in data["validation"]["units"]}
+    plain = statistics.median(p["new_tokens"] / best[p["question_id"]] / p["plain_s"] for p in data["prompts"])
+    assert data["config"]["pricing"] == timed
+    assert data["validation"]["pricing"] == {**timed, "plain (validation)": round(plain, 4)}
     fit = data["config"]["loop_fit"]
     assert {"plain", "verify", "drafts", "raw"} <= set(fit) and 0.5 <= fit["plain"] <= 2.0
     assert "Priced as the decode loop ran during the plan" in (tmp_path / "plan" / "plan.md").read_text()
@@ -345,10 +351,16 @@ def test_expected_steps_keep_the_accepted_tokens_when_each_step_accepts_under_on
     assert all(m == 1 and a in (0, 1) for m, a in replayed)
 
 
-def test_a_plan_with_a_draft_of_its_own_cost_times_plain_and_a_host_draft_and_fits_its_price(tiny):
+def test_a_plan_with_a_draft_of_its_own_cost_times_plain_and_a_host_draft_and_fits_its_price(tiny, monkeypatch):
     """A traced draft (self, not replayable) beside a replayed one: the plan also times plain
     decoding and lookup on every turn, fits the profile to the loop (one factor for the self
     draft's own passes) and prices every candidate, the adaptive k included, with the fit."""
+    import draftwise.planner.plan as plan_mod
+
+    priced = []  # (profile, each (draft, k)'s items) of each pricing of the units
+    price_units = plan_mod._price_units
+    monkeypatch.setattr(plan_mod, "_price_units",
+                        lambda profile, *args: priced.append((profile, price_units(profile, *args))) or priced[-1][1])
     rows = rows_for([("copy", PROMPTS[0]), ("free", PROMPTS[2])])
     prof = fake_profile(tiny, drafts={"lookup": [1e-5] * 8, "self:exit=1": [0.004 * k for k in range(1, 9)]})
     plan = make_plan(tiny, rows, prof, drafts=["lookup", "self:exit=1"], ks=[1, 2, 4], max_new_tokens=16)
@@ -361,6 +373,15 @@ def test_a_plan_with_a_draft_of_its_own_cost_times_plain_and_a_host_draft_and_fi
     assert {(c.draft, c.k) for c in plan.categories["overall"]} >= {("self:exit=1", "auto"), ("lookup", "auto")}
     assert all(p["equal"] for p in plan.prompts)  # plain decoding's timed run committed the same tokens
     # each pick also priced with the profile as measured, for scoring the fit against the same measurements
-    unfitted = plan.config["unfitted"]
-    assert set(unfitted) <= set(plan.recommended) | {"overall (routed)"} and all(v > 0 for v in unfitted.values())
-    assert all(c in unfitted for c, (d, _) in plan.recommended.items() if d != "none")
+    # (the plan's picks are the units priced with the fitted profile, the unfitted ones those priced with `prof`)
+    (fitted, fitted_items), (measured, items) = priced
+    assert fitted.step != prof.step and measured is prof
+
+    def predictions(per):  # each category's pick (plain decoding's is no prediction), and the routed workload
+        out = {c: aggregate([x for x in per[pick] if c == "overall" or x["category"] == c])
+               for c, pick in plan.recommended.items() if pick[0] != "none"}
+        return {**out, "overall (routed)": aggregate(routed_items(plan.recommended, per, next(iter(per)))[0])}
+
+    assert predictions(fitted_items) == {**{c: plan.predicted[c] for c, (d, _) in plan.recommended.items()
+                                            if d != "none"}, "overall (routed)": plan.routed_overall}
+    assert plan.config["unfitted"] == {c: round(v, 4) for c, v in predictions(items).items()}

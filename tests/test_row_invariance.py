@@ -167,6 +167,7 @@ def test_bad_batches_are_refused(wide_state: dict[str, torch.Tensor]) -> None:
         rt.allocate_slots(0)
 
 
+@pytest.mark.real_model
 @pytest.mark.parametrize("mode", MODES[1:], ids=["+".join(m) for m in MODES[1:]])
 def test_the_default_model_verifies_as_it_decodes(default_folder: Any, mode: tuple[str, str]) -> None:
     """On the real model, in each reduced-precision mode: a 9-row verification pass gives the

@@ -24,6 +24,7 @@ def pieces_one_by_one(tokenizer, ids, stop=()):
     return asm, [p for p in pieces if p]
 
 
+@pytest.mark.real_model
 def test_multibyte_characters_are_never_split(tokenizer):
     text = "naïve café: 🦙🦙 and 日本語のテキスト, ünïcödé"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -34,6 +35,7 @@ def test_multibyte_characters_are_never_split(tokenizer):
     assert "".join(pieces) == asm.text == tokenizer.decode(ids)
 
 
+@pytest.mark.real_model
 def test_several_tokens_per_push(tokenizer):
     text = "Speculative steps commit several tokens: 🦙 at once."
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -42,6 +44,7 @@ def test_several_tokens_per_push(tokenizer):
     assert out == text
 
 
+@pytest.mark.real_model
 def test_stop_string_across_tokens(tokenizer):
     text = "alpha beta gamma delta"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -50,6 +53,7 @@ def test_stop_string_across_tokens(tokenizer):
     assert "".join(pieces) == asm.text == "alpha bet"
 
 
+@pytest.mark.real_model
 def test_text_that_only_looks_like_a_stop_string_is_released(tokenizer):
     ids = tokenizer("one two three", add_special_tokens=False)["input_ids"]
     asm, pieces = pieces_one_by_one(tokenizer, ids, stop=("threefold",))
@@ -57,6 +61,7 @@ def test_text_that_only_looks_like_a_stop_string_is_released(tokenizer):
     assert "".join(pieces) == "one two three"
 
 
+@pytest.mark.real_model
 @settings(max_examples=60, deadline=None)
 @given(st.text(alphabet=st.sampled_from(list("ab c.é€日🦙\n")), min_size=1, max_size=30))
 def test_streamed_pieces_reassemble_the_text(tokenizer, text):
