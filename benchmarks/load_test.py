@@ -50,24 +50,13 @@ from typing import Any
 
 import httpx
 
-from draftwise.api import generate
-from draftwise.runtime.chat import encode_conversation
 from draftwise.capacity.simulate import client_units
-from draftwise.planner.replay import answer, answer_text
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
-
-MODES = ("none", "auto")
-WARM_UP = "Name three primary colours."
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (nearest rank; q in [0, 100]) of ``values``; NaN if empty."""
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q / 100 * len(s) + 0.5) - 1))]
+from draftwise.runtime.loaders import load_model
+# the parts this shares with `draftwise plan --concurrency --validate`, which drives the server in process
+from draftwise.server.validate import MODES, WARM_UP, messages, pct, summarize  # noqa: F401  (re-exported)
+from draftwise.server.validate import references as reference_answers
 
 
 def make_prompts(questions: list[Question], count: int) -> list[dict[str, Any]]:
@@ -88,30 +77,10 @@ def make_prompts(questions: list[Question], count: int) -> list[dict[str, Any]]:
 
 def references(model_name: str, prompts: list[dict[str, Any]], max_tokens: int, *, dtype: str = "float32",
                quant: str = "none") -> float:
-    """Each prompt's greedy answer (token ids) and its prompt's length in tokens; a later turn
-    gets the earlier turns' answers as the conversation's assistant messages, in the text
-    :func:`draftwise.core.decode.generate` gives (what bench and the planner put in the history; with
-    greedy decoding, the server's own answer whenever that turn came out equal)."""
-    model = load_model(model_name, dtype=dtype, quant=quant)
-    said: dict[Any, list[str]] = {}
-    t0 = time.perf_counter()
-    for p in sorted(prompts, key=lambda p: p["turn"]):  # earlier turns before the later turns that need them
-        p["answers"] = said.get(p["question_id"], [])[: p["turn"] - 1]
-        ids = encode_conversation(model.tokenizer, p["users"], p["answers"], chat=True)
-        p["prompt_tokens"] = len(ids)
-        p["reference"] = generate(model, ids, max_new_tokens=max_tokens).token_ids
-        if len(said.setdefault(p["question_id"], [])) == p["turn"] - 1:  # this turn's answer, for the next
-            said[p["question_id"]].append(answer_text(model.tokenizer, answer(p["reference"], model.eos_token_ids)))
-    return time.perf_counter() - t0
-
-
-def messages(prompt: dict[str, Any]) -> list[dict[str, str]]:
-    out = []
-    for i, user in enumerate(prompt["users"]):
-        out.append({"role": "user", "content": user})
-        if i < len(prompt["answers"]):
-            out.append({"role": "assistant", "content": prompt["answers"][i]})
-    return out
+    """Each prompt's greedy answer (token ids) and its prompt's length in tokens, on the model
+    loaded here (:func:`draftwise.server.validate.references`: a later turn's history holds the
+    earlier turns' answers as bench and the planner put them there); the seconds it took."""
+    return reference_answers(load_model(model_name, dtype=dtype, quant=quant), prompts, max_tokens)
 
 
 async def one_request(client: httpx.AsyncClient, url: str, prompt: dict[str, Any], mode: str, max_tokens: int,
@@ -182,23 +151,6 @@ async def phase(url: str, units: list[list[dict[str, Any]]], mode: str, clients:
         t0 = time.perf_counter()
         results = await asyncio.gather(*(run_client(i) for i in range(clients)))
         return [r for rs in results for r in rs], time.perf_counter() - t0
-
-
-def summarize(records: list[dict[str, Any]], wall: float) -> dict[str, Any]:
-    ok = [r for r in records if r["error"] is None and not r["lost"]]
-    tokens = sum(r["tokens"] for r in ok)
-    return {
-        "requests": len(records), "ok": len(ok), "errors": sum(r["error"] is not None for r in records),
-        "lost": sum(r["lost"] for r in records), "equal": sum(bool(r.get("equal")) for r in ok),
-        "tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall if wall else 0.0,
-        # one request's tokens over its latency as its client saw it (queue included), averaged
-        "per_request_tps": statistics.mean(r["tokens"] / r["e2e"] for r in ok) if ok else float("nan"),
-        "ttft_p50_s": pct([r["ttft"] for r in ok], 50), "ttft_p99_s": pct([r["ttft"] for r in ok], 99),
-        "e2e_p50_s": pct([r["e2e"] for r in ok], 50), "e2e_p99_s": pct([r["e2e"] for r in ok], 99),
-        "prefill_p50_s": pct([r["prefill_s"] for r in ok], 50),
-        "mean_committed_per_pass": statistics.mean(r["mat"] for r in ok) if ok else float("nan"),
-        "drafts": {d: sum(r.get("draft") == d for r in ok) for d in sorted({r.get("draft") for r in ok} - {None})},
-    }
 
 
 def by_category(records: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -49,9 +49,9 @@ from typing import Any
 import httpx
 
 from draftwise.api import generate
-from draftwise.chat import encode_conversation
+from draftwise.runtime.chat import encode_conversation
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.loaders import load_model
+from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
 
 

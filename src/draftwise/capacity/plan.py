@@ -9,10 +9,11 @@ per-batch-size k tables serving engines take (:func:`export_batch_schedule`).
 
 The workload is the plan's: units of one question with all its turns, one request a turn, up to
 the plan's ``max_new_tokens`` each (:mod:`.goodput`). ``--validate`` measures each N for real
-with ``benchmarks/goodput_validate.py`` (one server at a time, greedy, the same kind of units
-from questions the plan did not see; a source checkout's script, since ``benchmarks/`` is not
-shipped in the package), predicts the very requests it sent (their categories and lengths,
-the plan's acceptance) and :func:`compare_measured` scores each prediction.
+(one server at a time, greedy, the same kind of units from questions the plan did not see): the
+load test is handed in (``run_concurrency(measure=...)``; the server's package provides it,
+:func:`draftwise.server.validate.measure_concurrency`, since it drives the server's worker and
+sits above this layer). Then this module predicts the very requests it sent (their categories
+and lengths, the plan's acceptance) and :func:`compare_measured` scores each prediction.
 
 Example::
 
@@ -24,33 +25,34 @@ Example::
 
 from __future__ import annotations
 
-import json
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.core.engine import DEFAULT_SERVE_CONTEXT, check_batch
-from draftwise.errors import ConfigError
-from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.policy.batch_limit import limit_of
-from draftwise.cost.batch_measure import resolve_batch_profile
-from draftwise.cost.batch_profile import BatchProfile
 from draftwise.capacity.export import SCHEDULE_ENGINES, export_batch_schedule
 from draftwise.capacity.report import (  # render_validation_markdown: re-exported for the callers of this module
-    plot_concurrency, render_concurrency_markdown, render_validation_markdown,  # noqa: F401
+    plot_concurrency,  # noqa: F401
+    render_concurrency_markdown,
+    render_validation_markdown,
 )
-from draftwise.planner.export import ENGINES
-from draftwise.capacity.workload import Request
-from draftwise.cost.goodput import StepCost
 from draftwise.capacity.simulate import predict, workload_from_plan
+from draftwise.capacity.workload import Request
+from draftwise.core.engine import DEFAULT_SERVE_CONTEXT, check_batch
+from draftwise.cost.batch_measure import resolve_batch_profile
+from draftwise.cost.batch_profile import BatchProfile
+from draftwise.cost.goodput import StepCost
 from draftwise.cost.profile import Profile
+from draftwise.errors import ConfigError
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.planner.export import ENGINES
+from draftwise.policy.batch_limit import limit_of
 
 SCHEMA = "draftwise.concurrency/1"
 DEFAULT_CONCURRENCY = (1, 2, 4, 8, 16)
+#: units (questions, every turn of each) a client sends at the largest N: the prediction's and the load test's
+REQUESTS_PER_CLIENT = 4
 
 
 def parse_concurrency(text: str | Sequence[int]) -> list[int]:
@@ -93,7 +95,7 @@ def check_fits(model: Any, concurrency: Sequence[int], context: int | None = Non
 
 def concurrency_plan(
     model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile,
-    concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = 4,
+    concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = REQUESTS_PER_CLIENT,
     max_new_tokens: int | None = None, context: int | None = None,
     progress: Callable[[str, float], None] | None = None, units: Sequence[Sequence[Request]] | None = None,
     per_phase: int | None = None,
@@ -130,8 +132,8 @@ def served_policy(n: int, policies: Mapping[str, Any], limit: int | None = None)
     request's own adaptive k alone (N = 1), the goodput policy on a batch (N > 1, where the server
     reads the batch profile), and plain batching past the speculating ``limit``
     (:mod:`draftwise.policy.batch_limit`; an approximation: the server still speculates in the
-    passes of up to ``limit`` sequences as the load starts and drains). Until 2026-12-05 the
-    validation predicted ``plan`` at every N while the servers ran the goodput policy at N > 1."""
+    passes of up to ``limit`` sequences as the load starts and drains). The validation compares
+    the server with this policy, never with one it does not run."""
     if n > 1 and limit is not None and n > limit and "plain" in policies:
         return "plain"
     return "goodput" if n > 1 and "goodput" in policies else "plan"
@@ -147,7 +149,7 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
     one. Past the speculating limit the ``served`` server steps plain, so those N are scored as
     plain batching and left out of the measured crossover (``plain_past_limit``): there the two
     phases are plain against plain. ``result`` must predict the requests the load test sent
-    (``goodput_validate.py``'s ``workload``)."""
+    (its measurements' ``workload``)."""
     by_n = {row["n"]: row for row in result["rows"]}
     if policy != "served" and policy not in result["policies"]:
         raise ConfigError(f"unknown policy {policy!r}; the prediction has {', '.join(result['policies'])}")
@@ -193,19 +195,8 @@ def compare_measured(result: Mapping[str, Any], measured: Mapping[int, Mapping[s
     }
 
 
-def validation_script() -> Path:
-    """``benchmarks/goodput_validate.py`` of the source checkout this package runs from (or of the
-    current folder); ConfigError where there is none (an installed wheel has no benchmarks)."""
-    for root in (Path(__file__).resolve().parents[3], Path.cwd()):
-        script = root / "benchmarks" / "goodput_validate.py"
-        if script.is_file():
-            return script
-    raise ConfigError("--validate runs benchmarks/goodput_validate.py, which ships with the draftwise source "
-                      "checkout, not the package; run the command from a checkout")
-
-
 def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Request]]:
-    """``goodput_validate.py``'s ``workload`` (units of turns) as the simulation's units.
+    """A load test's ``workload`` (units of turns) as the simulation's units.
 
     >>> load_units([[{"category": "qa", "prompt_tokens": 40, "new_tokens": 128}]])
     [[('qa', 40, 128)]]
@@ -215,15 +206,16 @@ def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Req
 
 def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile, raw: Mapping[str, Any],
                policy: str = "served", limit: int | None = None) -> dict[str, Any]:
-    """A load test's measurements (``goodput_validate.py``'s file) scored against the prediction
+    """A load test's measurements (``measured.json``, as
+    :func:`draftwise.server.validate.measure_concurrency` writes it) scored against the prediction
     of the very requests it sent: its units, each turn's prompt with its history and its answer's
     length, shared among the clients as it shared them (``units_per_phase``, else R a client);
     the plan's acceptance (:func:`compare_measured`). ``limit``: the speculating limit the servers
     read (``concurrency.json``'s, from the plan's own workload, not from these requests), so that
     past it the speculative phase is scored as the plain batching it ran."""
     if not raw.get("workload"):
-        raise ConfigError("the measurements do not say which requests were sent (no 'workload'): rerun "
-                          "benchmarks/goodput_validate.py from this checkout")
+        raise ConfigError("the measurements do not say which requests were sent (no 'workload'): measure "
+                          "again with `draftwise plan --concurrency ... --validate`")
     measured = {int(n): v for n, v in raw["measured"].items()}
     per_request = {int(n): v for n, v in (raw.get("per_request") or {}).items()}
     per_phase = raw.get("units_per_phase")  # absent before every N sent the same units
@@ -238,17 +230,24 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
     return out
 
 
+#: the load test ``run_concurrency(measure=...)`` runs: ``measure(model, plan_path, concurrency, *,
+#: out_dir, measured_path, requests_per_client, max_tokens, status)`` returns what it wrote to
+#: ``measured_path`` (:func:`draftwise.server.validate.measure_concurrency`)
+Measure = Callable[..., Mapping[str, Any]]
+
+
 def run_concurrency(
     model: Any, plan: Any, concurrency: str | Sequence[int], *, out_dir: str | Path, profile: Profile,
-    batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = 4,
+    batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = REQUESTS_PER_CLIENT,
     max_new_tokens: int | None = None, plan_path: str | Path | None = None, export: Sequence[str] = (),
-    status: Callable[[str], None] | None = None, validate_policy: str = "served",
+    status: Callable[[str], None] | None = None, validate_policy: str = "served", measure: Measure | None = None,
 ) -> dict[str, Any]:
     """What ``draftwise plan --concurrency`` runs: the predictions (batch profile resolved or
     measured), ``concurrency.json``, ``concurrency.md`` and ``concurrency.png`` in ``out_dir``,
     one ``schedule-<engine>.txt`` per ``export`` engine that has a per-batch-size table (``hf``
-    has none and is skipped), and with ``validate`` the load test at
-    each N (``plan_path``: the plan file the servers load) scored against the prediction."""
+    has none and is skipped), and with ``validate`` the load test ``measure`` at each N
+    (``plan_path``: the plan file the servers load; ``measured.json`` and ``load/`` in
+    ``out_dir``) scored against the prediction."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     concurrency = parse_concurrency(concurrency)
@@ -259,32 +258,29 @@ def run_concurrency(
             raise ConfigError(f"--export {engine!r}: use one of {', '.join(SCHEDULE_ENGINES)}")
         if name in SCHEDULE_ENGINES:
             engines.append(name)
-    script = validation_script() if validate else None  # fail before any work
-    if validate and plan_path is None:
+    if validate and plan_path is None:  # these fail before any work
         raise ConfigError("--validate needs the plan's file (the servers load it): pass plan_path")
     traced = int(plan.config.get("max_new_tokens", 128))
     if validate and max_new_tokens not in (None, traced):
         raise ConfigError(f"--validate measures the plan's own workload, answers of up to {traced} tokens a turn, "
                           f"on which its acceptance was measured; max_new_tokens={max_new_tokens} would measure "
                           f"another: leave it out, or make the plan with -n {max_new_tokens}")
+    if validate and measure is None:
+        raise ConfigError("validate=True needs the load test: pass measure=draftwise.server.validate."
+                          "measure_concurrency (the serve extra: pip install 'draftwise[serve]')")
     bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
     result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
                               max_new_tokens=max_new_tokens)
     result["speculating_limit"] = limit_of(result) if "goodput" in result["policies"] else None
-    if script is not None:
+    if validate and measure is not None:
         write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
-        measured_path = out / "measured.json"
-        cmd = [sys.executable, str(script), "--model", str(model.name), "--plan", str(plan_path),
-               "--concurrency", ",".join(map(str, concurrency)), "--requests", str(requests_per_client),
-               "--max-tokens", str(traced),
-               "--dtype", model.mode.split("+")[0], "--quant", model.mode.split("+")[1] if "+" in model.mode else "none",
-               "--out", str(out / "load"), "--measured", str(measured_path)]
         if status is not None:
-            status("validating: " + " ".join(cmd))
-        done = subprocess.run(cmd, check=False)
-        if done.returncode not in (0, 1) or not measured_path.is_file():  # 1: some output differed; reported
-            raise ConfigError(f"the validation load test failed (exit {done.returncode}); see {out / 'load'}")
-        raw = json.loads(measured_path.read_text())
+            status(f"validating: one server at a time at N = {', '.join(map(str, concurrency))}, in this process")
+        raw = measure(model, plan_path, concurrency, out_dir=out / "load", measured_path=out / "measured.json",
+                      requests_per_client=requests_per_client, max_tokens=traced, status=status)
+        if status is not None and (raw.get("errors") or len(set(raw.get("equal") or [0, 0])) > 1):
+            status(f"note: {raw['equal'][0]} of {raw['equal'][1]} answers equal to decoding alone, {raw['errors']} "
+                   f"errors; see {out / 'load' / 'run.json'}")
         result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy,
                                           limit=result["speculating_limit"])
     write_json_atomic(out / "concurrency.json", result)

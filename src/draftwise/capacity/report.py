@@ -28,7 +28,7 @@ def render_concurrency_markdown(result: Mapping[str, Any]) -> str:
         f"# Speculation at N concurrent requests: {result.get('model', '')}", "",
         f"Predicted for {result['requests_per_client']} questions per client, one after the other, every turn of "
         "a question one request with the earlier answers in its history (as the plan traced them and "
-        f"`benchmarks/goodput_validate.py` sends them){_workload_text(result.get('workload'))}; tokens/s of the "
+        f"`--validate` sends them){_workload_text(result.get('workload'))}; tokens/s of the "
         "whole server (aggregate) and of one request; [95% interval from the plan's acceptance intervals, "
         "errors treated as correlated; timing noise not included].", "",
         "| N | plain tok/s | best policy | its tok/s | x plain | per-request tok/s (plain -> best) | "

@@ -19,13 +19,45 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from draftwise.planner.defaults import default_drafts, default_drafts_text
-from draftwise.capacity.plan import check_fits, parse_concurrency, render_concurrency_markdown, run_concurrency
-from draftwise.planner.export import export_config
+from draftwise.capacity.plan import (
+    REQUESTS_PER_CLIENT,
+    check_fits,
+    parse_concurrency,
+    render_concurrency_markdown,
+    run_concurrency,
+)
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    ThreadsOpt,
+    err,
+    load_with_status,
+    out,
+    output_file,
+    parse_drafts,
+    plot_or_warn,
+    progress_bar,
+    read_profile,
+    user_errors,
+)
+from draftwise.cli.serve import SERVE_EXTRA
+from draftwise.core.sampling import SamplingConfig
 from draftwise.cost.measure import measure_profile
 from draftwise.cost.parsing import parse_ks
-from draftwise.planner.plan import DEFAULT_SAMPLES, NONE, Plan, check_samples, make_plan
 from draftwise.cost.profile import Profile, default_profile_path
+from draftwise.drafters import make_drafter
+from draftwise.drafters.factory import model_draft_source
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.fsutil import check_writable, write_text_atomic
+from draftwise.planner.defaults import default_drafts, default_drafts_text
+from draftwise.planner.export import export_config
+from draftwise.planner.plan import DEFAULT_SAMPLES, NONE, Plan, check_samples, make_plan
 from draftwise.planner.report import (
     breakeven_text,
     inside_text,
@@ -38,16 +70,11 @@ from draftwise.planner.report import (
     validation_summary,
 )
 from draftwise.planner.validate import validate_plan
-from draftwise.drafters import make_drafter
-from draftwise.drafters.factory import model_draft_source
-from draftwise.drafters.spec import DraftSpec
-from draftwise.errors import ConfigError
-from draftwise.fsutil import check_writable, write_text_atomic
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, select_questions
-from draftwise.core.sampling import SamplingConfig
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out,
-    output_file, parse_drafts, plot_or_warn, progress_bar, read_profile, user_errors,
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    read_questions,
+    select_questions,
 )
 
 
@@ -164,6 +191,19 @@ def _profile_for_plan(
     return profile
 
 
+def _load_test(concurrency: list[int], questions: list[Question]) -> Any:
+    """``--concurrency --validate``: the load test's module (:mod:`draftwise.server.validate`, the
+    ``serve`` extra), after checking what it will need of the grid and the dev questions: the
+    plan traces ``questions``, and the load test sends others."""
+    try:
+        from draftwise.server import validate as load_test
+    except ImportError as exc:
+        raise ConfigError(f"--concurrency --validate serves the plan: {SERVE_EXTRA} ({exc})") from None
+    load_test.check_options(concurrency, seen=[q.question_id for q in questions],
+                            requests_per_client=REQUESTS_PER_CLIENT)
+    return load_test
+
+
 def _validate(target: Any, plan: Plan, questions: list[Question], repeats: int, seeds: int | None) -> None:
     """Run the recommendations (and the overall pick) for real; the result goes in the plan."""
     best = plan.recommended["overall"]
@@ -272,6 +312,7 @@ def plan_cmd(
         ns = parse_concurrency(concurrency) if concurrency is not None else None
         if ns is not None and out_dir is None:
             raise ConfigError("--concurrency writes concurrency.json, .md and .png: give --out DIR")
+        load_test = _load_test(ns, questions) if ns is not None and validate else None
         given_samples, samples = samples, DEFAULT_SAMPLES if samples is None else samples
         check_samples(samples, SamplingConfig(temperature=temperature))
         if given_samples is not None and samples > 1 and temperature == 0:
@@ -287,6 +328,10 @@ def plan_cmd(
             if spec.kind != "model":
                 make_drafter(spec, target)
         keys = [str(s) for s in specs]
+        if ns is not None:  # each N's cache fits, and the load test can serve these drafts
+            check_fits(target, ns)
+            if load_test is not None:
+                load_test.check_drafts(keys, ns)
         profile = _profile_for_plan(target, keys, max(k_list), given, profile_file)
         with progress_bar("plan") as report:
             plan = make_plan(
@@ -301,12 +346,12 @@ def plan_cmd(
         written = _write_plan(plan, out_dir) if out_dir is not None else []
         capacity = None
         if ns is not None and out_dir is not None:
-            check_fits(target, ns)
             capacity = run_concurrency(
-                target, plan, ns, out_dir=out_dir, profile=profile, validate=validate,
+                target, plan, ns, out_dir=out_dir, profile=profile, validate=load_test is not None,
                 plan_path=out_dir / "plan.json", max_new_tokens=max_new_tokens,
-                export=[export.value] if export is not None else [],
+                requests_per_client=REQUESTS_PER_CLIENT, export=[export.value] if export is not None else [],
                 status=lambda line: err.print(line, highlight=False, markup=False),
+                measure=load_test.measure_concurrency if load_test is not None else None,
             )
             written += ["concurrency.json", "concurrency.md"]
         exported = _export(plan, target, export) if export is not None else None
