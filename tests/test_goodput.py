@@ -16,6 +16,7 @@ from draftwise.cost import goodput
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed
 from draftwise.cost.goodput import Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput
+from draftwise.core.engine import PassRows
 from draftwise.policy.batch import BatchGoodput, BatchKCoordinator, SeqState
 from draftwise.capacity.simulate import crossover, predict, simulate, solo_k, workload_from_plan, workload_from_rates
 from draftwise.planner.plan_file import Candidate, Plan
@@ -501,20 +502,19 @@ class FakeAdaptive:
 
 
 def test_the_coordinator_chooses_for_the_batch_as_it_is() -> None:
-    epoch = [0]
-    coord = BatchKCoordinator(BatchGoodput(STEEP, k_max=8), epoch=lambda: epoch[0])
+    coord = BatchKCoordinator(BatchGoodput(STEEP, k_max=8), wait=lambda member: None)
+
+    def step(members: list[Any]) -> list[int]:  # the engine: all wait, one schedule, then each goes on
+        for m in members:
+            m.context = 200
+        coord.schedule(members, PassRows())
+        return [m.choose(200) for m in members]
+
     alone = coord.policy(FakeAdaptive(0.7), "lookup")
-    assert alone.choose(200) >= 2  # alone, speculation pays
+    assert step([alone])[0] >= 2  # alone, speculation pays
     crowd = [coord.policy(FakeAdaptive(0.7), "lookup") for _ in range(15)]
-    epoch[0] = 1
-    joining = [p.choose(200) for p in [alone, *crowd]]
-    assert joining[-1] == 0  # the last to join is chosen for with all sixteen in the pass
-    epoch[0] = 2
-    assert [p.choose(200) for p in [alone, *crowd]] == [0] * 16  # sixteen in the pass: plain steps
+    assert step([alone, *crowd]) == [0] * 16  # sixteen in the pass: plain steps
     assert coord.goodput.last == [0] * 16
-    epoch[0] = 3
-    assert alone.choose(200) == 0  # the crowd asked in the last step: still counted
-    epoch[0] = 4
-    assert alone.choose(200) >= 2  # the crowd did not ask in step 3: gone
+    assert step([alone])[0] >= 2  # the crowd ended (it does not wait): alone again
     alone.observe(3, 2)
     assert alone.adaptive.seen == [(3, 2)]

@@ -19,7 +19,7 @@ from draftwise.policy.batch_limit import read_capacity, speculating_limit
 from draftwise.policy.outside_pass import OutsidePass
 from draftwise.core.draft import Draft
 from draftwise.drafters.factory import make_drafter
-from draftwise.core.engine import Engine
+from draftwise.core.engine import Engine, PassRows
 from draftwise.errors import ConfigError
 
 BATCHES = [1, 2, 4, 8, 16]
@@ -78,10 +78,18 @@ class Fake:
         pass
 
 
-def coordinator(profile: BatchProfile, epoch: list[int], seen: list[tuple[str, int]] | None = None,
-                others: tuple[int, int] = (0, 0)) -> BatchKCoordinator:
+def coordinator(profile: BatchProfile, seen: list[tuple[str, int]] | None = None) -> BatchKCoordinator:
     on_k = (lambda d, k: seen.append((d, k))) if seen is not None else None
-    return BatchKCoordinator(BatchGoodput(profile, k_max=8), epoch=lambda: epoch[0], prefill=lambda: others, on_k=on_k)
+    return BatchKCoordinator(BatchGoodput(profile, k_max=8), wait=lambda member: None, on_k=on_k)
+
+
+def step(coord: BatchKCoordinator, members: list[Any], context: int, others: PassRows = PassRows()) -> list[int]:
+    """One engine step as its scheduler sees it: every member waits for its k (having set its
+    context), the scheduler chooses for all of them at once, then each goes on with its k."""
+    for m in members:
+        m.context = context
+    coord.schedule(members, others)
+    return [m.choose(context) for m in members]
 
 
 def tree(scores: list[float]) -> Draft:
@@ -121,48 +129,46 @@ def test_a_tree_keeps_fewer_nodes_as_the_batch_fills() -> None:
 
 
 def test_alone_the_request_s_own_policy_chooses_and_a_crowd_turns_it_plain() -> None:
-    epoch, seen = [0], []
-    coord = coordinator(KNEE4, epoch, seen)
+    seen: list[tuple[str, int]] = []
+    coord = coordinator(KNEE4, seen)
     me = coord.policy(Fake(alone_k=5), "lookup")
-    assert me.choose(100) == 5 and coord.alone  # exactly what --k auto does for one request
+    assert step(coord, [me], 100) == [5] and coord.alone  # exactly what --k auto does for one request
     crowd = [coord.policy(Fake(), "lookup") for _ in range(3)]
-    epoch[0] = 1
-    assert [p.choose(100) for p in [me, *crowd]][-1] == 0  # the last joins four in the pass
-    epoch[0] = 2
-    assert [p.choose(100) for p in [me, *crowd]] == [0, 0, 0, 0] and not coord.alone
-    for p in crowd[1:]:
-        p.release()  # their requests ended: two left, the flat pass pays for a row each
-    epoch[0] = 3
-    assert me.choose(100) + crowd[0].choose(100) == 2  # two rows of room in the flat pass
-    assert coord.members == 2
-    assert seen[0] == ("lookup", 5) and ("lookup", 0) in seen and sum(k for _, k in seen[-2:]) == 2
+    assert step(coord, [me, *crowd], 100) == [0, 0, 0, 0] and not coord.alone  # four fill the flat pass
+    assert sum(step(coord, [me, crowd[0]], 100)) == 2  # two ended and do not ask: two rows of room
+    assert seen[0] == ("lookup", 5) and seen[1:5] == [("lookup", 0)] * 4 and sum(k for _, k in seen[-2:]) == 2
+
+
+def test_the_schedule_is_chosen_once_for_every_waiting_sequence_with_its_own_context() -> None:
+    coord = coordinator(KNEE4)
+    chosen: list[list[SeqState]] = []
+    real = coord.goodput.choose
+    coord.goodput.choose = lambda states, **kw: chosen.append(list(states)) or real(states, **kw)  # type: ignore[method-assign]
+    members = [coord.policy(Fake(), "lookup") for _ in range(3)]
+    for m, context in zip(members, (100, 200, 300)):
+        m.context = context
+    coord.schedule(members, PassRows(decode_rows=2, prompt_rows=8, sequences=3))
+    assert len(chosen) == 1 and [s.context for s in chosen[0]] == [100, 200, 300]
+    assert [m.index for m in members] == [0, 1, 2] and [m.chosen for m in members] == coord.goodput.last
+    assert not coord.alone and coord.goodput._step is not None and coord.goodput._step.fixed_rows == 10.0
 
 
 def test_a_prompt_in_the_pass_counts_and_a_costly_draft_still_probes() -> None:
-    epoch = [0]
-    coord = coordinator(KNEE4, epoch, others=(8, 1))  # a prompt's chunk of 8 rows shares every pass
+    coord = coordinator(KNEE4)
     costly = coord.policy(Fake(shadow=False), "model:x")
-    ks = []
-    for e in range(8):
-        epoch[0] = e
-        ks.append(costly.choose(100))
+    prompt = PassRows(prompt_rows=8, sequences=1)  # a prompt's chunk of 8 rows shares every pass
+    ks = [step(coord, [costly], 100, prompt)[0] for _ in range(8)]
     assert not coord.alone and ks == [0, 0, 0, 1, 0, 0, 0, 1]  # one probe every probe_every plain steps
 
 
 def test_a_tree_is_trimmed_to_its_best_response() -> None:
-    epoch = [0]
-    coord = coordinator(LINEAR, epoch)
+    coord = coordinator(LINEAR)
     alone = coord.policy(Fake(trees=True), "suffix")
-    assert alone.choose(200) == 8  # a scored tree is proposed whole
+    assert step(coord, [alone], 200) == [8]  # a scored tree is proposed whole
     scores = [0.95, 0.9, 0.85, 0.8, 0.7, 0.6, 0.5, 0.4]
     assert len(alone.trim(tree(scores), 200)) == 8 and alone.adaptive.trimmed == [8]  # its own trim, alone
     crowd = [coord.policy(Fake(rate=0.5), "lookup") for _ in range(15)]
-    epoch[0] = 1
-    for p in [alone, *crowd]:
-        p.choose(200)
-    epoch[0] = 2
-    for p in [alone, *crowd]:
-        p.choose(200)
+    step(coord, [alone, *crowd], 200)
     kept = alone.trim(tree(scores), 200)  # 16 in a pass where every row costs: two nodes pay
     assert 0 < len(kept) < 8 and alone.adaptive.trimmed[-1] == len(kept)
     assert coord.goodput.last[0] == len(kept)
@@ -170,14 +176,10 @@ def test_a_tree_is_trimmed_to_its_best_response() -> None:
 
 
 def test_a_tree_the_batch_keeps_none_of_still_teaches_its_calibration() -> None:
-    epoch = [0]
-    coord = coordinator(LINEAR, epoch)
+    coord = coordinator(LINEAR)
     weak = coord.policy(Fake(trees=True), "suffix")
     crowd = [coord.policy(Fake(rate=0.5), "lookup") for _ in range(15)]
-    for e in (1, 2):
-        epoch[0] = e
-        for p in [weak, *crowd]:
-            p.choose(200)
+    step(coord, [weak, *crowd], 200)
     kept = weak.trim(tree([0.05, 0.04, 0.03, 0.02]), 200)  # no node pays in a crowded pass
     assert kept.tokens == [] and weak.adaptive.skipped == [4] and weak.adaptive.trimmed == []
 
@@ -218,7 +220,8 @@ def test_the_engine_follows_the_batch_and_stays_exact(tiny_batched: Any, tiny: A
         return out
 
     goodput.choose = spy  # type: ignore[method-assign]
-    coord = BatchKCoordinator(goodput, epoch=lambda: eng.stats.passes)
+    coord = BatchKCoordinator(goodput, wait=eng.wait_for_schedule)
+    eng.scheduler = coord
     for draft in ("lookup", "suffix"):  # a chain, and a scored tree trimmed to its best response
         slots = [make_drafter(draft, m) for m in eng.slot_models]
         for batch in (prompts[:1], prompts[:2], prompts):
@@ -270,7 +273,7 @@ def test_speculation_a_step_measures_dear_turns_the_crowd_plain() -> None:
         goodput.observe_step(8 * 0.0001 + 8 * 0.01, plain=8, speculating=8)
         goodput.observe_step(16 * 0.0001, plain=16, speculating=0)
     assert goodput.choose(states) == [0] * 16
-    coord = BatchKCoordinator(BatchGoodput(LINEAR, k_max=8), epoch=lambda: 0)
+    coord = BatchKCoordinator(BatchGoodput(LINEAR, k_max=8), wait=lambda member: None)
     coord.observe_step(1.0, plain=16, speculating=0)  # not measuring: nothing changes
     assert coord.goodput.cost.per_sequence is None
 
@@ -301,13 +304,10 @@ def test_the_batch_expects_of_a_draft_what_its_batch_steps_accepted() -> None:
 
 
 def test_a_slot_in_a_crowd_tells_the_batch_what_it_expected_and_what_was_accepted() -> None:
-    epoch = [0]
-    coord = coordinator(knee_profile(32, 0.004), epoch)
+    coord = coordinator(knee_profile(32, 0.004))
     coord.goodput.calibrate()
     crowd = [coord.policy(Fake(rate=0.9), "lookup") for _ in range(4)]  # 4 x 8 rows fit the flat pass
-    [p.choose(100) for p in crowd]  # the first to ask was alone then
-    epoch[0] = 1
-    assert min(p.choose(100) for p in crowd) > 0 and not coord.alone
+    assert min(step(coord, crowd, 100)) > 0 and not coord.alone
     crowd[0].observe(2, 0)  # a chain that found two tokens to propose, both rejected
     expected, accepted = coord.goodput._calibration["lookup"]
     assert expected == pytest.approx(0.9 + 0.81) and accepted == 0
@@ -347,13 +347,8 @@ def test_past_the_speculating_limit_the_batch_steps_plain_and_trees_are_not_prop
     assert min(goodput.choose(states[:2])) > 0 and not goodput.plain
     assert min(goodput.choose(states[:1], prefilling=1)) > 0  # a prompt's chunk counts: two in the pass
     assert goodput.choose(states[:2], prefilling=1) == [0, 0]
-    epoch = [0]
-    coord = BatchKCoordinator(goodput, epoch=lambda: epoch[0])
+    coord = BatchKCoordinator(goodput, wait=lambda member: None)
     crowd = [coord.policy(Fake(rate=0.9, trees=True), "suffix") for _ in range(3)]
-    [p.choose(100) for p in crowd]  # the first to ask was alone: its own policy proposed a whole tree
-    epoch[0] = 1
-    assert [p.choose(100) for p in crowd] == [0, 0, 0]  # three in the pass: no tree is even drafted
+    assert step(coord, crowd, 100) == [0, 0, 0]  # three in the pass: no tree is even drafted
     assert not any(p.shadow for p in crowd)  # nor a shadow token: the step is plain whatever they estimate
-    crowd[2].release()
-    epoch[0] = 2
-    assert [p.choose(100) for p in crowd[:2]] == [8, 8] and all(p.shadow for p in crowd[:2])  # two: trees again
+    assert step(coord, crowd[:2], 100) == [8, 8] and all(p.shadow for p in crowd[:2])  # one ended; two: trees again

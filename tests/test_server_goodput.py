@@ -16,6 +16,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from draftwise import generate, load_model  # noqa: E402
+from draftwise.core.engine import PassRows  # noqa: E402
 from draftwise.policy.batch import BatchSlotPolicy  # noqa: E402
 from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.server.app import ServerSettings, create_app  # noqa: E402
@@ -100,7 +101,6 @@ def test_k_auto_at_batch_follows_the_goodput_of_the_batch(slow_model: Any, tiny:
     assert all(sum(ks) == 2 for ks in roomy)  # two rows of room: spent on proposals
     assert metric(text, "draftwise:spec_decode_num_plain_choices_total") > 0
     assert metric(text, "draftwise:spec_decode_chosen_k_count") > metric(text, "draftwise:spec_decode_num_plain_choices_total")
-    assert coord.members == 0  # every request left the batch's choices when it ended
     outside = coord.goodput.outside  # the worker told the policy what each step cost outside its pass
     assert outside is not None and outside.steps >= len(seen) // 2 and all(x >= 0 for x in outside.estimate())
     assert coord.goodput.cost.per_sequence == outside.estimate()
@@ -108,7 +108,7 @@ def test_k_auto_at_batch_follows_the_goodput_of_the_batch(slow_model: Any, tiny:
 
 
 def test_the_policy_prices_a_prompt_s_chunk_at_the_profile_s_share(slow_model: Any, monkeypatch: Any) -> None:
-    """The worker tells the policy its coming pass's plain rows, prompt rows and sequences; the
+    """The engine tells its scheduler the coming pass's plain rows, prompt rows and sequences; the
     prompt rows (no logits) count at the batch profile's prompt_share."""
     import dataclasses
     from types import SimpleNamespace
@@ -117,8 +117,10 @@ def test_the_policy_prices_a_prompt_s_chunk_at_the_profile_s_share(slow_model: A
     monkeypatch.setattr(Speculation, "_load_batch_profile", lambda self: dataclasses.replace(KNEE4, prompt_share=0.5))
     spec = Speculation(slow_model, draft="lookup", k="auto", plan=None)
     spec.warm_up()
-    spec.follow_batch(SimpleNamespace(max_batch=4, stats=SimpleNamespace(passes=0)), others=lambda: (3, 16, 4))
-    assert spec.coordinator is not None and spec.coordinator.prefill() == (11.0, 4)
+    engine = SimpleNamespace(max_batch=4, scheduler=None, wait_for_schedule=lambda member: None)
+    spec.follow_batch(engine)
+    assert spec.coordinator is not None and engine.scheduler is spec.coordinator
+    assert spec.coordinator.price(PassRows(decode_rows=3, prompt_rows=16, sequences=4)) == 11.0
 
 
 def test_without_a_batch_profile_each_request_keeps_its_own_adaptive_k(

@@ -22,17 +22,18 @@ from pathlib import Path
 from typing import Any
 
 from draftwise import api
-from draftwise.runtime.chat import encode_conversation
-from draftwise.planner.plan import load_plan
-from draftwise.planner.route import policy_for, route
-from draftwise.drafters.factory import capabilities_of, make_drafter
-from draftwise.drafters.spec import DraftSpec, KValue, parse_k
-from draftwise.errors import ConfigError
-from draftwise.questions import Question
-from draftwise.core.sampling import SamplingConfig
 from draftwise.bench.answers import TurnResult
 from draftwise.bench.hf_peer import HFPeer, hf_methods
 from draftwise.bench.methods import AUTO, BASELINE, DraftItem, Method, parse_methods
+from draftwise.core.generation import Generation
+from draftwise.core.sampling import SamplingConfig
+from draftwise.drafters.factory import capabilities_of, make_drafter
+from draftwise.drafters.spec import DraftSpec, KValue, parse_k
+from draftwise.errors import ConfigError
+from draftwise.planner.plan import load_plan
+from draftwise.planner.route import policy_for, route
+from draftwise.questions import Question
+from draftwise.runtime.chat import encode_conversation
 
 
 def build_prompt(model: Any, turns: Sequence[str], answers: Sequence[str]) -> list[int]:
@@ -57,8 +58,10 @@ def teach(drafter: Any, prompt_ids: Sequence[int], answer: Sequence[int], sampli
     """``drafter`` (one that learns across generations) learns ``answer``, which another
     drafter decoded from ``prompt_ids``, as if it had decoded it itself: its lifecycle for a
     generation in which it proposed nothing (``start``, then ``end`` with the answer)."""
-    drafter.start(list(prompt_ids), sampling, sampling.generator())
-    drafter.end(list(answer))
+    generation = Generation(eos_token_ids=(), max_new_tokens=max(len(answer), 1), drafter=drafter)
+    generation.start(prompt_ids, sampling, sampling.generator())
+    generation.play(answer)
+    generation.end()
 
 
 #: with ``settle``, a turn runs at most this many times ``repeats`` rounds

@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, step_chunk
-from draftwise.errors import ConfigError
 from draftwise.capacity.workload import SOLO, Kind, Request, Workload, choice_for
-from draftwise.cost.goodput import NONE, Outcome, StepCost, choose_ks, rates_outcomes, step_goodput
+from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, step_chunk
+from draftwise.cost.goodput import NONE, Outcome, StepCost, rates_outcomes, step_goodput
+from draftwise.errors import ConfigError
+from draftwise.policy.batch import BatchGoodput, SeqState
 
 
 # -- the workload ---------------------------------------------------------------------------
@@ -191,12 +192,11 @@ def simulate(
     units = workload.units
     queues = [[r for u in mine for r in units[u]]
               for mine in client_units(n, len(units), requests_per_client=requests_per_client, per_phase=per_phase)]
-    kind_of, draft_fixed, k_fixed = policy
+    chooser = _chooser(policy, workload, cost, scenario)
     t, steps, tokens_total = 0.0, 0, 0.0
     k_sum = k_steps = spec_steps = 0
     rates: list[float] = []
     active: list[_Req | None] = [None] * n
-    cache: dict[Any, list[int]] = {}
     decode_rows = 0
 
     def start(i: int) -> None:
@@ -216,32 +216,8 @@ def simulate(
         chunk = step_chunk(prefill_chunk, len(pre) + fresh, len(dec) - fresh, decode_rows)
         pre_rows = cost.batch.priced_rows(0, sum(min(chunk, r.prefill_left) for _, r in pre))  # no logits
         context = sum(r.prompt + r.made for _, r in live) / len(live)
-        drafts = [_draft_for(policy, r.kind) for _, r in dec]
-        if kind_of == "goodput":
-            key = (tuple(sorted((r.kind.name, d) for (_, r), d in zip(dec, drafts))), pre_rows, len(pre),
-                   round(context / 64))
-            order = sorted(range(len(dec)), key=lambda x: (dec[x][1].kind.name, drafts[x]))
-            if key not in cache:
-                choices = [choice_for(dec[x][1].kind, drafts[x], cost, context) for x in order]
-                cache[key] = choose_ks(choices, cost, context=context, fixed_rows=pre_rows, fixed_batch=len(pre),
-                                       scenario=scenario)
-            ks = [0] * len(dec)
-            for pos, x in enumerate(order):
-                ks[x] = cache[key][pos]
-        elif kind_of == "fixed":
-            ks = [k_fixed if k_fixed in r.kind.options.get(draft_fixed, {}) else 0 for _, r in dec]
-        elif kind_of == "plan":
-            ks = []
-            for _, r in dec:
-                k = r.kind.plan[1]
-                if k == SOLO:
-                    key = (r.kind.name, round(context / 64))
-                    if key not in cache:
-                        cache[key] = [solo_k(r.kind, r.kind.plan[0], cost, context)]
-                    k = cache[key][0]
-                ks.append(k)
-        else:
-            ks = [0] * len(dec)
+        drafts = [chooser.draft(r.kind) for _, r in dec]
+        ks = chooser.ks([r.kind for _, r in dec], drafts, context, pre_rows, len(pre))
         outs = [r.kind.outcome(d, k) for (_, r), d, k in zip(dec, drafts, ks)]
         verified = sum(o.rows for o in outs)
         rows, decode_rows = pre_rows + verified, round(verified)  # the engine's next step_chunk reads them
@@ -283,15 +259,59 @@ def solo_k(kind: Kind, draft: str, cost: StepCost, context: float) -> int:
     return max(choice.outcomes, key=lambda k: step_goodput([choice], [k], cost, context=context))
 
 
-def _draft_for(policy: Policy, kind: Kind) -> str:
-    kind_of, draft, _ = policy
-    if kind_of == "fixed" or (kind_of == "goodput" and draft != NONE):
-        return draft
-    if kind_of == "goodput":
-        return kind.draft
-    if kind_of == "plan":
-        return kind.plan[0]
-    return NONE
+class _Chooser:
+    """How a simulated step picks its decoding sequences' drafts and k's under one policy."""
+
+    def __init__(self, kind_of: str, draft: str, k: int, cost: StepCost, scenario: str, k_max: int) -> None:
+        self.kind_of, self.fixed_draft, self.fixed_k = kind_of, draft, k
+        self.cost, self.scenario = cost, scenario
+        self.cache: dict[Any, list[int]] = {}
+        # the batch policy ``serve --k auto`` runs, the same object, priced by the same step cost
+        self.goodput = BatchGoodput(cost.batch, cost.profile, k_max=k_max, cost=cost) if kind_of == "goodput" else None
+
+    def draft(self, kind: Kind) -> str:
+        if self.kind_of == "fixed" or (self.kind_of == "goodput" and self.fixed_draft != NONE):
+            return self.fixed_draft
+        return {"goodput": kind.draft, "plan": kind.plan[0]}.get(self.kind_of, NONE)
+
+    def ks(self, kinds: Sequence[Kind], drafts: Sequence[str], context: float, pre_rows: float, prefilling: int
+           ) -> list[int]:
+        if self.goodput is not None:
+            return self._goodput(kinds, drafts, context, pre_rows, prefilling)
+        if self.kind_of == "fixed":
+            return [self.fixed_k if self.fixed_k in kind.options.get(self.fixed_draft, {}) else 0 for kind in kinds]
+        if self.kind_of == "plan":
+            return [self._solo(kind, context) if kind.plan[1] == SOLO else kind.plan[1] for kind in kinds]
+        return [0] * len(kinds)
+
+    def _goodput(self, kinds: Sequence[Kind], drafts: Sequence[str], context: float, pre_rows: float,
+                 prefilling: int) -> list[int]:
+        """The batch policy's k's for the step, asked in a canonical order and cached by what they
+        depend on (the sequences' kinds and drafts, the others' rows, the context to 64 tokens)."""
+        assert self.goodput is not None
+        order = sorted(range(len(kinds)), key=lambda x: (kinds[x].name, drafts[x]))
+        key = (tuple((kinds[x].name, drafts[x]) for x in order), pre_rows, prefilling, round(context / 64))
+        if key not in self.cache:
+            states = [SeqState(drafts[x], (), context, kinds[x].options.get(drafts[x], {})) for x in order]
+            self.cache[key] = self.goodput.choose(states, prefill_rows=pre_rows, prefilling=prefilling,
+                                                  scenario=self.scenario)
+        ks = [0] * len(kinds)
+        for pos, x in enumerate(order):
+            ks[x] = self.cache[key][pos]
+        return ks
+
+    def _solo(self, kind: Kind, context: float) -> int:
+        key = (kind.name, round(context / 64))
+        if key not in self.cache:
+            self.cache[key] = [solo_k(kind, kind.plan[0], self.cost, context)]
+        return self.cache[key][0]
+
+
+def _chooser(policy: Policy, workload: Workload, cost: StepCost, scenario: str) -> _Chooser:
+    kind_of, draft, k = policy
+    if kind_of not in ("plain", "fixed", "plan", "goodput"):
+        raise ConfigError(f"unknown policy kind {kind_of!r}: plain, fixed, plan or goodput")
+    return _Chooser(kind_of, draft, k, cost, scenario, k_max=max([*workload.ks, 1]))
 
 
 def predict(

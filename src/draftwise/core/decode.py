@@ -16,22 +16,21 @@ import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from draftwise.core.draft import Draft, Drafter
-from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.core.generation import FinishReason, Generation
 from draftwise.core.kpolicy import FixedK, KPolicy
-from draftwise.runtime.loaders import Model, load_model
-from draftwise.core.stats import SpecStats
-from draftwise.runtime.base import Runtime
-from draftwise.core.sampling import SamplingConfig, next_token
 from draftwise.core.passes import Step, verify_pass  # noqa: F401  (Step is part of this module's API)
+from draftwise.core.sampling import SamplingConfig, next_token
+from draftwise.core.stats import SpecStats
 from draftwise.core.text import TextAssembler
 from draftwise.core.verify import Verdict
-
-FinishReason = Literal["eos", "stop", "length"]
+from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.runtime.base import Runtime
+from draftwise.runtime.loaders import Model, load_model
 
 
 @dataclass
@@ -84,6 +83,11 @@ def remove_step_hook(hook: Callable[[], object]) -> None:
         _STEP_HOOKS.remove(hook)
 
 
+def _run_step_hooks() -> None:
+    for hook in _STEP_HOOKS:
+        hook()
+
+
 def propose_step(
     drafter: Drafter | None, policy: KPolicy, context: list[int], budget: int, left: int
 ) -> tuple[Draft, list[int] | None]:
@@ -112,6 +116,7 @@ def decode_steps(
     k: int | KPolicy = 4,
     max_new_tokens: int | None = None,
     stats: SpecStats | None = None,
+    generation: Generation | None = None,
 ) -> Iterator[Step]:
     """The loop: propose -> verify -> commit / roll back -> observe. Runs until the caller stops.
 
@@ -120,15 +125,19 @@ def decode_steps(
     (or when it proposes nothing) a pass is a plain decode step. ``max_new_tokens`` only caps
     how many tokens are proposed, so no pass does work the budget will throw away. ``k`` is a
     number or a policy that picks it each step (:class:`draftwise.policy.adaptive.AdaptiveK`).
+    ``generation`` (:class:`~draftwise.core.generation.Generation`) owns the drafter's lifecycle:
+    the loop starts it there, before the prefill, and whoever runs the loop ends it. Given only
+    a ``drafter``, the loop starts it through a generation of its own (``generation`` wins).
     """
     stats = stats if stats is not None else SpecStats()
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
-    clock = time.perf_counter
-    for hook in _STEP_HOOKS:
-        hook()
+    clock = getattr(runtime, "clock", time.perf_counter)  # a batched slot's own (draftwise.core.engine)
+    _run_step_hooks()
     t0 = clock()
+    generation = generation or Generation(eos_token_ids=(), max_new_tokens=max_new_tokens or 1, drafter=drafter)
+    drafter = generation.drafter
     if drafter is not None:  # before the prefill: an EAGLE head sets which layers it records
-        drafter.start(prompt_ids, cfg, generator)
+        generation.start(prompt_ids, cfg, generator)
         stats.draft_seconds += clock() - t0
         t0 = clock()
     logits = runtime.prefill(prompt_ids)  # [vocab]
@@ -138,8 +147,7 @@ def decode_steps(
     yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
     produced = 1
     while True:
-        for hook in _STEP_HOOKS:
-            hook()
+        _run_step_hooks()
         left = max_new_tokens - produced - 1 if max_new_tokens is not None else policy.k_max
         budget = min(policy.choose(len(context)), left) if drafter is not None else 0
         t0 = clock()
@@ -215,32 +223,10 @@ class Stream:
         ``stats`` holds what was done so far."""
         self._steps.close()
 
-    def _commit(self, tokens: Sequence[int], ids: list[int], assembler: TextAssembler
-                ) -> tuple[list[str], int, FinishReason | None]:
-        """Take one step's committed tokens into ``ids`` until EOS, a stop string or the budget:
-        (the text pieces, how many tokens were kept, why the generation ends or None)."""
-        pieces: list[str] = []
-        kept = 0
-        for token in tokens:  # a step may commit several tokens
-            kept += 1
-            if token in self.model.eos_token_ids:
-                return pieces, kept, "eos"
-            ids.append(token)
-            piece = assembler.push([token])
-            if piece:
-                pieces.append(piece)
-            if assembler.stopped:
-                return pieces, kept, "stop"
-            if len(ids) >= self.max_new_tokens:
-                return pieces, kept, "length"
-        return pieces, kept, None
-
     def _run(self) -> Iterator[list[str]]:
         model, stats = self.model, self.stats
-        assembler = TextAssembler(model.tokenizer, self.stop)
-        ids: list[int] = []
-        finish: FinishReason | None = None
-        eos_token: int | None = None
+        generation = Generation(eos_token_ids=model.eos_token_ids, max_new_tokens=self.max_new_tokens,
+                                drafter=self.drafter, text=TextAssembler(model.tokenizer, self.stop), learn=self.learn)
         start = time.perf_counter()
         prefill_s = 0.0
         steps = decode_steps(
@@ -248,42 +234,39 @@ class Stream:
             self.prompt_ids,
             self.sampling,
             self.sampling.generator(),
-            drafter=self.drafter,
             k=self.k,
             max_new_tokens=self.max_new_tokens,
             stats=stats,
+            generation=generation,
         )
         pieces: list[str] = []
         try:
             for step in steps:
                 if not prefill_s:
                     prefill_s = time.perf_counter() - start
-                pieces, kept, finish = self._commit(step.verdict.tokens, ids, assembler)
-                if finish == "eos":
-                    eos_token = int(step.verdict.tokens[kept - 1])
+                kept, pieces = generation.take(step.verdict.tokens)
                 stats.record(step.num_proposed, step.verdict, kept, ranks=step.ranks, depth=step.positions)
-                if finish is not None:
+                if generation.finish is not None:
                     break
                 yield pieces
         finally:
             steps.close()
-            if self.drafter is not None:  # a cancelled generation (finish None) teaches nothing
-                self.drafter.end(ids if finish is not None and self.learn else None)
-        piece = assembler.finish()
+            generation.end()  # a cancelled generation (finish None) teaches nothing
+        assert generation.finish is not None and generation.text is not None
+        piece = generation.text.finish()
         if piece:
             pieces.append(piece)
-        assert finish is not None
         self.result = GenerationResult(
-            text=assembler.text,
-            token_ids=ids,
-            finish_reason=finish,
+            text=generation.text.text,
+            token_ids=generation.tokens,
+            finish_reason=generation.finish,
             prompt_tokens=len(self.prompt_ids),
             seconds=time.perf_counter() - start,
             prefill_seconds=prefill_s,
             stats=stats,
             draft=getattr(self.drafter, "name", "none"),
             k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
-            eos_token=eos_token,
+            eos_token=generation.eos_token,
         )
         yield pieces
 

@@ -14,9 +14,20 @@ the runtime. Why the plain loop and not a second, batched one: one code path, so
 tokens are those it gets alone, as long as the pass is row-invariant (it is:
 :mod:`draftwise.runtime.attention`, ``tests/test_row_invariance.py``).
 
-Continuous batching: :meth:`Engine.start` puts a generation in a free slot between steps; while
+Continuous batching: :meth:`Engine.run` is the one admission loop (``generate_all`` and the
+server's worker both use it): between steps it puts new generations in free slots; while
 more generations decode than prefill, a prompt enters ``prefill_chunk`` tokens a step or, where
 more, the decoders' rows of the last pass, otherwise :data:`BURST_CHUNK` (:func:`step_chunk`).
+
+The scheduler: a generation whose k policy defers to the batch (``--k auto`` at batch,
+:class:`draftwise.policy.batch.BatchSlotPolicy`) waits in :meth:`Engine.wait_for_schedule`
+when it needs its k. Once every generation waits (on a pass, or on the schedule), the engine
+asks its :class:`Scheduler` once for the k of every sequence that waits on it, with the rows the
+others bring to the pass (:class:`PassRows`), then resumes them: they draft and join the pass.
+
+Timing: each slot has its own clock (:meth:`SlotRuntime.clock`): wall time less the time it
+was parked while other generations ran, plus its share of each pass it was in (its rows over
+the pass's rows). A generation's draft and verify seconds are its own, batched or not.
 
 Example::
 
@@ -31,23 +42,43 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from draftwise.core.decode import GenerationResult, Stream
 from draftwise.core.draft import Drafter
-from draftwise.errors import ConfigError, DraftwiseError
 from draftwise.core.kpolicy import KPolicy
-from draftwise.runtime.loaders import Model
-from draftwise.runtime.base import Rows
 from draftwise.core.sampling import SamplingConfig
+from draftwise.errors import ConfigError, DraftwiseError
+from draftwise.runtime.base import Rows
+from draftwise.runtime.loaders import Model
 
 DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
 #: prompt tokens a generation feeds per step while no more generations decode than prefill
 BURST_CHUNK = 512
 DEFAULT_MAX_BATCH = 16  # `serve --max-batch`: how chosen, with the measured T(n): docs/serving.md
 DEFAULT_SERVE_CONTEXT = 4096  # `serve --context`: positions per request; 16 x 4096 float32 = 2.8 GiB of cache
+
+
+@dataclass(frozen=True)
+class PassRows:
+    """The rows of the coming pass that the scheduler does not choose: decoding sequences that
+    chose alone (a plain step's row, a fixed k's k + 1) and prompt chunks, and how many
+    sequences bring them."""
+
+    decode_rows: int = 0
+    prompt_rows: int = 0
+    sequences: int = 0
+
+
+class Scheduler(Protocol):
+    """The batch policy the engine asks once before each pass (module docstring)."""
+
+    def schedule(self, members: list[Any], others: PassRows) -> None:
+        """Choose for every ``member`` (what each waiting sequence passed to
+        :meth:`Engine.wait_for_schedule`, in slot order) before any of them drafts."""
+        ...
 
 
 def _greenlet() -> Any:
@@ -139,6 +170,11 @@ class SlotRuntime:
     def keep(self, base: int, rows: Sequence[int]) -> None:
         self._rt.keep_slot(self.slot, base, rows)
 
+    def clock(self) -> float:
+        """This slot's generation's clock (seconds): wall time less the time it was parked while
+        others ran, plus its share of the passes it was in (the module docstring)."""
+        return time.perf_counter() - self._engine.parked[self.slot]
+
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
         ids = list(ids)
         if not ids:
@@ -169,16 +205,22 @@ class SlotRuntime:
 
 @dataclass
 class Sequence_:
-    """One generation in the engine: its slot, its greenlet, the pass it waits on, and what
-    ended it if it raised (``error``; :meth:`Engine.start` returns this object)."""
+    """One generation in the engine: its slot, its greenlet, what it waits on, and what ended it
+    if it raised (``error``; :meth:`Engine.start` returns this object)."""
 
     slot: int
     glet: Any = None
     waiting: Rows | None = None  # the rows it waits on (None: runnable, or done)
     layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
+    member: Any = None  # what it waits to be scheduled as (its k policy), or None
     answer: Any = None  # the logits of its last pass, handed back when it resumes
+    share: float = 0.0  # its share of the seconds of the pass it waited on
     error: BaseException | None = None
     prefilling: bool = True  # until it resumes after its prompt's last chunk (new: not started yet)
+
+    @property
+    def runnable(self) -> bool:
+        return self.waiting is None and self.member is None
 
 
 @dataclass
@@ -211,7 +253,9 @@ class Engine:
     ``start(fn)`` runs ``fn(slot_model)`` in a free slot, where ``slot_model`` is the model with
     a :class:`SlotRuntime`: anything that decodes with it (:func:`draftwise.core.decode.stream`, a
     server job) joins the batch. ``step()`` advances every generation to its next pass and runs
-    that pass. Everything runs on the calling thread."""
+    that pass; ``run(admit)`` admits and steps until no more work comes. ``scheduler``: the batch
+    policy asked before each pass (None: no generation may wait on one). Everything runs on the
+    calling thread."""
 
     def __init__(self, model: Model, *, max_batch: int, context: int | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
@@ -223,8 +267,11 @@ class Engine:
         self.runtime.allocate_slots(self.max_batch, context)
         self.prefill_chunk = prefill_chunk
         self.chunk = prefill_chunk  # this step's prompt tokens per prefilling generation (step_chunk)
-        self._decode_rows = 0  # the last pass's rows that were not prompt chunks
+        self.scheduler: Scheduler | None = None
         self.stats = PassStats()
+        #: per slot, the seconds its generation was parked, less its share of the passes it was in
+        self.parked = [0.0] * self.max_batch
+        self._decode_rows = 0  # the last pass's rows that were not prompt chunks
         self._free = deque(range(self.max_batch))
         self._live: list[Sequence_] = []
         self._slot_models = [dataclasses.replace(model, runtime=SlotRuntime(self, s)) for s in range(self.max_batch)]
@@ -251,30 +298,74 @@ class Engine:
         slot = self._free.popleft()
         seq = Sequence_(slot)
         seq.glet = _greenlet().greenlet(lambda: fn(self._slot_models[slot]))
+        self.parked[slot] = 0.0
         self._live.append(seq)
         return seq
 
+    def run(self, admit: Callable[[int, bool], Sequence[Callable[[Model], Any]] | None],
+            after_step: Callable[[], None] | None = None) -> None:
+        """The admission loop: between steps, ``admit(free, idle)`` gives the jobs to start (at most
+        ``free``; ``idle``: nothing runs, so it may block until work comes), or None once no more
+        will come; then one step while any generation runs, and ``after_step()``."""
+        closing = False
+        while not (closing and not self._live):
+            if not closing and self._free:
+                jobs = admit(len(self._free), not self._live)
+                if jobs is None:
+                    closing = True
+                else:
+                    for fn in jobs:
+                        self.start(fn)
+            if self._live:
+                self.step()
+                if after_step is not None:
+                    after_step()
+
     def step(self) -> int:
-        """Advance every generation to its next pass, run the pass, and return how many
-        generations it served (0: nothing is running)."""
+        """Advance every generation to its next pass (scheduling those that wait on the batch
+        policy), run the pass, and return how many generations it served (0: nothing runs)."""
         self._main = _greenlet().getcurrent()
         prefilling = sum(s.prefilling for s in self._live)
         self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling, self._decode_rows)
-        for seq in list(self._live):
-            if seq.waiting is None and seq.layers is None:
-                self._resume(seq)
-        while True:  # self-speculation draft passes (a subset of layers) run on their own
-            solo = [s for s in self._live if s.layers is not None]
-            if not solo:
-                break
-            for seq in solo:
-                assert seq.waiting is not None
-                seq.answer = self.runtime.forward_batch([seq.waiting], layers=seq.layers)[0]
-                seq.waiting, seq.layers = None, None
-                self._resume(seq)
+        self._advance([s for s in self._live if s.runnable])
+        members = [s for s in self._live if s.member is not None]
+        if members:
+            if self.scheduler is None:
+                raise ConfigError("a generation waits on the batch's schedule and the engine has no scheduler")
+            self.scheduler.schedule([s.member for s in members], self._others())
+            for seq in members:
+                seq.member = None
+            self._advance(members)
         batch = [s for s in self._live if s.waiting is not None]
         if not batch:
             return 0
+        return self._pass(batch)
+
+    def _advance(self, seqs: list[Sequence_]) -> None:
+        """Resume ``seqs`` until each waits on the pass or the schedule, or ends; self-speculation
+        draft passes (a subset of layers) run on their own meanwhile."""
+        for seq in seqs:
+            self._resume(seq)
+        while True:
+            solo = [s for s in self._live if s.layers is not None]
+            if not solo:
+                return
+            for seq in solo:
+                assert seq.waiting is not None
+                t0 = time.perf_counter()
+                seq.answer = self.runtime.forward_batch([seq.waiting], layers=seq.layers)[0]
+                seq.share = time.perf_counter() - t0
+                seq.waiting, seq.layers = None, None
+                self._resume(seq)
+
+    def _others(self) -> PassRows:
+        """The rows already waiting for the coming pass (:class:`PassRows`)."""
+        rows = [s.waiting for s in self._live if s.waiting is not None and s.layers is None]
+        prompt = sum(len(r.ids) for r in rows if _is_prompt(r))
+        return PassRows(sum(len(r.ids) for r in rows) - prompt, prompt, len(rows))
+
+    def _pass(self, batch: list[Sequence_]) -> int:
+        """One target pass over ``batch``'s rows; each gets its logits and its share of the time."""
         context = sum(self.runtime.slot_length(s.waiting.slot) for s in batch) if self.stats.trace is not None else 0
         t0 = time.perf_counter()
         try:
@@ -283,13 +374,13 @@ class Engine:
             answers = self._one_by_one(batch)
         seconds, rows = time.perf_counter() - t0, sum(len(s.waiting.ids) for s in batch)
         self.stats.record(len(batch), rows, seconds)  # a prompt's rows: only its last row's logits, or none
-        self.stats.last_speculating = sum(len(s.waiting.ids) > 1 and s.waiting.logits and not s.waiting.last_only
-                                          for s in batch)
-        prompts = [len(s.waiting.ids) for s in batch if s.waiting.last_only or not s.waiting.logits]
+        self.stats.last_speculating = sum(len(s.waiting.ids) > 1 and not _is_prompt(s.waiting) for s in batch)
+        prompts = [len(s.waiting.ids) for s in batch if _is_prompt(s.waiting)]
         self._decode_rows = rows - sum(prompts)
         if self.stats.trace is not None:
             self.stats.trace.append((len(batch), len(prompts), sum(prompts), rows - sum(prompts), context, seconds))
         for seq, answer in zip(batch, answers):
+            seq.share = seconds * len(seq.waiting.ids) / rows
             seq.answer, seq.waiting = answer, None
         return len(batch)
 
@@ -304,10 +395,10 @@ class Engine:
         return answers
 
     def _resume(self, seq: Sequence_) -> None:
-        """Run ``seq`` until it waits on a pass or ends; an ended one frees its slot."""
+        """Run ``seq`` until it waits on a pass or the schedule, or ends; an ended one frees its slot."""
         answer, seq.answer = seq.answer, None
         try:
-            seq.glet.switch(answer) if seq.glet else seq.glet.switch()  # the first switch starts it
+            seq.glet.switch(answer) if seq.glet else seq.glet.switch()  # a greenlet not started is falsy: start it
         except BaseException as exc:  # its own failure ends only it
             seq.error = exc
         if seq.glet.dead:
@@ -315,11 +406,19 @@ class Engine:
             self._free.append(seq.slot)
             self.runtime.rollback_slot(seq.slot, 0)
 
+    def _park(self, seq: Sequence_) -> Any:
+        """Switch to the engine until ``seq`` is resumed; count the time parked, less its share."""
+        t0 = time.perf_counter()
+        answer = self._main.switch()
+        self.parked[seq.slot] += time.perf_counter() - t0 - seq.share
+        seq.share = 0.0
+        return answer
+
     def _wait(self, rows: Rows) -> torch.Tensor:
         """Called from a generation's greenlet: wait for ``rows``' logits from the next pass."""
         seq = self._current()
         seq.waiting = rows
-        answer = self._main.switch()
+        answer = self._park(seq)
         if isinstance(answer, BaseException):
             raise answer
         return answer
@@ -327,7 +426,14 @@ class Engine:
     def _wait_layers(self, slot: int, ids: list[int], layers: tuple[int, ...]) -> torch.Tensor:
         seq = self._current()
         seq.waiting, seq.layers = Rows(slot, ids), layers
-        return self._main.switch()
+        return self._park(seq)
+
+    def wait_for_schedule(self, member: Any) -> None:
+        """Called from a generation's greenlet (its k policy): wait until the scheduler has
+        chosen for ``member`` together with every other sequence that waits this step."""
+        seq = self._current()
+        seq.member = member
+        self._park(seq)
 
     def _current(self) -> Sequence_:
         me = _greenlet().getcurrent()
@@ -364,37 +470,38 @@ class Engine:
         if len(budgets) != n or len(configs) != n:
             raise ConfigError(f"{len(budgets)} max_new_tokens and {len(configs)} sampling configs for {n} prompts: "
                               "pass one for all, or one for each")
-        results: list[GenerationResult | None] = [None] * n
-        todo, running = deque(range(n)), set()
-        while todo or self._live:
-            while todo and self._free:
-                i = todo.popleft()
-                slot = self._free[0]
-                drafter = drafters[slot] if drafters is not None else None
-                kk = k if isinstance(k, int) else k()
-                self.start(self._job(i, list(prompts[i]), budgets[i], configs[i], stop, drafter, kk, results))
-                running.add(i)
-            self.step()
-            for i in [i for i in running if results[i] is not None]:
-                running.discard(i)
-                if on_result is not None and isinstance(results[i], GenerationResult):
-                    on_result(i, results[i])
-            if progress is not None:
-                progress(sum(r is not None for r in results))
+        results: list[Any] = [None] * n
+        todo = deque(range(n))
+
+        def job(i: int) -> Callable[[Model], None]:
+            def run(model: Model) -> None:
+                drafter = drafters[model.runtime.slot] if drafters is not None else None
+                s = Stream(model, list(prompts[i]), max_new_tokens=budgets[i], sampling=configs[i], stop=tuple(stop),
+                           drafter=drafter, k=k if isinstance(k, int) else k())
+                try:
+                    for _ in s.by_step():
+                        pass
+                    results[i] = s.result
+                except BaseException as exc:  # reported by generate_all
+                    results[i] = exc
+                    return
+                if on_result is not None:
+                    on_result(i, s.result)
+
+            return run
+
+        def admit(free: int, idle: bool) -> list[Callable[[Model], None]] | None:
+            if not todo:
+                return None
+            return [job(todo.popleft()) for _ in range(min(free, len(todo)))]
+
+        after = None if progress is None else (lambda: progress(sum(r is not None for r in results)))
+        self.run(admit, after)
         for seq_error in (r for r in results if isinstance(r, BaseException)):
             raise seq_error
         return [r for r in results if r is not None]
 
-    @staticmethod
-    def _job(i: int, ids: list[int], max_new: int, cfg: SamplingConfig, stop: Sequence[str],
-             drafter: Drafter | None, k: int | KPolicy, results: list[Any]) -> Callable[[Model], None]:
-        def run(model: Model) -> None:
-            s = Stream(model, ids, max_new_tokens=max_new, sampling=cfg, stop=tuple(stop), drafter=drafter, k=k)
-            try:
-                for _ in s.by_step():
-                    pass
-                results[i] = s.result
-            except BaseException as exc:  # reported by generate_all
-                results[i] = exc
 
-        return run
+def _is_prompt(rows: Rows) -> bool:
+    """A prompt's chunk: no logits, or its last row's only."""
+    return rows.last_only or not rows.logits

@@ -25,16 +25,17 @@ from typing import Any
 import torch
 
 from draftwise.core.decode import decode_steps, propose_step
-from draftwise.drafters.factory import capabilities_of
-from draftwise.drafters.spec import DraftSpec, KValue
+from draftwise.core.generation import Generation
 from draftwise.core.kpolicy import FixedK, KPolicy
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.text import TextAssembler
 from draftwise.core.tree import TokenTree
 from draftwise.core.verify import follow
 from draftwise.cost.formulas import expected_committed_by_position
-from draftwise.planner.plan_file import AUTO
 from draftwise.cost.profile import Profile
+from draftwise.drafters.factory import capabilities_of
+from draftwise.drafters.spec import DraftSpec, KValue
+from draftwise.planner.plan_file import AUTO
 
 
 # -- one traced generation -----------------------------------------------------------------
@@ -79,41 +80,31 @@ def trace_generation(
     """Decode like :func:`draftwise.core.decode.generate` and record each step's (proposed, accepted);
     ``k``: a number, or a policy (``--k auto``'s, fresh for this generation)."""
     cfg = sampling or SamplingConfig()
-    tokens: list[int] = []
     steps: list[tuple[int, int]] = []
-    new = 0
     start = time.perf_counter()
     prefill = 0.0
-    gen = decode_steps(
-        model.runtime, prompt_ids, cfg, cfg.generator(), drafter=drafter, k=k,
-        max_new_tokens=max_new_tokens,
-    )
-    done = False
-    for step in gen:
-        if not prefill:
-            prefill = time.perf_counter() - start
-        else:
-            steps.append((step.num_proposed, step.verdict.accepted))
-        for token in step.verdict.tokens:
-            tokens.append(token)
-            if token in model.eos_token_ids:
-                done = True
+    generation = Generation(eos_token_ids=model.eos_token_ids, max_new_tokens=max_new_tokens, drafter=drafter)
+    gen = decode_steps(model.runtime, prompt_ids, cfg, cfg.generator(), k=k, max_new_tokens=max_new_tokens,
+                       generation=generation)
+    try:
+        for step in gen:
+            if not prefill:
+                prefill = time.perf_counter() - start
+            else:
+                steps.append((step.num_proposed, step.verdict.accepted))
+            generation.take(step.verdict.tokens)
+            if generation.finish is not None:
                 break
-            new += 1
-            if new >= max_new_tokens:
-                done = True
-                break
-        if done:
-            break
-    gen.close()
-    if drafter is not None:  # as a finished generation: a learning draft keeps it (as the replay does)
-        drafter.end(answer(tokens, model.eos_token_ids))
+    finally:
+        gen.close()
+        generation.end()  # a finished generation: a learning draft keeps it (as the replay does)
+    ended = [generation.eos_token] if generation.eos_token is not None else []
     return Trace(
         question_id=question_id,
         category=category,
         prompt_len=len(prompt_ids),
-        tokens=tokens,
-        new_tokens=new,
+        tokens=generation.tokens + ended,
+        new_tokens=len(generation.tokens),
         steps=steps,
         prefill_seconds=prefill,
         seconds=time.perf_counter() - start,
@@ -185,7 +176,8 @@ def replay_lookup(
     steps are what any draft, k or policy would have taken on it."""
     drafter = make() if callable(make) and not hasattr(make, "propose") else make
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
-    drafter.start(list(prompt_ids), SamplingConfig(), torch.Generator())
+    generation = Generation(eos_token_ids=eos_token_ids, max_new_tokens=max_new_tokens, drafter=drafter)
+    generation.start(prompt_ids, SamplingConfig(), torch.Generator())
     context = list(prompt_ids) + list(tokens[:1])
     pos, steps = 1, []
     while pos < len(tokens):
@@ -202,7 +194,8 @@ def replay_lookup(
             policy.observe_shadow(shadow, committed)
         context.extend(committed)
         pos += acc + 1
-    drafter.end(answer(tokens, eos_token_ids))  # as a finished generation would: a learning draft keeps it
+    generation.play(tokens)  # the generation the replay plays back, finished as it was
+    generation.end()  # as a finished generation would: a learning draft keeps it
     return steps
 
 

@@ -1,12 +1,12 @@
 """The goodput policy at batch: each running sequence's k, every step, from the batch as it is
-(:class:`BatchGoodput`), and the glue the batched server's decode loops follow it through
-(:class:`BatchKCoordinator`, one per engine; :class:`BatchSlotPolicy`, one per request). The
+(:class:`BatchGoodput`), the engine's scheduler that asks it (:class:`BatchKCoordinator`, one per
+engine) and each request's k policy under it (:class:`BatchSlotPolicy`). The
 model it optimises is :mod:`draftwise.cost.goodput`'s; ``serve --k auto --max-batch N`` (N > 1)
 consults it each step (:mod:`draftwise.server.speculation`).
 
-How a step goes. The engine resumes its generations one after another before its pass; each
-asks its policy for k. The first to ask in a new step has every decoding sequence's k chosen
-together by :func:`~draftwise.cost.goodput.choose_ks`, from each one's own acceptance estimate
+How a step goes. The engine resumes its generations before its pass; each that decodes under
+this policy asks for k and waits. Once all wait, the engine's scheduler has every waiting
+sequence's k chosen together by :func:`~draftwise.cost.goodput.choose_ks`, from each one's own acceptance estimate
 (its :class:`~draftwise.policy.adaptive.AdaptiveK`'s online rates, which start from the prior) and
 the measured batch profile. A chain proposes that k. A scored tree (suffix decoding) is proposed
 whole, and once its scores are known it keeps the prefix that is its best response to the
@@ -18,17 +18,26 @@ decides, exactly as ``--k auto`` does alone: the batch has nothing to share.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftwise.errors import ConfigError
+from draftwise.core.engine import PassRows
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed_by_position
-from draftwise.cost.goodput import NONE, PLAIN, Choice, Outcome, StepCost, choose_ks, default_rows_budget, rates_outcomes
-from draftwise.policy.outside_pass import OutsidePass
+from draftwise.cost.goodput import (
+    NONE,
+    PLAIN,
+    Choice,
+    Outcome,
+    StepCost,
+    choose_ks,
+    default_rows_budget,
+    rates_outcomes,
+)
 from draftwise.cost.profile import Profile
-
+from draftwise.errors import ConfigError
+from draftwise.policy.outside_pass import OutsidePass
 
 CALIBRATION_PRIOR = 8.0  # draft tokens, expected and accepted alike, before a draft's first step at batch
 CALIBRATION_DECAY = 0.995  # a step: about the last 200 steps of a draft count
@@ -38,11 +47,13 @@ CALIBRATION_DECAY = 0.995  # a step: about the last 200 steps of a draft count
 class SeqState:
     """What the server knows of one decoding sequence as a step starts: its draft, its current
     per-position acceptance estimate (:meth:`~draftwise.policy.adaptive.AdaptiveK.rates`) and
-    its context length."""
+    its context length. ``outcomes``, where given, are its expected tokens and rows at each k
+    instead of the rates' (a simulated workload's, :mod:`draftwise.capacity.simulate`)."""
 
     draft: str
     rates: Sequence[float]
-    context: int
+    context: float
+    outcomes: Mapping[int, Outcome] | None = None
 
 
 @dataclass
@@ -70,14 +81,14 @@ class BatchGoodput:
     """
 
     def __init__(self, batch: BatchProfile, profile: Profile | None = None, *, k_max: int = 8,
-                 rows_budget: float | None = None) -> None:
+                 rows_budget: float | None = None, cost: StepCost | None = None) -> None:
         if isinstance(k_max, bool) or not isinstance(k_max, int) or k_max < 1:
             raise ConfigError(f"k_max={k_max!r} must be an integer >= 1")
         top = batch.rows[-1] - 1
         if profile is not None:
             top = min(top, profile.max_n - 1)
         self.k_max = min(k_max, top)
-        self.cost = StepCost(batch, profile)
+        self.cost = cost if cost is not None else StepCost(batch, profile)
         self.rows_budget = rows_budget
         self.last: list[int] = []
         self._step: _Step | None = None
@@ -94,9 +105,8 @@ class BatchGoodput:
         """Scale each draft's expected accepted tokens by what its steps at batch accepted against
         what this policy expected of them (:meth:`record`). A step's k's go to the proposals
         whose estimates are highest, so the ones it picks can be high by chance more often than
-        low. Measured: in-process, 32 first turns at 16 slots, the policy's suffix steps accepted
-        0.80 of the draft tokens it expected; in the load test at N = 16 (every turn) 0.99, where
-        this changes nothing (docs/benchmarks.md, goodput-policy runs 32 and 33)."""
+        low, and a draft then accepts less than was expected of it (docs/benchmarks.md, "Goodput
+        at N concurrent requests")."""
         if self._calibration is None:
             self._calibration = {}
 
@@ -143,9 +153,10 @@ class BatchGoodput:
         self.outside.observe(seconds, plain=plain, speculating=speculating, known=known)
         self.cost.per_sequence = self.outside.estimate()
 
-    def choose(self, states: Sequence[SeqState], *, prefill_rows: float = 0, prefilling: int = 0) -> list[int]:
+    def choose(self, states: Sequence[SeqState], *, prefill_rows: float = 0, prefilling: int = 0,
+               scenario: str = "point") -> list[int]:
         """One k per state; ``prefill_rows`` (priced) rows of ``prefilling`` other sequences (prompt chunks,
-        plain requests) share the pass."""
+        plain requests) share the pass; ``scenario``: each outcome's point or interval end."""
         if not states:
             self.last, self._step, self._drafts = [], None, []
             return []
@@ -158,7 +169,9 @@ class BatchGoodput:
         choices = []
         for s in states:
             outcomes = {0: PLAIN}
-            if s.draft != NONE and s.rates and not self.plain:  # past the limit only k = 0 is priced
+            if s.outcomes is not None and s.draft != NONE and not self.plain:
+                outcomes.update({k: o for k, o in s.outcomes.items() if 0 < k <= self.k_max})
+            elif s.draft != NONE and s.rates and not self.plain:  # past the limit only k = 0 is priced
                 outcomes.update({k: Outcome(self.scaled(s.draft, o.tokens), o.rows, self.scaled(s.draft, o.low),
                                             self.scaled(s.draft, o.high))
                                  for k, o in rates_outcomes(s.rates, self.k_max).items()})
@@ -166,7 +179,8 @@ class BatchGoodput:
             choices.append(Choice(outcomes, extra))
         self._drafts = [s.draft for s in states]
         self.last = [0] * n if self.plain else choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
-                                                         fixed_batch=prefilling, rows_budget=self.rows_budget)
+                                                         fixed_batch=prefilling, rows_budget=self.rows_budget,
+                                                         scenario=scenario)
         batch = self.cost.batch
         curve = batch.rows_curve(n + prefilling, context)  # the terms of choose_ks's objective
         picked = [c.outcomes[k] for c, k in zip(choices, self.last)]
@@ -214,29 +228,28 @@ class BatchGoodput:
 
 
 class BatchKCoordinator:
-    """The server side of ``--k auto`` at batch: one per engine, handing each request a
-    :class:`BatchSlotPolicy` (the decode loop's :class:`~draftwise.core.kpolicy.KPolicy`).
+    """The engine's scheduler under ``--k auto`` at batch (:class:`draftwise.core.engine.Scheduler`):
+    one per engine, handing each request a :class:`BatchSlotPolicy` (the decode loop's
+    :class:`~draftwise.core.kpolicy.KPolicy`).
 
-    The first sequence to ask in a new step (``epoch()`` changed: the engine's pass count) has
-    the k's of every sequence that asked for the pass before chosen together by
-    :class:`BatchGoodput`; a sequence that was not among them (it just finished its prompt) has
-    them chosen again with it. A sequence that did not ask for the last pass, or was released
-    (its request ended), drops out. ``prefill()`` -> (rows, sequences) in the coming pass that do
-    not choose (prompt chunks, plain requests), when the server knows; rows as priced
-    (:meth:`~draftwise.cost.batch_profile.BatchProfile.priced_rows`: a prompt's at its share). ``on_k(draft, k)`` hears
-    every k a sequence goes with (``/metrics``).
+    A request's policy, asked for k, waits (``wait(member)``: the engine's
+    :meth:`~draftwise.core.engine.Engine.wait_for_schedule`). Once every sequence of the step
+    waits, the engine calls :meth:`schedule` with the waiting policies and the rows the others
+    bring (prompt chunks, plain and fixed-k requests): every k is chosen together by
+    :class:`BatchGoodput`, and each policy learns its k and its place in the choice (for the
+    tree's :meth:`respond`). Only the sequences that wait this step are chosen for: one that
+    ended simply does not ask. ``price(others)``: the others' rows as the batch profile prices
+    them (:meth:`~draftwise.cost.batch_profile.BatchProfile.priced_rows`: a prompt's at its
+    share). ``on_k(draft, k)`` hears every k a sequence goes with (``/metrics``).
     """
 
-    def __init__(self, goodput: BatchGoodput, *, epoch: Callable[[], int],
-                 prefill: Callable[[], tuple[float, int]] | None = None,
+    def __init__(self, goodput: BatchGoodput, *, wait: Callable[[BatchSlotPolicy], None],
+                 price: Callable[[PassRows], float] | None = None,
                  on_k: Callable[[str, int], None] | None = None) -> None:
         self.goodput = goodput
-        self.epoch = epoch
-        self.prefill = prefill or (lambda: (0, 0))
+        self.wait = wait
+        self.price = price or (lambda others: float(others.decode_rows + others.prompt_rows))
         self.on_k = on_k or (lambda draft, k: None)
-        self._members: dict[int, tuple[BatchSlotPolicy, int]] = {}  # id -> (policy, last epoch it asked)
-        self._index: dict[int, int] = {}  # id -> its place in the last choice
-        self._epoch: int | None = None
         self.alone = False  # the last choice had one sequence and nothing else in the pass
 
     def policy(self, adaptive: Any, draft: str) -> BatchSlotPolicy:
@@ -244,43 +257,23 @@ class BatchKCoordinator:
         keeps its acceptance estimate, shadow proposals and tree trimming."""
         return BatchSlotPolicy(self, adaptive, draft)
 
-    def k_for(self, member: BatchSlotPolicy) -> int:
-        now = self.epoch()
-        if now != self._epoch:
-            # every decoding sequence feeds every pass: one that did not ask for the last has left
-            self._members = {i: (m, e) for i, (m, e) in self._members.items() if e >= now - 1}
-            self._epoch, self._index = now, {}
-        self._members[id(member)] = (member, now)
-        if id(member) not in self._index:
-            live = [m for m, _ in self._members.values()]
-            rows, seqs = self.prefill()
-            self.goodput.choose([m.state() for m in live], prefill_rows=rows, prefilling=seqs)
-            self._index = {id(m): i for i, m in enumerate(live)}
-            self.alone = len(live) == 1 and not seqs
-        return self.goodput.last[self._index[id(member)]]
+    def schedule(self, members: Sequence[BatchSlotPolicy], others: PassRows) -> None:
+        """Choose every member's k for the coming pass, together, beside ``others``."""
+        self.goodput.choose([m.state() for m in members], prefill_rows=self.price(others), prefilling=others.sequences)
+        self.alone = len(members) == 1 and not others.sequences
+        for i, member in enumerate(members):
+            member.index, member.chosen = i, self.goodput.last[i]
 
     def respond(self, member: BatchSlotPolicy, tokens: Sequence[float], context: float) -> int:
-        if id(member) not in self._index:  # chosen for before someone left: choose again, with it
-            self.k_for(member)
-        return self.goodput.respond(self._index[id(member)], tokens, context)
+        return self.goodput.respond(member.index, tokens, context)
 
     def settle(self, member: BatchSlotPolicy, n: int, tokens: float, context: float, draft: str = NONE) -> None:
-        if id(member) in self._index:
-            self.goodput.settle(self._index[id(member)], n, tokens, context, draft)
+        self.goodput.settle(member.index, n, tokens, context, draft)
 
     def observe_step(self, seconds: float, *, plain: int, speculating: int) -> None:
         """A served step's seconds outside its pass, after a pass of ``plain`` and ``speculating``
         decoding sequences (:meth:`BatchGoodput.observe_step`)."""
         self.goodput.observe_step(seconds, plain=plain, speculating=speculating)
-
-    def release(self, member: BatchSlotPolicy) -> None:
-        """``member``'s request ended: it leaves the batch now, not a step later."""
-        if self._members.pop(id(member), None) is not None:
-            self._index = {}  # the next to ask chooses again, without it
-
-    @property
-    def members(self) -> int:
-        return len(self._members)
 
 
 class BatchSlotPolicy:
@@ -293,6 +286,7 @@ class BatchSlotPolicy:
         self.coordinator, self.adaptive, self.draft = coordinator, adaptive, draft
         self.k_max = adaptive.k_max
         self.context = 0
+        self.index, self.chosen = 0, 0  # its place in the step's choice, and the k chosen for it
         self._plain_run = 0
         #: the step's expected draft tokens (uncalibrated): a chain's by depth, or a tree's one value
         self._pending: float | tuple[Sequence[float], int] | None = None
@@ -311,7 +305,8 @@ class BatchSlotPolicy:
     def choose(self, context_len: int) -> int:
         self.context = context_len
         self._pending = None
-        k = self.coordinator.k_for(self)
+        self.coordinator.wait(self)  # the engine schedules every waiting sequence together
+        k = self.chosen
         plain = self.coordinator.goodput.plain and not self.coordinator.alone  # past the speculating limit
         if self.adaptive.trees and not plain:  # proposed whole; trim() keeps what the batch pays for
             return self.adaptive.choose(context_len)
@@ -376,7 +371,3 @@ class BatchSlotPolicy:
     def observe_shadow(self, proposal: Sequence[int], committed: Sequence[int]) -> None:
         self._pending = None
         self.adaptive.observe_shadow(proposal, committed)
-
-    def release(self) -> None:
-        """The request ended (done, cancelled, failed): out of the batch's choices."""
-        self.coordinator.release(self)

@@ -5,8 +5,7 @@ Precedence: the request's ``speculative`` object, then the server's ``--draft``/
 ``category`` through :func:`draftwise.planner.route.route`, the routing ``bench`` and ``generate``
 use too (the overall pick for a category the plan has not seen, ``none`` meaning plain
 decoding). The plan's k is used unless the server runs with ``--k auto``: then the plan picks
-the draft and the adaptive k runs it (the load test measured 1.33x plain that way, see
-docs/serving.md). A request that only sets ``k`` keeps the server's draft.
+the draft and the adaptive k runs it (docs/serving.md). A request that only sets ``k`` keeps the server's draft.
 
 Only the drafts the server was started with may run: ``--draft``, the plan's drafts, the
 ``--allow-draft`` list, and ``none``. A request naming any other draft (``eagle:/etc``,
@@ -44,19 +43,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftwise.policy.adaptive import AdaptiveK, TreeSizes, resolve_profile
-from draftwise.policy.batch_limit import speculating_limit
-from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
-from draftwise.planner.defaults import DEFAULT_DRAFTS
-from draftwise.policy.batch import BatchGoodput, BatchKCoordinator
-from draftwise.planner.plan import Plan, make_plan
-from draftwise.planner.route import route
 from draftwise.core.draft import Drafter
+from draftwise.core.kpolicy import KPolicy
+from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
 from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.layer_lists import clip
 from draftwise.drafters.spec import DraftSpec, KValue
 from draftwise.errors import ConfigError
-from draftwise.core.kpolicy import KPolicy
+from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.planner.plan import Plan, make_plan
+from draftwise.planner.route import route
+from draftwise.policy.adaptive import AdaptiveK, TreeSizes, resolve_profile
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator
+from draftwise.policy.batch_limit import speculating_limit
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, select_questions
 from draftwise.server.protocol import APIError, Speculative
 
@@ -142,12 +141,10 @@ class Speculation:
     def _resolve_profile(self, drafts: list[str]) -> Any:
         return resolve_profile(self.model, drafts)
 
-    def follow_batch(self, engine: Any, *, others: Callable[[], tuple[int, int, int]] | None = None,
-                     on_k: Callable[[str, int], None] | None = None) -> None:
+    def follow_batch(self, engine: Any, *, on_k: Callable[[str, int], None] | None = None) -> None:
         """With k ``auto`` on a batched ``engine``: the goodput policy (module docstring), priced by
-        the batch profile read now. ``others()``: rows, prompt rows and sequences of the coming
-        pass that do not choose a k (prompt rows at the profile's price, no logits); ``on_k(draft,
-        k)``: every k chosen. Run after :meth:`warm_up`."""
+        the batch profile read now, becomes the engine's scheduler; ``on_k(draft, k)``: every k
+        chosen. Run after :meth:`warm_up`."""
         if self._profile is None or self.coordinator is not None:
             return
         make = (f"measure one once with `draftwise plan --concurrency 1,2,4,8,{max(16, engine.max_batch)} --out DIR` "
@@ -160,10 +157,6 @@ class Speculation:
         except ConfigError as exc:
             log.warning("k=auto at batch: %s, so each request keeps its own adaptive k; %s", exc, make)
             return
-        def prefill() -> tuple[float, int]:
-            rows, prompt_rows, seqs = others() if others is not None else (0, 0, 0)
-            return batch.priced_rows(rows, prompt_rows), seqs
-
         goodput = BatchGoodput(batch, self._profile)
         goodput.measure_outside()  # the worker reports each step's seconds outside its pass
         goodput.calibrate()  # each draft's expected tokens at batch, by what its batch steps accepted
@@ -175,7 +168,10 @@ class Speculation:
                          "(%s)", goodput.speculate_up_to, self.capacity.get("source", "concurrency.json"))
             except ConfigError as exc:
                 log.warning("k=auto at batch: not using the concurrency prediction: %s", exc)
-        self.coordinator = BatchKCoordinator(goodput, epoch=lambda: engine.stats.passes, prefill=prefill, on_k=on_k)
+        self.coordinator = BatchKCoordinator(
+            goodput, wait=engine.wait_for_schedule, on_k=on_k,
+            price=lambda others: batch.priced_rows(others.decode_rows, others.prompt_rows))
+        engine.scheduler = self.coordinator
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
 

@@ -18,9 +18,9 @@ the batched engine (:mod:`draftwise.core.engine`): between two steps it admits q
 slots, each job is the same :meth:`Worker._run` as alone (its own drafter, k, sampling, stop
 strings, cancellation and deadline), and one target pass per step serves them all. A job that
 ends (done, cancelled, timed out, failed) frees its slot at once. With ``max_batch`` 1 jobs run
-one at a time on the model itself. Under ``--k auto`` the batch's jobs choose their k's together
-each step (:meth:`Speculation.follow_batch`); the worker tells that policy which rows of the
-coming pass are not its to choose (prompt chunks, plain and fixed-k requests).
+one at a time on the model itself. The admission loop is the engine's (:meth:`Engine.run`);
+under ``--k auto`` the engine's scheduler chooses the batch's k's together each step
+(:meth:`Speculation.follow_batch`).
 """
 
 from __future__ import annotations
@@ -36,12 +36,11 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from draftwise.api import stream
-from draftwise.policy.batch import BatchSlotPolicy
 from draftwise.core.decode import GenerationResult
 from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine
-from draftwise.errors import DraftwiseError
-from draftwise.core.stats import SpecStats
 from draftwise.core.sampling import SamplingConfig
+from draftwise.core.stats import SpecStats
+from draftwise.errors import DraftwiseError
 from draftwise.server import pass_trace
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.model_thread import ModelThread
@@ -129,8 +128,6 @@ class Worker:
         self.engine: Engine | None = None
         self._context = context
         self._handles: list[JobHandle] = []  # the jobs in the engine's batch
-        self._rows: dict[int, int | None] = {}  # id(handle) -> rows it feeds a pass (None: chooses with the batch)
-        self._prompts: dict[int, int] = {}  # id(handle) -> its prompt's tokens, while it prefills
         self.speculation = speculation
         self.metrics = metrics
         self.max_queue = max_queue
@@ -171,7 +168,7 @@ class Worker:
         self.speculation.warm_up(self.engine.slot_models if self.engine is not None else ())
         if self.engine is not None:  # k auto: each step's k's from the batch (when profiled)
             pass_trace.attach(self.engine)
-            self.speculation.follow_batch(self.engine, others=self._others, on_k=self.metrics.observe_k)
+            self.speculation.follow_batch(self.engine, on_k=self.metrics.observe_k)
 
     def start(self) -> None:
         """Run the job loop on the model thread (the thread that loaded the model, see above)."""
@@ -221,31 +218,46 @@ class Worker:
             self._run_batch(batch)
 
     def _loop_batched(self, engine: Engine) -> None:
-        """Admit queued jobs into free slots between steps; step while any runs."""
+        """The engine's admission loop (:meth:`Engine.run`) over this worker's queue."""
         stopping = False
-        while not (stopping and not engine.running):
-            while not stopping and engine.free:
+
+        def admit(free: int, idle: bool) -> list[Callable[[Any], None]] | None:
+            nonlocal stopping
+            if stopping:
+                return None
+            jobs: list[Callable[[Any], None]] = []
+            while len(jobs) < free:
                 try:  # wait for work only when nothing runs
-                    handle = self._queue.get(block=not engine.running)
+                    handle = self._queue.get(block=idle and not jobs)
                 except queue.Empty:
                     break
                 if handle is None:
                     stopping = True
                     break
                 self._handles.append(handle)
-                engine.start(self._batched_job(handle))
-            if engine.running:
-                before, in_passes, t0 = engine.stats.passes, engine.stats.seconds, time.perf_counter()
-                engine.step()
-                took = time.perf_counter() - t0
-                self._stepping += took
-                if engine.stats.passes > before:
-                    self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
-                    self._observe_outside(engine, took - (engine.stats.seconds - in_passes))
-                pass_trace.flush(engine, idle=not engine.running)
-                if not engine.running:
-                    self._log_idle(engine)
-                    self._last_pass = None
+                jobs.append(self._batched_job(handle))
+            return None if stopping and not jobs else jobs
+
+        state = {"passes": 0, "in_passes": 0.0, "t0": time.perf_counter()}
+
+        def admit_timed(free: int, idle: bool) -> list[Callable[[Any], None]] | None:
+            jobs = admit(free, idle)
+            state.update(passes=engine.stats.passes, in_passes=engine.stats.seconds, t0=time.perf_counter())
+            return jobs
+
+        def after_step() -> None:
+            took = time.perf_counter() - state["t0"]
+            self._stepping += took
+            if engine.stats.passes > state["passes"]:
+                self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+                self._observe_outside(engine, took - (engine.stats.seconds - state["in_passes"]))
+            pass_trace.flush(engine, idle=not engine.running)
+            if not engine.running:
+                self._log_idle(engine)
+                self._last_pass = None
+            state.update(passes=engine.stats.passes, in_passes=engine.stats.seconds, t0=time.perf_counter())
+
+        engine.run(admit_timed, after_step)
 
     def _observe_outside(self, engine: Engine, seconds: float) -> None:
         """Tell the goodput policy what this step cost outside its pass: the work of the last
@@ -320,20 +332,10 @@ class Worker:
         except DraftwiseError as exc:
             handle.post(Event("error", error=str(exc), code="invalid"))
             return self._end(handle, "error", started, started, None, SpecStats(), None)
-        if slot is not None:  # the prompt's chunks share the passes; then its rows, or its policy's
-            self._prompts[id(handle)] = len(job.prompt_ids)
-        try:
-            self._decode(handle, s, started, None if isinstance(k, BatchSlotPolicy) or slot is None
-                         else 1 + (k if drafter is not None and isinstance(k, int) else 0))
-        finally:
-            self._rows.pop(id(handle), None)
-            self._prompts.pop(id(handle), None)
-            if isinstance(k, BatchSlotPolicy):
-                k.release()  # out of the batch's choices from the next sequence that asks
+        self._decode(handle, s, started)
 
-    def _decode(self, handle: JobHandle, s: Any, started: float, rows: int | None) -> None:
-        """Stream ``s``'s pieces to ``handle`` (``rows``: what it feeds each batched pass once
-        decoding, None when it chooses its k with the batch or runs alone)."""
+    def _decode(self, handle: JobHandle, s: Any, started: float) -> None:
+        """Stream ``s``'s pieces to ``handle``, one per target pass."""
         job, m = handle.job, self.metrics
         first = last = None
         reason = None
@@ -343,8 +345,6 @@ class Worker:
             if first is None:
                 first = now
                 m.observe_first(now - job.arrived)
-                if self._prompts.pop(id(handle), None) is not None:
-                    self._rows[id(handle)] = rows
             else:
                 gap, tokens = now - last, max(s.stats.committed - committed, 1)  # type: ignore[operator]
                 for _ in range(tokens):  # inter-token latency: the pass's time shared by its tokens
@@ -364,14 +364,6 @@ class Worker:
         handle.post(Event("done", result=result, stats=s.stats))
         self._end(handle, "stop" if result.finish_reason != "length" else "length", started,
                   first or time.monotonic(), result, s.stats, s)
-
-    def _others(self) -> tuple[int, int, int]:
-        """Rows, prompt rows and sequences of the coming pass that do not choose their k with the
-        batch: a plain request's row, a fixed k's k + 1, a prompt's chunk (the goodput policy
-        prices its proposals beside them)."""
-        chunk = self.engine.chunk if self.engine is not None else self.prefill_chunk  # this step's (engine.step_chunk)
-        rows, prompts = [r for r in self._rows.values() if r is not None], [min(chunk, n) for n in self._prompts.values()]
-        return sum(rows), sum(prompts), len(rows) + len(prompts)
 
     def _end(self, handle: JobHandle, reason: str, started: float, first: float | None,
              result: GenerationResult | None, stats: SpecStats, s: Any) -> None:
