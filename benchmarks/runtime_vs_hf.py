@@ -1,9 +1,10 @@
-"""Plain greedy decoding, draftwise native runtime vs Hugging Face ``generate``, plus a roofline.
+"""Plain greedy decoding, draftwise native runtime vs Hugging Face ``generate``.
 
     python benchmarks/runtime_vs_hf.py --num-prompts 20 --max-new-tokens 128
 
 Writes ``runtime_vs_hf.json`` and ``runtime_vs_hf.md`` into ``benchmarks/results/`` (or
-``--out-dir``) and prints the Markdown report.
+``--out-dir``) and prints the Markdown report. The memory-bandwidth roofline, which reports
+before this one carried, is ``benchmarks/roofline.py``.
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ def main(argv: list[str] | None = None) -> int:
         "--dtypes", default="float32,bfloat16", help="comma-separated: float32, bfloat16 (default both)"
     )
     parser.add_argument("--out-dir", type=Path, default=HERE / "results")
-    parser.add_argument("--bandwidth-mib", type=int, default=512, help="buffer size of the bandwidth test")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per method per prompt; keeps the fastest")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -47,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
             dtypes=[d.strip() for d in args.dtypes.split(",") if d.strip()],
             out_dir=args.out_dir,
             progress=not args.no_progress,
-            bandwidth_mib=args.bandwidth_mib,
             threads=args.threads,
             repeats=args.repeats,
             command=command,

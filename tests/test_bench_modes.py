@@ -1,5 +1,6 @@
-"""The runtime-modes benchmark (draftwise.bench.modes): validation, the matmul split, and one
-tiny end-to-end run in float32 and q4 on the random chat model.
+"""The runtime-modes benchmark (draftwise.bench.modes): validation, the fidelity helpers, one
+tiny end-to-end run in float32 and q4 on the random chat model, and the matmul split of the
+diagnostic script ``benchmarks/modes_probe.py``.
 
 No timing assertions: the timed benchmark itself is ``draftwise bench-modes``.
 """
@@ -15,12 +16,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from draftwise.bench.modes import run_modes_benchmark
-from draftwise.bench.modes_probe import MATMUL_LISTS, llama_cpp_available, matmul_split, plain_margin
+from draftwise.bench.llama_cpp_peer import llama_cpp_available
+from draftwise.bench.modes import plain_margin, run_modes_benchmark
 from draftwise.cli import app
 from draftwise.errors import ConfigError
 
+from .benchmark_scripts import load_benchmark
 from .images import is_complete_png
+
+probe = load_benchmark("modes_probe")
 
 PROMPTS = ["Name three colours.", "Write a haiku about the sea."]
 N = 6  # tokens per run in the report fixture
@@ -69,14 +73,15 @@ def test_cli_threads_zero_is_one_line(tmp_path: Path) -> None:
 
 def test_matmul_split_restores_the_runtime(tiny) -> None:
     rt = tiny.runtime
-    before = {name: list(getattr(rt, name)) for name in MATMUL_LISTS}
+    before = {name: list(getattr(rt, name)) for name in probe.MATMUL_LISTS}
     head = rt._head
     ids = [5, 6, 7, 8]
     want = rt.prefill(ids).clone()
-    split = matmul_split(rt, ids, repeats=2)
+    split = probe.matmul_split(rt, ids, repeats=2)
     assert split is not None and split["context"] == len(ids)
     assert set(split) == {"forward_ms", "rest_ms", "matmul_ms", "context"}
-    assert all(getattr(rt, name) == before[name] for name in MATMUL_LISTS) and rt._head is head
+    assert split["matmul_ms"] == pytest.approx(split["forward_ms"] - split["rest_ms"])
+    assert all(getattr(rt, name) == before[name] for name in probe.MATMUL_LISTS) and rt._head is head
     torch.testing.assert_close(rt.prefill(ids), want, rtol=0, atol=0)  # real matmuls again
 
 
@@ -98,7 +103,7 @@ def report(tiny_chat_folder: Path, tmp_path_factory: pytest.TempPathFactory, one
     return run_modes_benchmark(
         model=str(tiny_chat_folder), questions=questions, num_prompts=2, max_new_tokens=N,
         modes=("float32", "q4"), drafts=("lookup",), k=2, out_dir=out / "out", progress=False,
-        bandwidth_mib=8, command="draftwise bench-modes --test",
+        command="draftwise bench-modes --test",
     ) | {"_out": out / "out"}
 
 
@@ -112,14 +117,14 @@ def test_report_fields(report: dict[str, Any]) -> None:
     assert report["config"]["drafts"] == [{"name": "lookup", "spec": "lookup", "k": 2}]
     assert [len(p["modes"]) for p in report["prompts"]] == [2, 2]
     assert report["prompts"][0]["order"] != report["prompts"][1]["order"]  # rotated
-    assert report["results"]["q4"]["split"]["context"] == report["prompts"][0]["prompt_tokens"]
     f32, q4 = report["results"]["float32"], report["results"]["q4"]
+    # the diagnostics are benchmarks/ scripts', not this command's
+    assert "bandwidth" not in report and not {"roofline", "split"} & (set(f32) | set(q4))
     # float32 against itself: same tokens, zero logit difference, the same argmax on every prompt
     assert f32["plain_equal_to_float32"] == 2 and f32["first_divergence_from_float32"] == [None, None]
     assert f32["prefill_logits_vs_float32"] == {"max_abs": 0, "mean_abs": 0, "same_argmax": 2}
     assert f32["ratio_to_float32"] == {"median": 1.0, "mean": 1.0, "min": 1.0, "max": 1.0}
-    # q4 reads fewer bytes per token, and its logits differ (4-bit weights, bf16 activations)
-    assert q4["roofline"]["weight_bytes_per_token"]["total"] < f32["roofline"]["weight_bytes_per_token"]["total"]
+    # q4's logits differ (4-bit weights, bf16 activations)
     diff = q4["prefill_logits_vs_float32"]
     assert diff["max_abs"] >= diff["mean_abs"] > 0
     assert diff["same_argmax"] == sum(r["prefill_logits_vs_float32"]["same_argmax"] for r in _per_prompt(report, "q4"))
@@ -150,12 +155,6 @@ def test_summary_is_computed_from_the_prompt_records(report: dict[str, Any], mod
     assert r["plain_tokens_per_second"]["median"] == pytest.approx(statistics.median(N / s for s in plain))
     assert r["plain_overall_tokens_per_second"] == pytest.approx(N * 2 / sum(plain))
     assert r["ratio_to_float32"]["median"] == pytest.approx(statistics.median(f / s for f, s in zip(ref, plain)))
-    roof, copy_gbps = r["roofline"], report["bandwidth"]["copy_gbps"]
-    weight_bytes = roof["weight_bytes_per_token"]["total"]
-    assert roof["roofline_tokens_per_second_copy_bw"] == pytest.approx(copy_gbps * 1e9 / weight_bytes)
-    assert roof["percent_of_roofline"] == pytest.approx(
-        100 * r["plain_tokens_per_second"]["median"] / roof["roofline_tokens_per_second_copy_bw"])
-    assert r["split"]["matmul_ms"] == pytest.approx(r["split"]["forward_ms"] - r["split"]["rest_ms"])
     lookup, rows = r["drafts"]["lookup"], [x["drafts"]["lookup"] for x in recs]
     seconds = [d["seconds"] for d in rows]
     speedups = [p / s for p, s in zip(plain, seconds)]
@@ -186,7 +185,22 @@ def test_files_written(report: dict[str, Any]) -> None:
     md = (out / "runtime_modes.md").read_text()
     assert "draftwise bench-modes --test" in md
     assert "| q4 | lookup |" in md and "| float32 | plain |" in md
+    assert "| float32 | 0 / 0 | 2 |" in md  # float32 against itself: no logit difference, the same argmax
+    assert "roofline" not in md
     assert is_complete_png(out / "runtime_modes.png")  # matplotlib is a test dependency
     if not llama_cpp_available():
         assert saved["llama_cpp"] == "not installed"
         assert "llama.cpp peer: not installed" in md
+
+
+def test_the_probe_script_end_to_end(tiny_chat_folder: Path, tmp_path: Path, one_thread, capsys) -> None:
+    """``benchmarks/modes_probe.py`` on the random chat model: a split per mode, files written."""
+    out = tmp_path / "probe"
+    assert probe.main(["--model", str(tiny_chat_folder), "--questions", str(_questions(tmp_path)),
+                       "--modes", "float32,q4", "--repeats", "1", "--out-dir", str(out)]) == 0
+    saved = json.loads((out / "modes_probe.json").read_text())
+    assert list(saved["results"]) == ["float32", "q4"]
+    for split in saved["results"].values():
+        assert split["context"] == saved["config"]["context"] > 0
+        assert split["matmul_ms"] == pytest.approx(split["forward_ms"] - split["rest_ms"])
+    assert (out / "modes_probe.md").read_text() in capsys.readouterr().out

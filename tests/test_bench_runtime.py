@@ -1,7 +1,9 @@
-"""The runtime benchmark (draftwise.bench.plain_vs_hf) and its roofline (draftwise.bench.roofline):
-bytes per token, validation, the report, and one tiny end-to-end run.
+"""The runtime benchmark (draftwise.bench.plain_vs_hf): validation, the report, and one tiny
+end-to-end run; and the roofline script (``benchmarks/roofline.py``): bytes per token, the
+bandwidth arithmetic and its report.
 
-No timing assertions: the timed benchmark itself runs from ``benchmarks/runtime_vs_hf.py``.
+No timing assertions: the timed benchmarks themselves run from ``benchmarks/runtime_vs_hf.py``
+and ``benchmarks/roofline.py``.
 """
 
 from __future__ import annotations
@@ -14,8 +16,13 @@ import pytest
 import torch
 
 from draftwise.bench.plain_vs_hf import render_markdown, run_runtime_benchmark
-from draftwise.bench.roofline import kv_bytes_per_token, measure_bandwidth, weight_bytes_per_token
 from draftwise.errors import ConfigError
+
+from .benchmark_scripts import load_benchmark
+
+roofline = load_benchmark("roofline")
+kv_bytes_per_token, measure_bandwidth = roofline.kv_bytes_per_token, roofline.measure_bandwidth
+weight_bytes_per_token = roofline.weight_bytes_per_token
 
 # tiny Llama: d=64, 4 query heads and 2 KV heads of 16, FFN 96, 3 layers, vocab 100
 D, H, KV, HD, FFN, LAYERS, VOCAB = 64, 4, 2, 16, 96, 3, 100
@@ -42,7 +49,6 @@ def _write(tmp_path: Path, lines: list[str]) -> Path:
         ({"dtypes": ("float16",)}, "not supported"),
         ({"dtypes": ()}, "empty"),
         ({"dtypes": ("float32", "float32")}, "repeats"),
-        ({"bandwidth_mib": 0}, "bandwidth_mib"),
         ({"threads": 0}, "threads"),
         ({"repeats": 0}, "repeats"),
         ({"num_prompts": 5}, "has only 2"),
@@ -145,6 +151,10 @@ def _all_tensors(rt: Any) -> list[torch.Tensor]:
     return tensors
 
 
+def test_nbytes() -> None:
+    assert roofline._nbytes(torch.zeros(3, 4, dtype=torch.bfloat16)) == 24 and roofline._nbytes(None) == 0
+
+
 def test_kv_bytes_per_token() -> None:
     rt = _tiny_runtime(tied=True, bias=False, dtype=torch.bfloat16)
     assert kv_bytes_per_token(rt, 10) == LAYERS * 2 * KV * HD * 2 * 10
@@ -164,8 +174,6 @@ def test_measure_bandwidth_small_buffer() -> None:
 def test_measure_bandwidth_arithmetic(monkeypatch: pytest.MonkeyPatch) -> None:
     """With fixed timings: a copy moves the buffer twice (read + write), a sum reads it once;
     the figures are medians, the ``best`` ones the fastest repeat."""
-    from draftwise.bench import roofline
-
     timings = iter([[0.004, 0.001, 0.002], [0.003, 0.001, 0.0005]])  # copy, then read
     monkeypatch.setattr(roofline, "_seconds", lambda fn, repeats, warmup: next(timings))
     bw = measure_bandwidth(1 << 20)
@@ -181,7 +189,6 @@ def test_render_markdown_has_table_and_command() -> None:
         "command": "python benchmarks/runtime_vs_hf.py --num-prompts 2",
         "config": {"model": "default", "questions": "/x/q.jsonl", "num_prompts": 2, "max_new_tokens": 8},
         "machine": {"cpu_model": "CPU", "cpu_count": 2, "torch": "2", "torch_threads": 2, "transformers": "5"},
-        "bandwidth": {"buffer_bytes": 512.0 * (1 << 20), "copy_gbps": 10.0, "read_gbps": 8.0},
         "results": {
             "float32": {
                 "hf_tokens_per_second": stats,
@@ -189,25 +196,33 @@ def test_render_markdown_has_table_and_command() -> None:
                 "ratio": ratio,
                 "equal_outputs": 2,
                 "num_prompts": 2,
-                "roofline": {
-                    "weight_bytes_per_token": {"total": 500_000_000},
-                    "roofline_tokens_per_second_copy_bw": 20.0,
-                    "roofline_tokens_per_second_read_bw": 16.0,
-                    "draftwise_percent_of_roofline_copy_bw": 100.0,
-                    "draftwise_percent_of_roofline_read_bw": 125.0,
-                    "read_gbps_at_weight_size": 9.0,
-                    "roofline_tokens_per_second_read_bw_at_weight_size": 18.0,
-                    "kv_bytes_per_token_at_mean_context": 1_000_000,
-                    "mean_context": 100.0,
-                },
             }
         },
         "wall_seconds": 60.0,
     }
     md = render_markdown(report)
-    assert "| float32 | 20.0 | 20.0 | 1.50x | 1.20-1.80x |" in md
-    assert "| 2/2 | 500.0 | 20.0 | 100% |" in md
+    assert "| float32 | 20.0 | 20.0 | 1.50x | 1.20-1.80x | 21.0 / 21.0 | 2/2 |" in md
     assert "python benchmarks/runtime_vs_hf.py --num-prompts 2" in md
+
+
+def test_roofline_report() -> None:
+    """The roofline script's figures and its Markdown row, from fixed inputs."""
+    bandwidth = {"buffer_bytes": 512.0 * (1 << 20), "copy_gbps": 10.0, "read_gbps": 8.0,
+                 "copy_best_gbps": 11.0, "read_best_gbps": 9.0}
+    result = {"plain_tokens_per_second": 20.0, "weight_bytes_per_token": {"total": 500_000_000},
+              **roofline.roofline({"total": 500_000_000}, bandwidth, 20.0),
+              "read_gbps_at_weight_size": 9.0, "roofline_tokens_per_second_read_bw_at_weight_size": 18.0,
+              "kv_bytes_per_token_at_mean_context": 1_000_000, "mean_context": 100}
+    assert result["percent_of_roofline_copy_bw"] == pytest.approx(100.0)
+    assert result["percent_of_roofline_read_bw"] == pytest.approx(125.0)
+    md = roofline.render_markdown({
+        "command": "python benchmarks/roofline.py --modes float32",
+        "config": {"model": "default", "max_new_tokens": 8, "repeats": 3, "threads": 2},
+        "machine": {"cpu_model": "CPU", "cpu_count": 2, "torch": "2"},
+        "bandwidth": bandwidth, "results": {"float32": result},
+    })
+    assert "| float32 | 20.0 | 500.0 | 20.0 | 100% | 16.0 | 125% | 9.0 | 18.0 | 1.00 (context 100) |" in md
+    assert "python benchmarks/roofline.py --modes float32" in md
 
 
 def test_a_tiny_end_to_end_run_on_a_text_prompt_file(tiny_chat_folder, tmp_path, one_thread):
@@ -215,9 +230,10 @@ def test_a_tiny_end_to_end_run_on_a_text_prompt_file(tiny_chat_folder, tmp_path,
     prompts.write_text("Name a colour.\nCount to three.\nSay hi.\n")
     report = run_runtime_benchmark(
         model=str(tiny_chat_folder), questions=prompts, num_prompts=2, max_new_tokens=4, dtypes=["float32"],
-        out_dir=tmp_path / "out", progress=False, bandwidth_mib=1,
+        out_dir=tmp_path / "out", progress=False,
     )
     r = report["results"]["float32"]
+    assert "bandwidth" not in report and "roofline" not in r  # benchmarks/roofline.py's, not this command's
     assert [p["text"] for p in report["config"]["prompts"]] == ["Name a colour.", "Count to three."]
     assert r["num_prompts"] == 2 and r["equal_outputs"] == 2  # float32 greedy: the same tokens
     for rec in r["prompts"]:
@@ -225,3 +241,19 @@ def test_a_tiny_end_to_end_run_on_a_text_prompt_file(tiny_chat_folder, tmp_path,
     saved = json.loads((tmp_path / "out" / "runtime_vs_hf.json").read_text())
     assert saved["results"]["float32"]["num_prompts"] == 2
     assert (tmp_path / "out" / "runtime_vs_hf.md").read_text() == render_markdown(saved)
+
+
+def test_the_roofline_script_end_to_end(tiny_chat_folder, tmp_path, one_thread, capsys):
+    """``benchmarks/roofline.py`` on the random chat model: each mode's figures, files written."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Name a colour.\n")
+    out = tmp_path / "roof"
+    assert roofline.main(["--model", str(tiny_chat_folder), "--questions", str(prompts), "--modes", "float32,q4",
+                          "-n", "3", "--repeats", "1", "--bandwidth-mib", "1", "--out-dir", str(out)]) == 0
+    saved = json.loads((out / "roofline.json").read_text())
+    f32, q4 = saved["results"]["float32"], saved["results"]["q4"]
+    assert q4["weight_bytes_per_token"]["total"] < f32["weight_bytes_per_token"]["total"]  # 4-bit weights
+    for r in (f32, q4):
+        assert r["percent_of_roofline_copy_bw"] == pytest.approx(
+            100 * r["plain_tokens_per_second"] / r["roofline_tokens_per_second_copy_bw"])
+    assert (out / "roofline.md").read_text() in capsys.readouterr().out

@@ -6,12 +6,13 @@
   ``generate`` as a peer), :mod:`.answers` (answer files), :mod:`.outdir` (the output folder
   and a safe ``--resume``), :mod:`.summary`, :mod:`.equality`, :mod:`.report`, :mod:`.run`.
 - ``draftwise bench-runtime`` (:func:`run_runtime_benchmark`): plain decoding, the native
-  runtime against Hugging Face ``generate`` (:mod:`.plain_vs_hf`), with the memory-bandwidth
-  roofline (:mod:`.roofline`).
+  runtime against Hugging Face ``generate`` (:mod:`.plain_vs_hf`): speed and equal outputs.
 - ``draftwise bench-modes`` (:func:`run_modes_benchmark`): the native runtime's weight formats
-  (float32, bfloat16, q4, int8), plain and speculative, with fidelity against float32, the
-  roofline and the matmul / rest split per token (:mod:`.modes`, :mod:`.modes_probe`,
-  :mod:`.modes_report`).
+  (float32, bfloat16, q4, int8), plain and speculative, with fidelity against float32 and
+  llama.cpp as an optional peer (:mod:`.modes`, :mod:`.llama_cpp_peer`, :mod:`.modes_report`).
+
+Diagnostics of the runtime itself (the memory-bandwidth roofline, the split of a token's time
+between the matmuls and the rest) are developer scripts outside the package (docs/runtime.md).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftwise.questions import Question
 from draftwise.bench.methods import Method
+from draftwise.questions import Question
 
 
 @dataclass

@@ -26,15 +26,15 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from draftwise.planner.route import policy_for
-from draftwise.drafters.factory import make_drafter
-from draftwise.core.engine import Engine, check_batch
-from draftwise.errors import ConfigError, DraftwiseError
-from draftwise.questions import Question
-from draftwise.core.sampling import SamplingConfig
 from draftwise.bench.answers import choice, question_key
 from draftwise.bench.methods import AUTO, Method
 from draftwise.bench.runner import build_prompt
+from draftwise.core.engine import Engine, check_batch
+from draftwise.core.sampling import SamplingConfig
+from draftwise.drafters.factory import make_drafter
+from draftwise.errors import ConfigError, DraftwiseError
+from draftwise.planner.route import policy_for
+from draftwise.questions import Question
 
 #: positions a slot holds beyond the longest conversation's estimate (a tree's nodes, a chain's bonus)
 CONTEXT_MARGIN = 256

@@ -11,10 +11,10 @@ from typing import Any
 
 import torch
 
-from draftwise.questions import Question
 from draftwise.bench.answers import choice, question_key
 from draftwise.bench.methods import BASELINE
 from draftwise.bench.runner import build_prompt
+from draftwise.questions import Question
 
 
 def top2_margin(model: Any, prompt_ids: Sequence[int], prefix: Sequence[int]) -> float:

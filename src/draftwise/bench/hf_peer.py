@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from draftwise.bench.answers import TurnResult
+from draftwise.bench.methods import Method
+from draftwise.core.sampling import SamplingConfig
 from draftwise.drafters.factory import model_draft_source
 from draftwise.drafters.spec import KValue
 from draftwise.runtime.loaders import gguf_to_folder, resolve_model
-from draftwise.core.sampling import SamplingConfig
-from draftwise.bench.answers import TurnResult
-from draftwise.bench.methods import Method
 
 #: prompt-lookup tokens for ``hf-lookup`` when ``k`` is ``"auto"``
 HF_LOOKUP_DEFAULT = 10

@@ -16,7 +16,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-from draftwise.drafters.spec import SPEC_HELP, DraftSpec, KValue, parse_draft_item, parse_k, split_draft_list
+from draftwise.drafters.spec import (
+    SPEC_HELP,
+    DraftSpec,
+    KValue,
+    parse_draft_item,
+    parse_k,
+    split_draft_list,
+)
 from draftwise.errors import ConfigError
 
 BASELINE = "none"

@@ -14,9 +14,10 @@ hits all alike. Per prompt and mode:
 - fidelity against float32: whether the plain output equals float32's (and where it first
   differs), and ``|logit difference|`` on the prefill logits (outside the timing).
 
-After the prompts, per mode: the bandwidth roofline (:mod:`.roofline`) and the split of a token's
-time between the matmuls and the rest (:func:`.modes_probe.matmul_split`). llama.cpp
-(``llama-cpp-python``) joins the rotation as a plain peer on the same GGUF where it is installed.
+llama.cpp (``llama-cpp-python``, :mod:`.llama_cpp_peer`) joins the rotation as a plain peer on
+the same GGUF where it is installed. What a token's time goes to (the matmuls against the rest)
+and the memory-bandwidth roofline are diagnostics, not part of this command:
+developer scripts outside the package measure them per mode (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -34,19 +35,29 @@ from typing import Any
 import torch
 
 from draftwise.api import generate
-from draftwise.policy.adaptive import auto_policy
-from draftwise.planner.route import policy_for
+from draftwise.bench.llama_cpp_peer import LlamaCppPeer, llama_cpp_available
+from draftwise.bench.methods import AUTO, parse_methods
+from draftwise.bench.modes_report import write_report
+from draftwise.bench.plain_vs_hf import (
+    _first_divergence,
+    _stats,
+    _time_draftwise,
+    _whole,
+    machine_info,
+)
+from draftwise.bench.progress import Progress, quiet_transformers
 from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.spec import KValue, parse_k
 from draftwise.errors import ConfigError
+from draftwise.planner.route import policy_for
+from draftwise.policy.adaptive import auto_policy
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    read_questions,
+    spread_questions,
+)
 from draftwise.runtime.loaders import Model, load_model, resolve_model
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
-from draftwise.bench.methods import AUTO, parse_methods
-from draftwise.bench.modes_probe import LlamaCppPeer, llama_cpp_available, logit_difference, matmul_split, plain_margin
-from draftwise.bench.modes_report import write_report
-from draftwise.bench.plain_vs_hf import _first_divergence, _stats, _time_draftwise, _whole
-from draftwise.bench.progress import Progress, quiet_transformers
-from draftwise.bench.roofline import MIB, machine_info, measure_bandwidth, weight_bytes_per_token
 
 #: mode name -> (dtype, quant) for :func:`draftwise.load_model`
 MODES: dict[str, tuple[str, str]] = {
@@ -102,11 +113,10 @@ def parse_modes(modes: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def _validate(num_prompts: int, max_new_tokens: int, modes: str | Sequence[str], drafts: str | Sequence[str],
-              k: KValue, bandwidth_mib: int, threads: int | None) -> tuple[tuple[str, ...], list[tuple[str, str, KValue]]]:
+              k: KValue, threads: int | None) -> tuple[tuple[str, ...], list[tuple[str, str, KValue]]]:
     """Every argument checked before anything is loaded: the mode names and the draft methods."""
     _whole("num_prompts", num_prompts)
     _whole("max_new_tokens", max_new_tokens)
-    _whole("bandwidth_mib", bandwidth_mib)
     _whole("threads", threads, allow_none=True)
     names = parse_modes(modes)
     methods = []
@@ -152,6 +162,32 @@ def _load(model: str | Path, name: str, methods: list[tuple[str, str, KValue]], 
             bar.update(f"{name}: the machine profile for k=auto ({spec})")
             auto_policy(loaded, spec)  # measured (and cached) now, not inside a timed run
     return _Mode(name, loaded, dataclasses.replace(loaded, eos_token_ids=frozenset()), drafters, seconds)
+
+
+def logit_difference(logits: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
+    """Max and mean ``|logits - reference|`` (``[vocab]`` each) and whether their argmax agrees.
+
+    >>> d = logit_difference(torch.tensor([1.0, 3.0]), torch.tensor([1.5, 3.0]))
+    >>> d["max_abs"], d["mean_abs"], d["same_argmax"]
+    (0.5, 0.25, True)
+    """
+    diff = (logits.float() - reference.float()).abs()
+    return {
+        "max_abs": float(diff.max()),
+        "mean_abs": float(diff.mean()),
+        "same_argmax": bool(int(logits.argmax()) == int(reference.argmax())),
+    }
+
+
+def plain_margin(runtime: Any, ids: Sequence[int], tokens: Sequence[int], position: int) -> float:
+    """The gap between the two largest logits that plain decoding (prefill, then one token per
+    forward) sees when it picks ``tokens[position]`` after the prompt ``ids``: how near a tie the
+    choice was where a speculative run picked another token. Untimed; reruns ``position`` forwards."""
+    logits = runtime.prefill(list(ids))  # [vocab]
+    for t in tokens[:position]:
+        logits = runtime.forward([int(t)])[0]
+    top = logits.float().topk(2).values
+    return float(top[0] - top[1])
 
 
 def _rotate(items: Sequence[str], i: int) -> list[str]:
@@ -260,21 +296,10 @@ def _summary(name: str, records: list[dict[str, Any]], n: int) -> dict[str, Any]
     return out
 
 
-def _hardware(mode: _Mode, ids: list[int], bandwidth: dict[str, float], plain_median: float) -> dict[str, Any]:
-    """The mode's roofline, its per-token split and where its weights came from."""
-    weights = weight_bytes_per_token(mode.runtime)
-    roof = bandwidth["copy_gbps"] * 1e9 / weights["total"]
+def _loaded(mode: _Mode) -> dict[str, Any]:
+    """Where the mode's weights came from (per matmul tensor) and how long it took to load."""
     sources = getattr(mode.runtime, "weight_sources", {})
-    return {
-        "roofline": {
-            "weight_bytes_per_token": weights,
-            "roofline_tokens_per_second_copy_bw": roof,
-            "percent_of_roofline": 100 * plain_median / roof,
-        },
-        "split": matmul_split(mode.runtime, ids),
-        "weight_sources": dict(Counter(sources.values())),
-        "load_seconds": mode.load_seconds,
-    }
+    return {"weight_sources": dict(Counter(sources.values())), "load_seconds": mode.load_seconds}
 
 
 def _peer(model: str | Path, longest: int, n: int, bar: Any) -> tuple[LlamaCppPeer | None, Any]:
@@ -302,7 +327,6 @@ def run_modes_benchmark(
     k: KValue = "auto",
     out_dir: str | Path | None = None,
     progress: bool | ProgressFn = True,
-    bandwidth_mib: int = 512,
     threads: int | None = None,
     command: str | None = None,
 ) -> dict[str, Any]:
@@ -315,7 +339,7 @@ def run_modes_benchmark(
     Returns a JSON-ready dict; with ``out_dir``, also writes ``runtime_modes.json``, ``.md`` and
     ``.png`` there (:func:`.modes_report.write_report`).
     """
-    names, methods = _validate(num_prompts, max_new_tokens, modes, drafts, k, bandwidth_mib, threads)
+    names, methods = _validate(num_prompts, max_new_tokens, modes, drafts, k, threads)
     prompts = spread_questions(read_questions(questions), num_prompts)
     command = command if command is not None else " ".join(shlex.quote(a) for a in sys.argv)
     n, started, old_threads = max_new_tokens, time.time(), torch.get_num_threads()
@@ -343,13 +367,10 @@ def run_modes_benchmark(
                 records.append(_time_prompt(loaded, peer, q, ids, n, i))
                 rates = " | ".join(f"{m} {n / r['plain_seconds']:.1f}" for m, r in records[-1]["modes"].items())
                 bar.update(f"prompt {i + 1}/{len(prompts)}", rate=f"plain tok/s: {rates}", advance=1)
-            bar.update(f"measuring memory bandwidth ({bandwidth_mib} MiB)")
-            bandwidth = measure_bandwidth(bandwidth_mib * MIB)
             results = {}
             for name, mode in loaded.items():
-                bar.update(f"{name}: roofline and the matmul split", advance=1)
-                results[name] = _summary(name, records, n)
-                results[name].update(_hardware(mode, encoded[0], bandwidth, results[name]["plain_tokens_per_second"]["median"]))
+                bar.update(f"{name}: summary", advance=1)
+                results[name] = _summary(name, records, n) | _loaded(mode)
             if peer is not None:
                 peer_status = {"gguf": peer.path.name, "version": peer.version(), "threads": peer.threads,
                                **_summary(LLAMA_CPP, records, n)}
@@ -366,13 +387,11 @@ def run_modes_benchmark(
             "max_new_tokens": n,
             "modes": {name: {"dtype": MODES[name][0], "quant": MODES[name][1]} for name in names},
             "drafts": [{"name": m, "spec": spec, "k": mk} for m, spec, mk in methods],
-            "bandwidth_mib": bandwidth_mib,
             "threads": threads_used,
             "prompts": [{"question_id": q.question_id, "category": q.category, "text": q.prompt[:80]} for q in prompts],
             "method": METHOD,
         },
         "machine": machine_info(),
-        "bandwidth": bandwidth,
         "results": results,
         "llama_cpp": peer_status,
         "prompts": records,

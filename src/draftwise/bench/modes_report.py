@@ -8,7 +8,6 @@ from typing import Any
 
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.plots import pyplot, save_figure, try_plot
-from draftwise.bench.roofline import MIB
 
 RESULT_STEM = "runtime_modes"
 
@@ -59,26 +58,22 @@ def _speed_rows(report: dict[str, Any]) -> list[str]:
     return rows
 
 
-def _hardware_rows(report: dict[str, Any]) -> list[str]:
+def _fidelity_rows(report: dict[str, Any]) -> list[str]:
     rows = []
     for mode, r in report["results"].items():
-        roof, split = r["roofline"], r.get("split") or {}
         logits = r.get("prefill_logits_vs_float32") or {}
         sources = ", ".join(f"{k} {v}" for k, v in sorted(r.get("weight_sources", {}).items())) or "-"
         rows.append(
             f"| {mode} | {_f(logits.get('max_abs'), '.3g')} / {_f(logits.get('mean_abs'), '.3g')} "
-            f"| {roof['weight_bytes_per_token']['total'] / 1e6:.1f} "
-            f"| {roof['roofline_tokens_per_second_copy_bw']:.1f} | {roof['percent_of_roofline']:.0f}% "
-            f"| {_f(split.get('forward_ms'), '.2f')} | {_f(split.get('matmul_ms'), '.2f')} "
-            f"| {_f(split.get('rest_ms'), '.2f')} | {sources} |"
+            f"| {_f(logits.get('same_argmax'), 'd')} | {_f(r.get('load_seconds'), '.1f')} | {sources} |"
         )
     return rows
 
 
 def render_markdown(report: dict[str, Any], plot: str | None = None) -> str:
-    """The report as Markdown: speed and equality per mode and draft, then fidelity, roofline
-    and the per-token split; ``plot`` is the bar plot's file name, where one was written."""
-    cfg, machine, bw = report["config"], report["machine"], report["bandwidth"]
+    """The report as Markdown: speed and equality per mode and draft, then fidelity and where
+    each mode's weights came from; ``plot`` is the bar plot's file name, where one was written."""
+    cfg, machine = report["config"], report["machine"]
     peer = report.get("llama_cpp")
     peer_line = (
         f"llama.cpp (llama-cpp-python {peer['version']}, {peer['threads']} threads) ran `{peer['gguf']}` in the same rotation."
@@ -107,17 +102,15 @@ def render_markdown(report: dict[str, Any], plot: str | None = None) -> str:
         "logits plain decoding saw at that position (a near-tie: a multi-token verification pass computes "
         "slightly different logits than a 1-token pass in reduced-precision modes).",
         "",
-        "| mode | prefill logits vs float32: max / mean abs diff | weight MB/token | roofline tok/s | % of roofline "
-        "| 1-token forward ms | matmul ms | rest ms | weight sources |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-        *_hardware_rows(report),
+        "| mode | prefill logits vs float32: max / mean abs diff | prefill argmax = float32's | load s "
+        "| weight sources |",
+        "|---|---:|---:|---:|---|",
+        *_fidelity_rows(report),
         "",
-        f"Roofline tok/s = copy bandwidth ({bw['copy_gbps']:.1f} GB/s over {bw['buffer_bytes'] / MIB:.0f} MiB, "
-        "read + write bytes) / the weight bytes a token reads in that mode (packed 4-bit nibbles and scales, int8 "
-        "and its scales). % of roofline uses the median plain tok/s. The split times a 1-token forward as it is and "
-        "with every matmul replaced by a stub returning preallocated zeros (medians, alternating): matmul ms is the "
-        "difference, rest ms the stubbed forward. Weight sources: per matmul tensor, `file` = the GGUF's own 4-bit "
-        "blocks, `quantized` = quantized at load, `dense` = kept unquantized.",
+        f"Prefill logits: each prompt's last-position logits against float32's, outside the timing (the max over "
+        f"prompts, the mean of their means; argmax equal on that many of the {cfg['num_prompts']} prompts). Weight "
+        "sources: per matmul tensor, `file` = the GGUF's own 4-bit blocks, `quantized` = quantized at load, "
+        "`dense` = kept unquantized.",
         "",
     ]
     if plot:

@@ -24,10 +24,10 @@ import statistics
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
-from draftwise.questions import Question, category_group
 from draftwise.bench.answers import choice, question_key
 from draftwise.bench.methods import BASELINE
 from draftwise.bench.summary import OVERALL, group_order
+from draftwise.questions import Question, category_group
 
 #: redraws of every turn's rounds behind a bench summary's intervals
 DRAWS = 1000

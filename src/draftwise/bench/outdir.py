@@ -27,12 +27,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from draftwise.bench.answers import end_with_newline, question_key, read_answers
+from draftwise.bench.methods import Method, method_filename
+from draftwise.core.sampling import SamplingConfig
 from draftwise.errors import ConfigError
 from draftwise.fsutil import check_writable, claim_output_dir, write_json_atomic
 from draftwise.questions import Question
-from draftwise.core.sampling import SamplingConfig
-from draftwise.bench.answers import end_with_newline, question_key, read_answers
-from draftwise.bench.methods import Method, method_filename
 
 COMMAND = "bench"
 FINGERPRINT = "fingerprint.json"

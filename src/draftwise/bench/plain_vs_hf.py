@@ -2,8 +2,8 @@
 
 Both decode the same chat-templated prompts for exactly ``max_new_tokens`` tokens, greedily,
 ignoring EOS, interleaved prompt by prompt (the order alternates) so that the noise of a shared
-machine hits both alike. A memory-bandwidth roofline (:mod:`draftwise.bench.roofline`) says how
-close plain decoding gets to the limit of reading every weight once per token.
+machine hits both alike. (How close plain decoding gets to the limit of reading every weight
+once per token, the memory-bandwidth roofline, is a developer diagnostic outside the package.)
 
 What is timed, for both: one call that runs the prefill and ``N - 1`` single-token forwards and
 picks ``N`` argmax tokens (no forward after the last token).
@@ -16,16 +16,16 @@ picks ``N`` argmax tokens (no forward after the last token).
   forward per token, greedy :class:`~draftwise.core.sampling.SamplingConfig`), which does not look
   at EOS at all.
 
-Tokens/s = N / wall seconds, prefill included. Every run must yield exactly N tokens. The
-roofline tokens/s is the copy bandwidth over the weight bytes per token (the read-bandwidth
-roofline is reported too, and so is the read bandwidth over a buffer the size of the weights,
-which may sit in a large last-level cache).
+Tokens/s = N / wall seconds, prefill included. Every run must yield exactly N tokens.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
+import os
+import platform
 import shlex
 import statistics
 import sys
@@ -36,14 +36,19 @@ from typing import Any
 
 import torch
 
+from draftwise.bench.progress import Progress, quiet_transformers
 from draftwise.core.decode import plain_tokens
+from draftwise.core.sampling import SamplingConfig
+from draftwise.cost.profile import cpu_flags, cpu_model
 from draftwise.errors import ConfigError
 from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    read_questions,
+    spread_questions,
+)
 from draftwise.runtime.loaders import load_model, parse_dtype
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
-from draftwise.core.sampling import SamplingConfig
-from draftwise.bench.progress import Progress, quiet_transformers
-from draftwise.bench.roofline import MIB, kv_bytes_per_token, machine_info, measure_bandwidth, weight_bytes_per_token
 
 RESULT_STEM = "runtime_vs_hf"
 _VALID_DTYPES = ("float32", "bfloat16")
@@ -53,6 +58,26 @@ METHOD = (
     "order alternating; both warmed up once; wall time includes the prefill; "
     "with repeats > 1, the fastest of the repeats per method"
 )
+
+
+def machine_info() -> dict[str, Any]:
+    """What a reader of a benchmark needs to know about the machine and the libraries."""
+    import transformers
+
+    info: dict[str, Any] = {
+        "cpu_model": cpu_model(),
+        "cpu_flags": cpu_flags(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "torch_interop_threads": torch.get_num_interop_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+    }
+    with contextlib.suppress(AttributeError, RuntimeError):
+        info["cpu_capability"] = torch.backends.cpu.get_cpu_capability()
+    return info
 
 
 # -- timing one prompt -----------------------------------------------------------------------
@@ -154,30 +179,8 @@ def _time_prompt(pair: _Pair, q: Question, ids: list[int], n: int, i: int, repea
 # -- one dtype -------------------------------------------------------------------------------
 
 
-def _roofline(rt: Any, encoded: Sequence[list[int]], n: int, bandwidth: dict[str, float],
-              dw_median: float, hf_median: float) -> dict[str, Any]:
-    """Where the medians sit against the bandwidth roofline of this runtime's weights."""
-    weights = weight_bytes_per_token(rt)
-    model_size_read = measure_bandwidth(weights["total"], repeats=7)["read_gbps"]
-    mean_context = statistics.fmean(len(ids) for ids in encoded) + (n - 1) / 2
-    roof_copy = bandwidth["copy_gbps"] * 1e9 / weights["total"]
-    roof_read = bandwidth["read_gbps"] * 1e9 / weights["total"]
-    return {
-        "weight_bytes_per_token": weights,
-        "kv_bytes_per_token_at_mean_context": kv_bytes_per_token(rt, round(mean_context)),
-        "mean_context": mean_context,
-        "roofline_tokens_per_second_copy_bw": roof_copy,
-        "roofline_tokens_per_second_read_bw": roof_read,
-        "read_gbps_at_weight_size": model_size_read,
-        "roofline_tokens_per_second_read_bw_at_weight_size": model_size_read * 1e9 / weights["total"],
-        "draftwise_percent_of_roofline_copy_bw": 100 * dw_median / roof_copy,
-        "draftwise_percent_of_roofline_read_bw": 100 * dw_median / roof_read,
-        "hf_percent_of_roofline_copy_bw": 100 * hf_median / roof_copy,
-    }
-
-
 def _run_dtype(model: str | Path, dtype_name: str, prompts: Sequence[Question], n: int, repeats: int,
-               bandwidth: dict[str, float], bar: Progress) -> dict[str, Any]:
+               bar: Progress) -> dict[str, Any]:
     """Load both contestants in ``dtype_name``, time every prompt, and summarise."""
     bar.update(f"{dtype_name}: loading models")
     pair = _Pair(model, dtype_name)
@@ -199,7 +202,6 @@ def _run_dtype(model: str | Path, dtype_name: str, prompts: Sequence[Question], 
         records.append(rec)
         hf_tps, dw_tps = rec["hf_tokens_per_second"], rec["draftwise_tokens_per_second"]
         bar.update(label, rate=f"hf {hf_tps:.1f} tok/s | draftwise {dw_tps:.1f} tok/s | x{rec['ratio']:.2f}", advance=1)
-    bar.update(f"{dtype_name}: read bandwidth at the model's size")
     hf_tps_all = [r["hf_tokens_per_second"] for r in records]
     dw_tps_all = [r["draftwise_tokens_per_second"] for r in records]
     by_category: dict[str, list[float]] = {}
@@ -213,7 +215,6 @@ def _run_dtype(model: str | Path, dtype_name: str, prompts: Sequence[Question], 
         "equal_outputs": sum(r["equal_output"] for r in records),
         "num_prompts": len(records),
         "median_ratio_by_category": {c: statistics.median(v) for c, v in by_category.items()},
-        "roofline": _roofline(pair.rt, encoded, n, bandwidth, statistics.median(dw_tps_all), statistics.median(hf_tps_all)),
         "prompts": records,
     }
     del pair
@@ -231,14 +232,13 @@ def _whole(name: str, value: Any, *, allow_none: bool = False) -> None:
         raise ConfigError(f"{name}={value!r} must be an integer >= 1" + (" (or None: torch's default)" if allow_none else ""))
 
 
-def _validate(num_prompts: int, max_new_tokens: int, dtypes: Sequence[str] | str, bandwidth_mib: int,
+def _validate(num_prompts: int, max_new_tokens: int, dtypes: Sequence[str] | str,
               threads: int | None = None, repeats: int = 1) -> tuple[str, ...]:
     """Every argument checked before anything is loaded; returns the dtype names."""
     _whole("repeats", repeats)
     _whole("threads", threads, allow_none=True)
     _whole("num_prompts", num_prompts)
     _whole("max_new_tokens", max_new_tokens)
-    _whole("bandwidth_mib", bandwidth_mib)
     if isinstance(dtypes, str):
         dtypes = [d.strip() for d in dtypes.split(",")]
     names = tuple(str(getattr(d, "value", d)) for d in dtypes)
@@ -261,7 +261,6 @@ def run_runtime_benchmark(
     dtypes: Sequence[str] = ("float32", "bfloat16"),
     out_dir: str | Path | None = None,
     progress: bool = True,
-    bandwidth_mib: int = 512,
     threads: int | None = None,
     repeats: int = 1,
     command: str | None = None,
@@ -270,13 +269,13 @@ def run_runtime_benchmark(
 
     ``num_prompts`` first turns are taken round-robin over the categories of ``questions``
     (:func:`draftwise.questions.spread_questions`). Returns a JSON-ready dict (``config``,
-    ``machine``, ``bandwidth``, ``results`` per dtype); with ``out_dir``, also writes
+    ``machine``, ``results`` per dtype); with ``out_dir``, also writes
     ``runtime_vs_hf.json`` and ``runtime_vs_hf.md`` there. ``repeats`` > 1 times each method
     that many times per prompt (interleaved) and keeps the fastest run; ``threads`` sets torch's
     intra-op thread count for the run (None: leave it as it is); ``command`` is the command
     line recorded in the report (default: ``sys.argv``).
     """
-    names = _validate(num_prompts, max_new_tokens, dtypes, bandwidth_mib, threads, repeats)
+    names = _validate(num_prompts, max_new_tokens, dtypes, threads, repeats)
     prompts = spread_questions(read_questions(questions), num_prompts)
     command = command if command is not None else " ".join(shlex.quote(a) for a in sys.argv)
     started = time.time()
@@ -286,11 +285,7 @@ def run_runtime_benchmark(
     try:
         machine = machine_info()
         with Progress(progress, total=len(names) * len(prompts)) as bar:
-            bar.update(f"measuring memory bandwidth ({bandwidth_mib} MiB)")
-            bandwidth = measure_bandwidth(bandwidth_mib * MIB)
-            results = {
-                d: _run_dtype(model, d, prompts, max_new_tokens, repeats, bandwidth, bar) for d in names
-            }
+            results = {d: _run_dtype(model, d, prompts, max_new_tokens, repeats, bar) for d in names}
         threads_used = torch.get_num_threads()
     finally:
         torch.set_num_threads(old_threads)
@@ -303,14 +298,12 @@ def run_runtime_benchmark(
             "num_prompts": len(prompts),
             "max_new_tokens": max_new_tokens,
             "dtypes": list(names),
-            "bandwidth_mib": bandwidth_mib,
             "repeats": repeats,
             "threads": threads_used,
             "prompts": [{"question_id": q.question_id, "category": q.category, "text": q.prompt[:80]} for q in prompts],
             "method": METHOD,
         },
         "machine": machine,
-        "bandwidth": bandwidth,
         "results": results,
         "wall_seconds": time.time() - started,
     }
@@ -323,8 +316,8 @@ def run_runtime_benchmark(
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: a table per dtype, the roofline and the command line."""
-    cfg, machine, bw = report["config"], report["machine"], report["bandwidth"]
+    """The report as Markdown: a table per dtype and the command line."""
+    cfg, machine = report["config"], report["machine"]
     lines = [
         "# Plain greedy decoding: draftwise native runtime vs transformers `generate`",
         "",
@@ -339,45 +332,17 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"{machine['transformers']}.",
         "",
         "| dtype | HF tok/s (median) | draftwise tok/s (median) | speedup median | speedup min-max "
-        "| HF / draftwise tok/s (mean) | equal outputs | weight MB/token | roofline tok/s "
-        "| draftwise % of roofline |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| HF / draftwise tok/s (mean) | equal outputs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for dtype, r in report["results"].items():
-        roof = r["roofline"]
         lines.append(
             f"| {dtype} | {r['hf_tokens_per_second']['median']:.1f} "
             f"| {r['draftwise_tokens_per_second']['median']:.1f} "
             f"| {r['ratio']['median']:.2f}x "
             f"| {r['ratio']['min']:.2f}-{r['ratio']['max']:.2f}x "
             f"| {r['hf_tokens_per_second']['mean']:.1f} / {r['draftwise_tokens_per_second']['mean']:.1f} "
-            f"| {r['equal_outputs']}/{r['num_prompts']} "
-            f"| {roof['weight_bytes_per_token']['total'] / 1e6:.1f} "
-            f"| {roof['roofline_tokens_per_second_copy_bw']:.1f} "
-            f"| {roof['draftwise_percent_of_roofline_copy_bw']:.0f}% |"
-        )
-    lines += [
-        "",
-        f"Memory bandwidth ({bw['buffer_bytes'] / MIB:.0f} MiB buffer, medians): copy "
-        f"{bw['copy_gbps']:.1f} GB/s counting read + write bytes (`dst.copy_(src)`), read "
-        f"{bw['read_gbps']:.1f} GB/s (`src.sum()`); best repeats: copy "
-        f"{bw.get('copy_best_gbps', float('nan')):.1f}, read {bw.get('read_best_gbps', float('nan')):.1f} GB/s. Roofline tok/s = copy bandwidth / weight "
-        "bytes per token (every layer weight, the final norm, the head once (a tied head is the "
-        "embedding), one embedding row).",
-        "",
-        "| dtype | roofline tok/s (read bw) | draftwise % (read bw) | read GB/s at weight size "
-        "| roofline tok/s there | KV cache MB/token at mean context |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for dtype, r in report["results"].items():
-        roof = r["roofline"]
-        lines.append(
-            f"| {dtype} | {roof['roofline_tokens_per_second_read_bw']:.1f} "
-            f"| {roof['draftwise_percent_of_roofline_read_bw']:.0f}% "
-            f"| {roof['read_gbps_at_weight_size']:.1f} "
-            f"| {roof['roofline_tokens_per_second_read_bw_at_weight_size']:.1f} "
-            f"| {roof['kv_bytes_per_token_at_mean_context'] / 1e6:.2f} "
-            f"(context {roof['mean_context']:.0f}) |"
+            f"| {r['equal_outputs']}/{r['num_prompts']} |"
         )
     lines += [
         "",
@@ -389,6 +354,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
 
 def write_report(report: dict[str, Any], out_dir: Path) -> tuple[Path, Path]:
     """Write ``runtime_vs_hf.json`` and ``runtime_vs_hf.md`` into ``out_dir`` (atomically)."""

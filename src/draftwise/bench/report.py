@@ -6,10 +6,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from draftwise.plots import pyplot, save_figure
 from draftwise.bench.methods import BASELINE, is_peer
 from draftwise.bench.runner import SETTLE_CAP
-
+from draftwise.plots import pyplot, save_figure
 
 #: what the two speedups of a bench mean, for every report that shows them
 SPEEDUPS_LEGEND = (

@@ -33,13 +33,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.planner.defaults import DEFAULT_DRAFTS
-from draftwise.drafters.spec import KValue, parse_k
-from draftwise.errors import ConfigError, ContextLengthError
-from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.runtime.loaders import load_model
-from draftwise.questions import DEFAULT_QUESTIONS, Question, parse_question, read_questions, select_questions
-from draftwise.core.sampling import SamplingConfig
 from draftwise.bench.answers import answer_record, question_key
 from draftwise.bench.batched import check_batch_option, check_batch_runtime, run_batched
 from draftwise.bench.equality import check_equality
@@ -47,15 +40,39 @@ from draftwise.bench.methods import AUTO, DraftItem, Method, parse_methods, pars
 from draftwise.bench.noise import speedup_intervals
 from draftwise.bench.outdir import fingerprint, prepare_out, start_run
 from draftwise.bench.report import render_markdown, write_plots
-from draftwise.bench.runner import Runner, build_methods, build_prompt, load_plan_for_auto
+from draftwise.bench.runner import (
+    Runner,
+    build_methods,
+    build_prompt,
+    load_plan_for_auto,
+)
 from draftwise.bench.summary import summarise
+from draftwise.core.sampling import SamplingConfig
+from draftwise.drafters.spec import KValue, parse_k
+from draftwise.errors import ConfigError, ContextLengthError
+from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    parse_question,
+    read_questions,
+    select_questions,
+)
+from draftwise.runtime.loaders import load_model
 
 Answers = dict[str, dict[str, dict[str, Any]]]
 
 
 @contextlib.contextmanager
 def _progress(enabled: bool) -> Iterator[Any]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -23,9 +23,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from draftwise.questions import GROUPS, Question, category_group
 from draftwise.bench.answers import choice, question_key
 from draftwise.bench.methods import BASELINE, is_peer
+from draftwise.questions import GROUPS, Question, category_group
 
 OVERALL = "overall"
 

@@ -10,9 +10,16 @@ from typing import Annotated
 import typer
 
 from draftwise.bench import render_modes_markdown, run_modes_benchmark
+from draftwise.cli.common import (
+    ModelOpt,
+    QuestionsOpt,
+    ThreadsOpt,
+    out,
+    progress_bar,
+    user_errors,
+)
 from draftwise.fsutil import check_writable
 from draftwise.questions import DEFAULT_QUESTIONS
-from draftwise.cli.common import ModelOpt, QuestionsOpt, ThreadsOpt, out, progress_bar, user_errors
 
 
 def bench_modes(
@@ -26,7 +33,7 @@ def bench_modes(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write JSON, markdown and a PNG here.")] = None,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Plain and speculative decoding in float32, bfloat16, q4 and int8: speed, fidelity, roofline."""
+    """Plain and speculative decoding in float32, bfloat16, q4 and int8: speed and fidelity."""
     with user_errors():
         if out_dir is not None:
             check_writable(out_dir)

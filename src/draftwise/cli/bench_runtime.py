@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from draftwise.bench import render_runtime_markdown, run_runtime_benchmark
+from draftwise.cli.common import ModelOpt, QuestionsOpt, ThreadsOpt, out, user_errors
 from draftwise.fsutil import check_writable
 from draftwise.questions import DEFAULT_QUESTIONS
-from draftwise.cli.common import ModelOpt, QuestionsOpt, ThreadsOpt, out, user_errors
 
 
 def bench_runtime(
@@ -22,7 +22,7 @@ def bench_runtime(
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write JSON + markdown here.")] = None,
     threads: ThreadsOpt = None,
 ) -> None:
-    """Plain decoding: the native runtime against Hugging Face generate, plus the roofline."""
+    """Plain decoding: the native runtime against Hugging Face generate, speed and equal outputs."""
     with user_errors():
         if out_dir is not None:
             check_writable(out_dir)
