@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
     from draftwise.api import generate, share_cores_while_decoding, stream
     from draftwise.core.decode import GenerationResult, Stream
+    from draftwise.core.sampling import SamplingConfig
     from draftwise.drafters.spec import DraftSpec
     from draftwise.errors import (
         ConfigError,
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
         UnsupportedArchitectureError,
     )
     from draftwise.runtime.loaders import Model, load_model
-    from draftwise.core.sampling import SamplingConfig
 
 _WHERE = {
     "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api",

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from draftwise.core import decode
-from draftwise.planner.route import policy_for
 from draftwise.core.decode import GenerationResult, Stream
 from draftwise.core.draft import Drafter
-from draftwise.drafters.spec import DraftSpec
-from draftwise.errors import ConfigError
 from draftwise.core.kpolicy import KPolicy
 from draftwise.drafters.factory import make_drafter
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.planner.route import policy_for
 from draftwise.runtime.loaders import Model, load_model
 from draftwise.threads import share_cores
 

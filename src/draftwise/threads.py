@@ -12,7 +12,7 @@ torch's CPU kernels run on GNU OpenMP (libgomp, which MKL and oneDNN share here)
 parallel regions libgomp's idle workers spin for ``GOMP_SPINCOUNT`` iterations (300,000 by
 default, about 3 ms) before they sleep. A decode step is hundreds of small parallel regions, so
 one process alone gains from the spinning; but two processes on the same cores each burn the
-cores the other needs, and both collapse (measured here: 26 tok/s alone, 3.5 + 3.5 as a pair).
+cores the other needs, and both collapse to a small fraction of one process's speed alone.
 Sharing by thread count avoids that and keeps the default spin's speed alone;
 ``docs/runtime.md`` ("Threads and contention") has the figures.
 

@@ -9,10 +9,10 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from draftwise.cost.goodput import NONE
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.planner.export import export_dict
-from draftwise.cost.goodput import NONE
 
 SCHEDULE_ENGINES = ("vllm", "tensorrt-llm", "sglang")
 

@@ -17,7 +17,18 @@ apply_omp_defaults()
 import typer  # noqa: E402 (after the OpenMP defaults)
 
 from draftwise.cli import (  # noqa: E402
-    bench, bench_modes, bench_runtime, breakeven, calibrate, demo, distill, export_head, generate, plan, profile, serve,
+    bench,
+    bench_modes,
+    bench_runtime,
+    breakeven,
+    calibrate,
+    demo,
+    distill,
+    export_head,
+    generate,
+    plan,
+    profile,
+    serve,
     train_head,
 )
 

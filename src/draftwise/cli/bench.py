@@ -14,15 +14,26 @@ from draftwise.bench.methods import parse_methods, parse_peers
 from draftwise.bench.outdir import prepare_out
 from draftwise.bench.run import check_repeats, check_settle
 from draftwise.bench.runner import load_plan_for_auto
-from draftwise.planner.defaults import DEFAULT_DRAFTS
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    ThreadsOpt,
+    err,
+    load_with_status,
+    out,
+    plain,
+    user_errors,
+    warn,
+)
+from draftwise.core.sampling import SamplingConfig
 from draftwise.drafters.spec import SPEC_HELP, parse_k
+from draftwise.planner.defaults import DEFAULT_DRAFTS
 from draftwise.plots import PLOT_INSTALL_HINT, plotting_available
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
-from draftwise.core.sampling import SamplingConfig
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
-    user_errors, warn,
-)
 
 BatchOpt = Annotated[
     int,

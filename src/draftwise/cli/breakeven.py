@@ -18,6 +18,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from draftwise.cli.common import out, plot_file, read_profile, user_errors
 from draftwise.cost.breakeven import (
     CostCurve,
     cost_ratio_from_c,
@@ -27,10 +28,14 @@ from draftwise.cost.breakeven import (
     plot_speedup,
     sweep,
 )
-from draftwise.cost.parsing import parse_acceptances, parse_draft_kinds, parse_floats, parse_ks
+from draftwise.cost.parsing import (
+    parse_acceptances,
+    parse_draft_kinds,
+    parse_floats,
+    parse_ks,
+)
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
-from draftwise.cli.common import out, plot_file, read_profile, user_errors
 
 
 def _curves(

@@ -11,14 +11,28 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from draftwise.cost.calibrate import calibrate_self, candidate_layer_sets, save_calibration
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    ThreadsOpt,
+    err,
+    load_with_status,
+    out,
+    user_errors,
+)
+from draftwise.cost.calibrate import (
+    calibrate_self,
+    candidate_layer_sets,
+    save_calibration,
+)
 from draftwise.drafters.factory import calibration_path
 from draftwise.fsutil import check_writable
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions, spread_questions
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out,
-    user_errors,
-)
 
 
 def calibrate_self_cmd(

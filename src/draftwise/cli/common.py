@@ -11,10 +11,10 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from enum import Enum
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
@@ -25,8 +25,13 @@ from draftwise.cost.profile import Profile
 from draftwise.drafters.spec import SPEC_HELP, DraftSpec, split_draft_list
 from draftwise.errors import ConfigError, DraftwiseError
 from draftwise.fsutil import check_writable
+from draftwise.plots import (
+    PLOT_INSTALL_HINT,
+    check_plot_path,
+    plotting_available,
+    try_plot,
+)
 from draftwise.runtime.loaders import load_model
-from draftwise.plots import PLOT_INSTALL_HINT, check_plot_path, plotting_available, try_plot
 from draftwise.threads import check_threads, set_threads
 
 err = Console(stderr=True)
@@ -298,7 +303,12 @@ def phase_bars() -> Iterator[tuple[Any, Callable[..., None]]]:
     """One rich bar per phase of a long run (data, features, training ...), kept on screen.
     Yields ``(progress, bar)``; ``bar(name, done, total, info="")`` adds or updates a phase."""
     from rich.progress import (
-        BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
     )
 
     columns = (

@@ -29,19 +29,49 @@ from rich.table import Table
 from draftwise.bench import run_bench
 from draftwise.bench.methods import AUTO, BASELINE
 from draftwise.bench.report import format_value
-from draftwise.policy.adaptive import resolve_profile
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    ThreadsOpt,
+    err,
+    load_with_status,
+    out,
+    plain,
+    plot_or_warn,
+    progress_bar,
+    user_errors,
+)
+from draftwise.errors import ConfigError
+from draftwise.fsutil import (
+    MARKER,
+    claim_output_dir,
+    is_owned_by,
+    write_json_atomic,
+    write_text_atomic,
+)
 from draftwise.planner.defaults import default_drafts
 from draftwise.planner.plan import Plan, make_plan
-from draftwise.planner.report import best_per_draft, breakeven_text, interval_text, plan_rows, plot_plan, render_plan_markdown
-from draftwise.training.data import split_questions
-from draftwise.errors import ConfigError
-from draftwise.fsutil import MARKER, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
-from draftwise.plots import plotting_available
-from draftwise.questions import DEFAULT_QUESTIONS, Question, category_group, read_questions
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, ModelOpt, Quant, QuantOpt, ThreadsOpt, err, load_with_status, out, plain,
-    plot_or_warn, progress_bar, user_errors,
+from draftwise.planner.report import (
+    best_per_draft,
+    breakeven_text,
+    interval_text,
+    plan_rows,
+    plot_plan,
+    render_plan_markdown,
 )
+from draftwise.plots import plotting_available
+from draftwise.policy.adaptive import resolve_profile
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    category_group,
+    read_questions,
+)
+from draftwise.training.data import split_questions
 
 COMMAND = "demo"
 

@@ -10,14 +10,25 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    Quant,
+    QuantOpt,
+    TargetOpt,
+    ThreadsOpt,
+    command_line,
+    load_with_status,
+    out,
+    parse_number_list,
+    phase_bars,
+    status_printer,
+    user_errors,
+)
 from draftwise.distill import distill
 from draftwise.distill.outputs import check_out_dir
 from draftwise.distill.pack import PACK_WEIGHTS, pack_draft
 from draftwise.threads import set_threads
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, Quant, QuantOpt, TargetOpt, ThreadsOpt, command_line, load_with_status, out,
-    parse_number_list, phase_bars, status_printer, user_errors,
-)
 
 
 def eval_table(report: Any) -> Table:

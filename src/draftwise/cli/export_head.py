@@ -7,6 +7,15 @@ from typing import Annotated
 
 import typer
 
+from draftwise.cli.common import (
+    DType,
+    ThreadsOpt,
+    load_with_status,
+    out,
+    user_errors,
+    warn,
+)
+from draftwise.eagle.drafter import fingerprint_of
 from draftwise.eagle.export import (
     DEFAULT_K,
     MODEL_TYPE,
@@ -18,9 +27,7 @@ from draftwise.eagle.export import (
     validate_speculators_config,
     verifier_id,
 )
-from draftwise.eagle.drafter import fingerprint_of
 from draftwise.eagle.files import load_head
-from draftwise.cli.common import DType, ThreadsOpt, load_with_status, out, user_errors, warn
 
 
 def export_head_cmd(

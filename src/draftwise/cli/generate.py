@@ -9,11 +9,6 @@ import typer
 from rich.table import Table
 
 from draftwise.api import stream as start_stream
-from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k
-from draftwise.errors import ConfigError
-from draftwise.runtime.models import BUILTIN_MODELS
-from draftwise.core.sampling import SamplingConfig
-from draftwise.core.text import decode_escapes
 from draftwise.cli.common import (
     CompileOpt,
     DeviceOpt,
@@ -33,6 +28,11 @@ from draftwise.cli.common import (
     user_errors,
     utf8_text,
 )
+from draftwise.core.sampling import SamplingConfig
+from draftwise.core.text import decode_escapes
+from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k
+from draftwise.errors import ConfigError
+from draftwise.runtime.models import BUILTIN_MODELS
 
 STOP_HELP = (
     "Stop string (repeatable); the text ends right before it. \\n, \\t, \\r and \\\\ are read as "

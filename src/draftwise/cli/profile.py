@@ -14,14 +14,27 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    ThreadsOpt,
+    load_with_status,
+    out,
+    output_file,
+    parse_drafts,
+    plot_file,
+    progress_bar,
+    user_errors,
+)
 from draftwise.cost.measure import measure_profile
 from draftwise.cost.profile import default_profile_path
-from draftwise.planner.report import plot_profile
 from draftwise.errors import ConfigError
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, ThreadsOpt, load_with_status, out, output_file,
-    parse_drafts, plot_file, progress_bar, user_errors,
-)
+from draftwise.planner.report import plot_profile
 
 
 def profile_table(profile: Any) -> Table:

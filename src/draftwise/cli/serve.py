@@ -11,16 +11,32 @@ from typing import Annotated, Any
 
 import typer
 
-from draftwise.policy.batch_limit import read_capacity
-from draftwise.planner.plan import load_plan
-from draftwise.core.engine import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
+from draftwise.cli.common import (
+    CompileOpt,
+    DeviceOpt,
+    DType,
+    DTypeOpt,
+    ModelOpt,
+    Quant,
+    QuantOpt,
+    RuntimeChoice,
+    RuntimeOpt,
+    ThreadsOpt,
+    err,
+    load_with_status,
+    user_errors,
+    warn,
+)
+from draftwise.core.engine import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_CHUNK,
+    DEFAULT_SERVE_CONTEXT,
+)
 from draftwise.drafters.factory import capabilities_of
 from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
 from draftwise.errors import ConfigError
-from draftwise.cli.common import (
-    CompileOpt, DeviceOpt, DType, DTypeOpt, ModelOpt, Quant, QuantOpt, RuntimeChoice, RuntimeOpt, ThreadsOpt, err,
-    load_with_status, user_errors, warn,
-)
+from draftwise.planner.plan import load_plan
+from draftwise.policy.batch_limit import read_capacity
 
 SERVE_EXTRA = "draftwise serve needs FastAPI and uvicorn: pip install 'draftwise[serve]'"
 API_KEY_ENV = "DRAFTWISE_API_KEY"

@@ -11,14 +11,23 @@ from typing import Annotated, Any
 
 import typer
 
+from draftwise.cli.common import (
+    DeviceOpt,
+    TargetOpt,
+    ThreadsOpt,
+    command_line,
+    load_with_status,
+    out,
+    parse_number_list,
+    phase_bars,
+    plot_or_warn,
+    status_printer,
+    user_errors,
+)
 from draftwise.eagle.run import check_out, train_head
 from draftwise.errors import ConfigError
 from draftwise.plots import pyplot, save_figure
 from draftwise.threads import set_threads
-from draftwise.cli.common import (
-    DeviceOpt, TargetOpt, ThreadsOpt, command_line, load_with_status, out, parse_number_list, phase_bars, plot_or_warn,
-    status_printer, user_errors,
-)
 
 
 class Arch(str, Enum):

@@ -13,7 +13,6 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from draftwise.errors import ConfigError
 
-
 D = TypeVar("D")  # a draft (draftwise.core.draft.Draft, which sits above this module)
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 
 from draftwise.core.draft import Draft
-from draftwise.runtime.base import Runtime
 from draftwise.core.sampling import SamplingConfig, logits_to_probs
 from draftwise.core.tree import TokenTree
 from draftwise.core.verify import Verdict, verify_tree_greedy, verify_tree_sampled
+from draftwise.runtime.base import Runtime
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ import torch
 
 from draftwise.errors import ConfigError
 
-
 #: the largest seed torch.Generator.manual_seed takes (it reads the seed as an unsigned 64-bit int)
 MAX_SEED = 2**64 - 1
 

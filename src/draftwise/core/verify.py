@@ -70,8 +70,8 @@ from dataclasses import dataclass
 
 import torch
 
-from draftwise.errors import ConfigError
 from draftwise.core.tree import TokenTree
+from draftwise.errors import ConfigError
 
 
 @dataclass(frozen=True)

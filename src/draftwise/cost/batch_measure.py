@@ -13,13 +13,22 @@ from typing import Any
 import torch
 
 from draftwise.core.engine import check_batch
-from draftwise.errors import ConfigError
-from draftwise.runtime.base import Rows
-from draftwise.cost.batch_profile import (DEFAULT_BATCHES, DEFAULT_CONTEXTS, DEFAULT_ROWS, DEFAULT_SPREAD, BatchProfile,
-                            default_batch_profile_path, machine_fingerprint, save_batch_profile)
+from draftwise.cost.batch_profile import (
+    DEFAULT_BATCHES,
+    DEFAULT_CONTEXTS,
+    DEFAULT_ROWS,
+    DEFAULT_SPREAD,
+    BatchProfile,
+    default_batch_profile_path,
+    machine_fingerprint,
+    save_batch_profile,
+)
 from draftwise.cost.measure import _reporter, monotone
 from draftwise.cost.profile import cpu_flags, cpu_model, model_fingerprint
 from draftwise.cost.timing import fast_half_mean
+from draftwise.errors import ConfigError
+from draftwise.runtime.base import Rows
+
 
 # -- measuring -------------------------------------------------------------------------------
 def _tokens(n: int, seed: int, vocab: int) -> list[int]:
@@ -83,8 +92,8 @@ def measure_batch_profile(
     lengths costs, measured 1.2-1.5x at B = 8-16 here), and every timed pass is rolled back, so
     each pass over a batch sees the same cache. Each round times every batch and shape once, so a
     host that slows for a minute slows every batch alike: when each batch was timed in a block
-    of its own, one profile priced served 16-sequence passes at 1.12-1.14x their seconds and
-    8-sequence ones at 0.95-1.06x (docs/benchmarks.md, goodput run 26). The slots the runtime
+    of its own, one profile priced served 16-sequence passes above their seconds and 8-sequence
+    ones about right (docs/benchmarks.md, "Goodput at N concurrent requests"). The slots the runtime
     had before are restored (their contents are not).
     ``progress``: a ``(description, fraction)`` callback, True for a bar, False for nothing."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:

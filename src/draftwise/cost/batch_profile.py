@@ -27,8 +27,8 @@ rows or more sequences never costs less: a dip is noise).
 
 A prompt's chunk brings rows whose logits nobody reads (only its last row's, for the first
 token), so the LM head skips them: :attr:`BatchProfile.prompt_share` is a prompt row's price as a
-share of a verified row's, timed beside the grid (0.85 for SmolLM2-135M on the AVX2 EPYC; its LM
-head is a fifth of a row's weights), and :meth:`BatchProfile.priced_rows` counts a pass's rows at it.
+share of a verified row's, timed beside the grid (below 1 by about the LM head's share of a row's
+weights, a fifth for SmolLM2-135M), and :meth:`BatchProfile.priced_rows` counts a pass's rows at it.
 
 What a pass does not include comes from the ordinary :class:`~draftwise.cost.profile.Profile`:
 each sequence's draft cost D(k) (drafts run one after another on the model's thread) and its
@@ -57,14 +57,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from draftwise.errors import ConfigError
-from draftwise.fsutil import fields_of, read_json, write_json_atomic
 from draftwise.cost.profile import (
     default_profile_path,
     locked,
     machine_fingerprint,
     model_fingerprint,
 )
+from draftwise.errors import ConfigError
+from draftwise.fsutil import fields_of, read_json, write_json_atomic
 
 SCHEMA = "draftwise.batch-profile/1"
 DEFAULT_BATCHES = (1, 2, 4, 8, 16)

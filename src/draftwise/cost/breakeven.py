@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from draftwise.drafters.spec import DraftSpec
-from draftwise.errors import ConfigError
-from draftwise.plots import check_plot_path, pyplot, save_figure
 from draftwise.cost.formulas import (
     CostRatio,
     breakeven_acceptance,
@@ -34,6 +31,9 @@ from draftwise.cost.formulas import (
     speedup,
 )
 from draftwise.cost.profile import Profile
+from draftwise.drafters.spec import DraftSpec
+from draftwise.errors import ConfigError
+from draftwise.plots import check_plot_path, pyplot, save_figure
 
 #: Typical draft cost per proposed token c = D(k) / (k T(1)), as a fraction of a target step.
 #:
@@ -49,8 +49,8 @@ from draftwise.cost.profile import Profile
 #:   report a 4B draft at about 1/8 of a 70B target's step. 0.15 sits in the 0.1-0.2 range.
 #:
 #: - ``suffix`` (SuffixDecoding, Oliaro et al. 2024): a suffix-trie walk and a best-first tree
-#:   of at most k nodes, 20-55 us per step here (benchmarks/suffix_cost.py); 0.0015 is ~50 us
-#:   against a ~30 ms step.
+#:   of at most k nodes, tens of microseconds a step (docs/trees.md, "The drafts"); 0.0015 is
+#:   about that against a plain step of tens of milliseconds.
 #:
 #: These are presets for a calculator; ``draftwise profile`` measures the real costs.
 DRAFT_KIND_COSTS: dict[str, float] = {"lookup": 0.0003, "suffix": 0.0015, "self": 0.6, "model": 0.15}

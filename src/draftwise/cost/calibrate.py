@@ -19,13 +19,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from draftwise.core.decode import generate
+from draftwise.cost.formulas import expected_committed_by_position, predicted_speedup
+from draftwise.cost.timing import time_forward
 from draftwise.drafters.factory import calibration_path
 from draftwise.drafters.self_spec import SelfSpecDrafter
 from draftwise.errors import ConfigError
 from draftwise.fsutil import write_json_atomic
 from draftwise.runtime.native import NativeRuntime
-from draftwise.cost.formulas import expected_committed_by_position, predicted_speedup
-from draftwise.cost.timing import time_forward
 
 
 @dataclass(frozen=True)

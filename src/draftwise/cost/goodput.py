@@ -12,10 +12,10 @@ D the draft's cost and o(k) = step(k + 1) - forward(k + 1) the per-sequence veri
 overhead, both from the ordinary :class:`~draftwise.cost.profile.Profile` (drafts and
 verification run one sequence after another on the model's thread), and tau its per-token
 overhead. A serving batch measures o itself, apart for a plain and a speculating sequence
-(:class:`~draftwise.policy.outside_pass.OutsidePass`): the profile's one value for both (1.24 ms)
-charged a plain sequence three to five times what it costs outside a batched pass (0.25-0.4 ms in
-the load test at N = 16) and a speculating one (0.9-1.0 ms) nothing more, so proposals looked
-cheaper than they were (docs/benchmarks.md, goodput-policy run 32).
+(:class:`~draftwise.policy.outside_pass.OutsidePass`): the profile's one value for both charged
+a plain sequence several times what it costs outside a batched pass and a speculating one nothing
+more, so proposals looked cheaper than they were (docs/benchmarks.md, "Goodput at N concurrent
+requests").
 The step's goodput is ``sum_i E_i(k_i) / T_step``; k_i = 0 is a plain step (one row, no
 draft). At N = 1 this is the single-stream speedup model; as the batch fills, a proposed row
 costs about what another request's row would, so the best k falls, often to 0.
@@ -52,12 +52,12 @@ request whose history holds the earlier answers (as the plan traces it, as bench
 run it), each answer up to the plan's ``max_new_tokens``. The plan's acceptance is measured on
 exactly that (second turns of MT-bench copy the first answer and accept far more than first
 turns; later tokens of an answer accept more than early ones), so it predicts nothing else:
-the validation (``benchmarks/goodput_validate.py``) sends the same kind of units, and
+the validation (:mod:`draftwise.server.validate`) sends the same kind of units, and
 :func:`~draftwise.capacity.simulate.workload_from_plan` takes ``units=`` to predict the very
 requests it sent.
 
 **Predicting a concurrency N** (:func:`~draftwise.capacity.simulate.predict`): a deterministic
-simulation of the load test (``benchmarks/goodput_validate.py``): N clients, each sending its
+simulation of the load test (:mod:`draftwise.server.validate`): N clients, each sending its
 units one after the other and a unit's turns one after the other, the units shared as the load
 test shares them (:func:`~draftwise.capacity.simulate.client_units`: R a client, or the same
 units at every N). A joining request prefills its whole prompt (history
@@ -95,10 +95,10 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from draftwise.errors import ConfigError
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed_by_position
 from draftwise.cost.profile import Profile
+from draftwise.errors import ConfigError
 
 NONE = "none"
 
@@ -235,8 +235,9 @@ def choose_ks(
     # The server runs this on the model's thread before every pass, so its cost is the policy's
     # own overhead: each sequence's options are flattened once, and the pass's price of a row
     # total, which the rounds ask for again and again, is looked up once per total. Same
-    # arithmetic, same k's. (With StepCost's overhead kept per context, a policy's choice for 16
-    # sequences went from 8.0 to 1.4 ms on a 2-core Xeon; docs/benchmarks.md, goodput run 9.)
+    # arithmetic, same k's. (Pricing each row total again and interpolating each sequence's
+    # overhead per k made the choice several times slower; StepCost keeps the overhead per
+    # context. docs/benchmarks.md, "Goodput at N concurrent requests".)
     options = [[(k, o.rows, o.at(scenario), c.extra[k]) for k, o in c.outcomes.items()] for c in choices]
     priced: dict[float, float] = {}
 

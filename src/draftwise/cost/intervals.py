@@ -51,9 +51,9 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.drafters.spec import DraftSpec
 from draftwise.cost.formulas import mean_rate_speedup
 from draftwise.cost.profile import Profile
+from draftwise.drafters.spec import DraftSpec
 
 LEVEL = 0.95
 

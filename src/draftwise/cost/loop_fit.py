@@ -1,9 +1,9 @@
 """The profile fitted to the decode loop as it ran during a plan.
 
 A profile is measured once, in about a minute, and cached; on a shared machine its shape is
-not stable. Of six profiles of the 2-core AMD EPYC (benchmarks/results/planner/profile-drift-amd),
-five priced a nine-row step at 1.14-1.17x a one-row step at 128 tokens of context, and one,
-measured the same way, at 1.37x (its one-row step 15.7 ms against 17.5-18.7). A plan's speedups
+not stable: profiles of one machine, measured the same way, can price a nine-row step against
+a one-row step differently enough to matter (docs/planner.md, "Validation").
+A plan's speedups
 are ratios of one-row steps (plain decoding) to multi-row ones (verification), so such a
 profile moves every prediction, and a validation disagrees with the plan by as much
 (docs/planner.md, "The profile fitted to the loop").

@@ -53,15 +53,15 @@ from draftwise.drafters.factory import cost_variant
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.fsutil import fields_of, read_json, write_json_atomic
-from draftwise.runtime.loaders import cache_dir, model_fingerprint
 from draftwise.runtime import kernels
+from draftwise.runtime.loaders import cache_dir, model_fingerprint
 
 SCHEMA = "draftwise.profile/1"
 
 
 #: the CPU features that decide which kernels torch and oneDNN run (so what a pass costs): two
-#: machines that report the same model name can differ in them (an AMD EPYC with and without
-#: AVX-512 timed a plain decoding step of the default model at about 33 and 60 ms)
+#: machines that report the same model name can differ in them, and with AVX-512 or without it
+#: the same CPU model decodes at nearly twice or half the speed (docs/benchmarks.md, "Machines")
 _KERNEL_FLAGS = ("avx2", "fma", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16",
                  "amx_tile", "amx_bf16", "amx_int8", "asimd", "sve", "sve2")
 
@@ -161,9 +161,9 @@ class Profile:
         """Per-step overhead beyond the pass itself (sampling, verification, bookkeeping): one
         value per context, the median over the measured n of step - forward, for any ``n`` in
         the profile. The work scarcely depends on n, while step and forward are timed apart, so
-        their difference at each n is mostly noise: on a 2-core AMD EPYC it read 0-36 ms against
-        a median of 5 ms, and the goodput policy, charging it per sequence, kept k = 1-3 (36 ms)
-        off and took plain steps or 4-8 nodes instead (benchmarks.md, goodput-policy run 7)."""
+        their difference at each n is mostly noise, several times its median at some n; the
+        goodput policy, charging that per sequence, kept the k it hit off and took plain steps
+        or larger trees instead (docs/benchmarks.md, "Goodput at N concurrent requests")."""
         if not 1 <= n <= self.max_n:
             raise ConfigError(f"the profile covers passes of 1..{self.max_n} tokens, not {n}")
         return _interp(self._overheads, 1, context)

@@ -24,12 +24,12 @@ Rooms: :mod:`.data` (prompts, split, cached continuations, token counts), :mod:`
 :mod:`.pack` (a draft's trained layers alone, the form in which a draft ships).
 """
 
-from draftwise.drafters.packs import default_draft_folder, unpack_draft
-from draftwise.training.data import split_questions
 from draftwise.distill.evaluate import EvalReport, breakeven_for_cost, evaluate_draft
 from draftwise.distill.pack import pack_draft
 from draftwise.distill.student import build_draft, evenly_spaced_layers, kl_loss
 from draftwise.distill.train import DistillResult, StepLog, distill
+from draftwise.drafters.packs import default_draft_folder, unpack_draft
+from draftwise.training.data import split_questions
 
 __all__ = [
     "DistillResult",

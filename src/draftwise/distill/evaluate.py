@@ -19,9 +19,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from draftwise.api import generate
 from draftwise.cost.formulas import breakeven_acceptance, leviathan_speedup
 from draftwise.cost.timing import time_forward
-from draftwise.api import generate
 from draftwise.drafters import make_drafter
 from draftwise.errors import ConfigError
 

@@ -17,11 +17,17 @@ from typing import IO, Any
 
 import torch
 
+from draftwise.distill.student import draft_logits, kl_loss, teacher_logits
 from draftwise.errors import ConfigError
 from draftwise.training.checkpoint import save_snapshot
 from draftwise.training.data import batch_indices, make_batch
-from draftwise.training.loop import GRAD_CLIP, RunProgress, StepLog, graceful_interrupt, lr_schedule
-from draftwise.distill.student import draft_logits, kl_loss, teacher_logits
+from draftwise.training.loop import (
+    GRAD_CLIP,
+    RunProgress,
+    StepLog,
+    graceful_interrupt,
+    lr_schedule,
+)
 
 
 def train_loop(

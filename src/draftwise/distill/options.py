@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from draftwise.errors import ConfigError
 from draftwise.distill.student import draft_config, evenly_spaced_layers
+from draftwise.errors import ConfigError
 
 #: settings that define a run; ``--resume`` keeps the checkpoint's values and refuses others
 DEFAULTS: dict[str, Any] = {

@@ -12,7 +12,15 @@ from typing import Any
 
 from draftwise.drafters.packs import META_FILE
 from draftwise.errors import ConfigError
-from draftwise.fsutil import MARKER, check_output_dir, check_writable, claim_output_dir, is_owned_by, write_json_atomic, write_text_atomic
+from draftwise.fsutil import (
+    MARKER,
+    check_output_dir,
+    check_writable,
+    claim_output_dir,
+    is_owned_by,
+    write_json_atomic,
+    write_text_atomic,
+)
 
 
 def write_meta(out: Path, meta: dict[str, Any]) -> Path:

@@ -10,9 +10,15 @@ from pathlib import Path
 
 import torch
 
-from draftwise.drafters.packs import EMBEDDINGS, EXTRA_FILES, META_FILE, PACK_FORMAT, PACK_WEIGHTS
-from draftwise.errors import ConfigError
 from draftwise.distill.outputs import write_eval, write_meta
+from draftwise.drafters.packs import (
+    EMBEDDINGS,
+    EXTRA_FILES,
+    META_FILE,
+    PACK_FORMAT,
+    PACK_WEIGHTS,
+)
+from draftwise.errors import ConfigError
 from draftwise.training.outputs import portable_meta
 
 __all__ = ["PACK_WEIGHTS", "pack_draft"]

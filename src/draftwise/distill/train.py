@@ -37,20 +37,46 @@ from typing import Any
 
 import torch
 
-from draftwise.errors import ConfigError
-from draftwise.runtime.loaders import Model, load_model
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
-from draftwise.runtime.native import SUPPORTED_MODEL_TYPES
-from draftwise.training.checkpoint import load_checkpoint, save_checkpoint
-from draftwise.training.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
 from draftwise.distill.evaluate import EvalReport, evaluate_draft
 from draftwise.distill.loop import train_loop
-from draftwise.training.loop import RunProgress, StepLog, resume_from, start_log
-from draftwise.distill.options import DEFAULT_STEPS, DEFAULTS, NUMBER_RULES, DraftShape, resolve_shape
-from draftwise.training.options import check_numbers, check_temperatures, resolve_settings
-from draftwise.distill.outputs import check_out_dir, claim_out_dir, save_draft_folder, write_eval, write_meta
-from draftwise.training.outputs import file_sha256, portable_command, prompts_name, write_heldout
+from draftwise.distill.options import (
+    DEFAULT_STEPS,
+    DEFAULTS,
+    NUMBER_RULES,
+    DraftShape,
+    resolve_shape,
+)
+from draftwise.distill.outputs import (
+    check_out_dir,
+    claim_out_dir,
+    save_draft_folder,
+    write_eval,
+    write_meta,
+)
 from draftwise.distill.student import build_draft
+from draftwise.errors import ConfigError
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
+from draftwise.runtime.loaders import Model, load_model
+from draftwise.runtime.native import SUPPORTED_MODEL_TYPES
+from draftwise.training.checkpoint import load_checkpoint, save_checkpoint
+from draftwise.training.data import (
+    frequent_tokens,
+    make_sequences,
+    ordered_prompts,
+    split_questions,
+)
+from draftwise.training.loop import RunProgress, StepLog, resume_from, start_log
+from draftwise.training.options import (
+    check_numbers,
+    check_temperatures,
+    resolve_settings,
+)
+from draftwise.training.outputs import (
+    file_sha256,
+    portable_command,
+    prompts_name,
+    write_heldout,
+)
 
 __all__ = ["DistillResult", "StepLog", "distill"]
 

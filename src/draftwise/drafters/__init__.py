@@ -6,8 +6,8 @@ a token tree (:class:`Draft`'s ``tree``): ``suffix`` always, ``lookup`` with ``b
 from draftwise.core.draft import Capabilities, Draft, Drafter, draft_autoregressive
 from draftwise.drafters.factory import capabilities_of, make_drafter
 from draftwise.drafters.lookup import NgramIndex, PromptLookupDrafter, find_ngram_match
-from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
 from draftwise.drafters.self_spec import SelfSpecDrafter
+from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
 from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_draft_list, parse_k
 from draftwise.drafters.suffix import SuffixCache, SuffixDrafter
 

@@ -7,22 +7,22 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from draftwise.errors import ConfigError
-from draftwise.runtime.loaders import cache_dir, load_model
 from draftwise.core.draft import Capabilities, Drafter
-from draftwise.eagle.drafter import default_head_weights, eagle_drafter
 from draftwise.drafters.hybrid import HybridDrafter
 from draftwise.drafters.lookup import PromptLookupDrafter
-from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
 from draftwise.drafters.packs import META_FILE, default_draft_folder
 from draftwise.drafters.self_spec import SelfSpecDrafter
+from draftwise.drafters.small_model import ModelDrafter, check_same_tokenizer
 from draftwise.drafters.spec import SPEC_HELP, DraftSpec
 from draftwise.drafters.suffix import MAX_MATCH, SuffixCache, SuffixDrafter
+from draftwise.eagle.drafter import default_head_weights, eagle_drafter
+from draftwise.errors import ConfigError
+from draftwise.runtime.loaders import cache_dir, load_model
 
 # Layer sets `draftwise calibrate-self` found for built-in models, used by plain `self` until the
 # user calibrates their own. Keyed by the converted folder's name, which includes a hash of the
-# GGUF. SmolLM2-135M-Instruct Q4_1: `draftwise calibrate-self --num-prompts 3 -n 32`
-# (2026-11-29) kept 22 of 30 layers, skipping 11-18.
+# GGUF. SmolLM2-135M-Instruct Q4_1: `draftwise calibrate-self --num-prompts 3 -n 32` kept 22 of
+# 30 layers, skipping 11-18.
 SHIPPED_SELF_SKIPS: dict[str, frozenset[int]] = {
     "SmolLM2-135M-Instruct.Q4_1-b179c9523d0e6a0f": frozenset(range(11, 19)),
 }
@@ -139,7 +139,7 @@ def cost_variant(spec: DraftSpec | str) -> str:
     ``"head float32"`` for a draft with an EAGLE head (the weight format :func:`make_drafter`
     gives the head here, :func:`~draftwise.eagle.drafter.default_head_weights`), and for a
     hybrid its head's ``fill`` as well (the spec's canonical form leaves out the default, which
-    changed from 1 to 3 on 2026-12-06); ``""`` for every other draft. A cached cost measured
+    was 1 before it was 3); ``""`` for every other draft. A cached cost measured
     under another variant is stale (a profile made before heads drafted in int8 priced them ~30%
     too high).
 

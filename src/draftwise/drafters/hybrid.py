@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
+from draftwise.core.draft import Capabilities, Draft, Drafter
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.tree import TokenTree
-from draftwise.core.draft import Capabilities, Draft, Drafter
 from draftwise.drafters.spec import FILL
 
 #: head tokens merged into each greedy tree (the head's k=1 pays best on the default model)

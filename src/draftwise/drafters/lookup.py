@@ -15,10 +15,10 @@ from collections.abc import Sequence
 
 import torch
 
-from draftwise.errors import ConfigError
+from draftwise.core.draft import Capabilities, Draft
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.tree import TokenTree
-from draftwise.core.draft import Capabilities, Draft
+from draftwise.errors import ConfigError
 
 SCAN_PER_BRANCH = 8  # earlier occurrences looked at per wanted branch (repeats add nothing)
 

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import torch
 
-from draftwise.errors import ConfigError
-from draftwise.core.sampling import SamplingConfig
 from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
+from draftwise.core.sampling import SamplingConfig
 from draftwise.drafters.layer_lists import format_layers
+from draftwise.errors import ConfigError
 
 
 class SelfSpecDrafter:

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
+from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
+from draftwise.core.sampling import SamplingConfig
 from draftwise.errors import ConfigError
 from draftwise.runtime.base import Runtime
-from draftwise.core.sampling import SamplingConfig
-from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
 
 
 def check_same_tokenizer(target_tok: Any, draft_tok: Any) -> None:

@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Union
 
-from draftwise.errors import ConfigError
 from draftwise.drafters.layer_lists import clip as _clip
 from draftwise.drafters.layer_lists import format_layers, parse_layer_list
+from draftwise.errors import ConfigError
 
 SPEC_HELP = (
     "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
@@ -165,7 +165,9 @@ class DraftSpec:
         if self.kind in ("lookup", "eagle") and not 1 <= self.branches <= MAX_NODES:
             raise ConfigError(f"{self.kind}:{'topk' if self.kind == 'eagle' else 'branches'}={self.branches} is out of range; use 1..{MAX_NODES}")
         if self.kind == "suffix":
-            from draftwise.drafters.suffix import check_suffix_options  # the memory estimate lives with the structure
+            from draftwise.drafters.suffix import (
+                check_suffix_options,  # the memory estimate lives with the structure
+            )
 
             check_suffix_options(self.nodes, self.depth, self.cache, self.factor, self.min_prob, MAX_NODES)
         if self.kind == "self" and sum(x is not None for x in (self.exit_layer, self.layers, self.skip)) > 1:

@@ -25,9 +25,8 @@ Cost per step, whatever the history length: appending a token moves each *repeat
 the context one level down its trie (at most ``MAX_MATCH + depth``), and the global match is
 kept incrementally the same way; a proposal reads the ``BRANCH`` best children of at most
 ``nodes`` nodes (see :mod:`.suffix_trie`). Adding a finished generation to the global cache
-costs the same per token, paid once when the next generation starts. ``benchmarks/suffix_cost.py``
-(k=16, depth 8): a median 22-27 µs per step without the cache and 44-54 µs with 64-512 cached
-generations, for histories of 1k to 100k tokens.
+costs the same per token, paid once when the next generation starts (measured per step and
+per cached generation: docs/trees.md, "The drafts").
 
 Ownership: a drafter owns its :class:`SuffixCache`; nothing is shared through the process.
 Whoever keeps the drafter object keeps the cache: one bench method across its questions, one
@@ -48,17 +47,16 @@ from dataclasses import dataclass
 
 import torch
 
-from draftwise.errors import ConfigError
+from draftwise.core.draft import Capabilities, Draft
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.tree import TokenTree
-from draftwise.core.draft import Capabilities, Draft
 from draftwise.drafters.suffix_trie import Node, Seq, SuffixTrie, Where, grow_tree
+from draftwise.errors import ConfigError
 
 MAX_MATCH = 16  # the longest context suffix matched; the tries hold MAX_MATCH + depth levels
-# Memory a cached generation may take, for refusing a cache that cannot fit. Measured with
-# benchmarks/suffix_cost.py (tracemalloc, 24 levels): ~2.5 KB per token for a text repeated
-# verbatim (the worst case: a node per level per token), ~0.8 KB for text-like streams; 170 B
-# per level (4.1 KB per token at 24 levels) leaves a margin.
+# Memory a cached generation may take, for refusing a cache that cannot fit: a text repeated
+# verbatim is the worst case (a node per level per token); this bound per level leaves a margin
+# over what was measured (docs/trees.md, "The drafts").
 BYTES_PER_TOKEN_LEVEL = 170
 TOKENS_PER_GENERATION = 2048  # assumed size of one cached output, for that estimate
 

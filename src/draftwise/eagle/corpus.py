@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from draftwise.eagle.data import conversation_ids, normalise
 from draftwise.errors import ConfigError
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
-from draftwise.eagle.data import conversation_ids, normalise
 
 SHAREGPT = "sharegpt"
 #: bytes read at a time

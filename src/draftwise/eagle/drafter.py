@@ -34,14 +34,19 @@ from typing import Any, Literal
 
 import torch
 
-from draftwise.errors import ConfigError
-from draftwise.runtime.quant import kernel_works
+from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.tree import TokenTree
-from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
+from draftwise.eagle.files import (
+    HEAD_WEIGHTS,
+    LoadedHead,
+    load_head,
+    target_fingerprint,
+)
 from draftwise.eagle.head import EagleHead, HeadCache
-from draftwise.eagle.files import HEAD_WEIGHTS, LoadedHead, load_head, target_fingerprint
 from draftwise.eagle.parts import TargetParts, hf_model, int8_head
+from draftwise.errors import ConfigError
+from draftwise.runtime.quant import kernel_works
 
 #: heads that ship with draftwise, one folder per target (named like its converted folder)
 SHIPPED_HEADS = Path(__file__).resolve().parents[1] / "heads"

@@ -43,18 +43,22 @@ legacy converter module in 0.5-0.6, removed in 0.7), and vLLM's speculators load
 when the installed ``speculators`` does not know the type.
 """
 
-
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
 import torch
+
 from draftwise.eagle.files import LoadedHead, load_head
 from draftwise.errors import ConfigError
-from draftwise.fsutil import atomic_path, check_output_dir, claim_output_dir, write_json_atomic
-from draftwise.eagle.files import LoadedHead
-
+from draftwise.fsutil import (
+    atomic_path,
+    check_output_dir,
+    claim_output_dir,
+    write_json_atomic,
+)
 
 EAGLE3_MODEL_TYPE = "eagle3"
 #: our parameter name -> the speculators ``eagle3`` name

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from draftwise.errors import ConfigError
 from draftwise.eagle.head import EagleHead, HeadConfig
+from draftwise.errors import ConfigError
 
 HEAD_FORMAT = "draftwise-eagle-head-1"
 HEAD_WEIGHTS = "eagle_head.safetensors"

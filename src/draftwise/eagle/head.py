@@ -47,6 +47,7 @@ from torch import nn
 
 from draftwise.errors import ConfigError
 
+
 @dataclass(frozen=True)
 class HeadConfig:
     """The head's shape. A head copies the target's layer shape (``from_target``)."""

@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from draftwise.eagle.head import EagleHead
 from draftwise.errors import ConfigError
 from draftwise.runtime.quant import Int8Linear
-from draftwise.eagle.head import EagleHead
 
 
 def hf_model(runtime: Any) -> Any:

@@ -31,20 +31,34 @@ from typing import Any
 
 import torch
 
-from draftwise.eagle.head import ARCHS, EagleHead, default_aux_layers
-from draftwise.eagle.files import save_head, target_fingerprint
-from draftwise.errors import ConfigError
-from draftwise.fsutil import check_output_dir, check_writable, claim_output_dir, is_owned_by
-from draftwise.runtime.loaders import load_model, parse_device
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
-from draftwise.training.checkpoint import load_safely, save_checkpoint
 from draftwise.eagle.corpus import corpus_sequences
-from draftwise.training.data import frequent_tokens, make_sequences, ordered_prompts, split_questions
-from draftwise.eagle.features import FeatureStore, extract_features
 from draftwise.eagle.data import heldout_sequences, magpie_prompts, magpie_questions
+from draftwise.eagle.features import FeatureStore, extract_features
+from draftwise.eagle.files import save_head, target_fingerprint
+from draftwise.eagle.head import ARCHS, EagleHead, default_aux_layers
 from draftwise.eagle.train import HeadStep, TargetParts, build_head, train_head_loop
+from draftwise.errors import ConfigError
+from draftwise.fsutil import (
+    check_output_dir,
+    check_writable,
+    claim_output_dir,
+    is_owned_by,
+)
+from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions
+from draftwise.runtime.loaders import load_model, parse_device
+from draftwise.training.checkpoint import load_safely, save_checkpoint
+from draftwise.training.data import (
+    frequent_tokens,
+    make_sequences,
+    ordered_prompts,
+    split_questions,
+)
 from draftwise.training.loop import RunProgress, resume_from, start_log
-from draftwise.training.options import check_numbers, check_temperatures, resolve_settings
+from draftwise.training.options import (
+    check_numbers,
+    check_temperatures,
+    resolve_settings,
+)
 from draftwise.training.outputs import portable_command, write_heldout
 
 COMMAND = "train-head"

@@ -30,13 +30,18 @@ from typing import IO, Any
 import torch
 import torch.nn.functional as F
 
-from draftwise.eagle.parts import TargetParts
+from draftwise.eagle.features import FeatureStore
 from draftwise.eagle.head import EagleHead, HeadConfig
+from draftwise.eagle.parts import TargetParts
 from draftwise.errors import ConfigError
 from draftwise.runtime.native import load_state_dict
 from draftwise.training.data import batch_indices
-from draftwise.eagle.features import FeatureStore
-from draftwise.training.loop import GRAD_CLIP, RunProgress, graceful_interrupt, lr_schedule
+from draftwise.training.loop import (
+    GRAD_CLIP,
+    RunProgress,
+    graceful_interrupt,
+    lr_schedule,
+)
 
 
 def build_head(target: Any, *, init: str, seed: int, feature_norm: bool = False, arch: str = "eagle1") -> EagleHead:

@@ -13,8 +13,8 @@ The list holds what won when measured, so that taking the defaults can end in th
   (:data:`HEAD_DRAFT`). With the head trained on 512 ShareGPT conversations (drafting 0.410 at
   k=1 on held-out MT-bench, against 0.327 for the head before it; the one on 1,024 that replaced
   it drafts at 0.465), a plan that weighs it picked it in every category, and its pick
-  (``auto``) beat the better of ``lookup`` and ``suffix`` on questions the plan had not seen: 1.08x and 1.06x in two runs on a 2-core Intel Xeon
-  (docs/benchmarks.md#the-planners-pick). With the earlier head it measured below ``suffix``
+  (``auto``) beat the better of ``lookup`` and ``suffix`` on questions the plan had not seen,
+  in each run (docs/benchmarks.md#the-planners-pick). With the earlier head it measured below ``suffix``
   (1.79x against 1.87x), which is why it was offered by name only before;
 - not in sampled plans (temperature > 0): there every candidate that proposes distributions
   costs a traced run per continuation (8 a prompt by default, against a free replay for the

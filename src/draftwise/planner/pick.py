@@ -13,17 +13,25 @@ from typing import Any
 
 import numpy as np
 
-from draftwise.drafters import capabilities_of
-from draftwise.drafters.spec import KValue
-from draftwise.questions import Question
 from draftwise.cost.formulas import mean_rate_speedup
 from draftwise.cost.intervals import (
-    Counts, cost_ratio_draws, counts_from_steps, dispersion, percentile_interval, rerun_draws,
-    rerun_t_draws, speedup_draws, timing_draws, uniforms,
+    Counts,
+    cost_ratio_draws,
+    counts_from_steps,
+    dispersion,
+    percentile_interval,
+    rerun_draws,
+    rerun_t_draws,
+    speedup_draws,
+    timing_draws,
+    uniforms,
 )
+from draftwise.cost.profile import Profile
+from draftwise.drafters import capabilities_of
+from draftwise.drafters.spec import KValue
 from draftwise.planner.moderation import log_spreads
 from draftwise.planner.plan_file import AUTO, NONE, Candidate
-from draftwise.cost.profile import Profile
+from draftwise.questions import Question
 
 #: a (draft, k) -> its items, one per unit (a question and one continuation of it)
 Per = dict[tuple[str, KValue], list[dict[str, Any]]]
@@ -38,8 +46,8 @@ def aggregate(per_prompt: Sequence[dict[str, Any]]) -> float:
 
 
 #: how much better (relatively, in the pick's own terms) a candidate must predict than the
-#: default it would replace. Held-out greedy predictions missed by 4.6% (median) on the 2-core
-#: AMD EPYC (issue 28's check): two settings predicted closer than that cannot be told apart,
+#: default it would replace. Held-out greedy predictions miss by about this much (the median of
+#: issue 28's check): two settings predicted closer than that cannot be told apart,
 #: and the best of many close ones is the luckiest. See docs/planner.md, step 5.
 MARGIN = 0.05
 

@@ -44,29 +44,56 @@ import itertools
 import math
 import statistics
 import time
-from dataclasses import replace
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
-
-from draftwise.runtime.chat import encode_conversation
 from draftwise.core.decode import generate
+from draftwise.core.sampling import SamplingConfig
+from draftwise.cost.formulas import breakeven_acceptance, effective_acceptance
+from draftwise.cost.intervals import percentile_interval, timing_spread
+from draftwise.cost.loop_fit import fit_loop, fitted_profile
+from draftwise.cost.profile import Profile
 from draftwise.drafters import capabilities_of, make_drafter
 from draftwise.drafters.spec import DraftSpec, KValue
 from draftwise.errors import ConfigError
-from draftwise.questions import Question, parse_question
-from draftwise.core.sampling import SamplingConfig
-from draftwise.cost.intervals import percentile_interval, timing_spread
-from draftwise.cost.formulas import breakeven_acceptance, effective_acceptance
-from draftwise.planner.plan_file import AUTO, NONE, PLAN_SCHEMA, Candidate, Plan, load_plan
-from draftwise.cost.loop_fit import fit_loop, fitted_profile
-from draftwise.planner.pick import Per, Spread, aggregate, choose, route_units, routed_items, score_by, spread_note
-from draftwise.cost.profile import Profile
-from draftwise.planner.route import policy_for
-from draftwise.planner.replay import (
-    Trace, answer, answer_text, expected_steps, merge_turns, price_item, pricing, rates_only, replay_hits,
-    replay_lookup, replayable, trace_generation, turn_prices, unit_prices,
+from draftwise.planner.pick import (
+    Per,
+    Spread,
+    aggregate,
+    choose,
+    route_units,
+    routed_items,
+    score_by,
+    spread_note,
 )
+from draftwise.planner.plan_file import (
+    AUTO,
+    NONE,
+    PLAN_SCHEMA,
+    Candidate,
+    Plan,
+    load_plan,
+)
+from draftwise.planner.replay import (
+    Trace,
+    answer,
+    answer_text,
+    expected_steps,
+    merge_turns,
+    price_item,
+    pricing,
+    rates_only,
+    replay_hits,
+    replay_lookup,
+    replayable,
+    trace_generation,
+    turn_prices,
+    unit_prices,
+)
+from draftwise.planner.route import policy_for
+from draftwise.questions import Question, parse_question
+from draftwise.runtime.chat import encode_conversation
 
 # the plan's data and file live in .plan_file; they are imported from here too
 __all__ = ["DEFAULT_SAMPLES", "NONE", "PLAN_SCHEMA", "Candidate", "Plan", "as_questions", "check_samples", "load_plan",

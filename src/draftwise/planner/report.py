@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from draftwise.plots import pyplot, save_figure
-from draftwise.planner.plan import NONE, Candidate, Plan
 from draftwise.cost.profile import Profile
+from draftwise.planner.plan import NONE, Candidate, Plan
+from draftwise.plots import pyplot, save_figure
 
 
 def _pct(x: float | None) -> str:

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from draftwise.core.draft import Capabilities
+from draftwise.core.kpolicy import KPolicy
 from draftwise.drafters.spec import DraftSpec, KValue, parse_k
 from draftwise.errors import ConfigError
-from draftwise.core.kpolicy import KPolicy
 from draftwise.policy.adaptive import auto_policy
 
 OVERALL = "overall"

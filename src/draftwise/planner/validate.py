@@ -35,15 +35,15 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from draftwise.core.decode import generate
-from draftwise.runtime.chat import encode_conversation
+from draftwise.core.sampling import SamplingConfig
+from draftwise.cost.formulas import mean_rate_speedup
 from draftwise.drafters import make_drafter
 from draftwise.drafters.spec import DraftSpec, KValue, parse_k
 from draftwise.errors import ConfigError
-from draftwise.questions import Question
-from draftwise.core.sampling import SamplingConfig
-from draftwise.cost.formulas import mean_rate_speedup
 from draftwise.planner.plan import NONE, Plan, as_questions, warm_up
 from draftwise.planner.route import policy_for
+from draftwise.questions import Question
+from draftwise.runtime.chat import encode_conversation
 
 #: the first seed a validation tries; far from the planner's own, which it also skips
 FIRST_SEED = 10_000

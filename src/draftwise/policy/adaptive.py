@@ -24,9 +24,9 @@ the decayed ratio of tokens accepted to tokens the kept scores predicted (starti
 draft's ratio over earlier generations, or 1), times the bias of the tree's size
 (:class:`TreeSizes`, which the server shares between the requests of a draft). A draft's trees
 of one size over-promise more than another's: suffix decoding's budget grows with its match,
-and its 4-node trees from short matches got 0.18-0.19 of their scores where its 8-node trees got
-0.39-0.49 (the default model at 8 and 16 requests a pass, `benchmarks/tree_calibration.py`), so
-one ratio for both kept short trees the batch did not pay for. Within a tree of each size, the
+and its short trees (from short matches) delivered a smaller share of their scores than its long
+ones (docs/benchmarks.md, "Goodput at N concurrent requests"), so one ratio for both kept short
+trees the batch did not pay for. Within a tree of each size, the
 best node is priced apart from the others (:meth:`TreeSizes.rank_factors`): one ratio for every
 node priced the best node at about 0.6 of what the target took and the deeper ones above it,
 which kept the batch plain where one node paid. A tree trimmed to nothing still teaches it: its
@@ -54,14 +54,13 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from draftwise.core.draft import Capabilities, Draft
+from draftwise.cost.formulas import expected_committed_by_position, tokens_per_second
+from draftwise.cost.measure import measure_profile
+from draftwise.cost.profile import Profile, default_profile_path, locked
 from draftwise.drafters.factory import capabilities_of
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.fsutil import check_writable
-from draftwise.cost.measure import measure_profile
-from draftwise.cost.formulas import expected_committed_by_position, tokens_per_second
-from draftwise.cost.profile import Profile, default_profile_path, locked
-
 
 PRIOR_TOKENS = 4.0  # the calibration's prior weight: 4 tokens' worth at lam = 1
 AUTO_MAX_N = 9  # the auto profile's largest pass (a k of 8, a tree of 8 nodes)
@@ -116,10 +115,8 @@ class TreeSizes:
         its price overall its best node delivers, and its other nodes (1 and 1 until seen, a
         prior of :data:`PRIOR_TOKENS` tokens each). The price is ``lam`` times the score, the
         same for every node; the target takes the best node more often than its score says,
-        relative to the deeper ones: at 16 requests a pass suffix's best node was priced 0.13
-        and taken 0.23 of the times the batch kept its tree out, 0.38 and 0.57 when kept, while
-        its 8-node trees as a whole were priced 2.67 and delivered 2.28
-        (``benchmarks/tree_calibration.py``). Relative to the size's overall ratio, which
+        relative to the deeper ones, while a whole tree delivers less than its scores promise
+        (docs/benchmarks.md, "Goodput at N concurrent requests"). Relative to the size's overall ratio, which
         ``lam`` and :meth:`factor` already carry: the two factors move expected tokens between
         the best node and the rest, and do not scale them again. By size, because a short
         tree's deep nodes (from a short match) deliver less than a long tree's."""

@@ -2,10 +2,10 @@
 concurrency (``concurrency.json``, written by ``draftwise plan --concurrency``).
 
 The policy chooses each step's k's by the expected goodput of the batch as it is. Where that
-expectation is close to plain batching it is also where the model's errors decide the sign: on
-the 2-core EPYC with AVX-512 the plan predicted the policy at 1.03x plain at N = 16 [0.96-1.04]
-and seventeen load-test rounds measured a median of 0.955x (docs/benchmarks.md, goodput-policy
-runs 29-34). So the server speculates in a batch only up to the *speculating limit*: the largest
+expectation is close to plain batching it is also where the model's errors decide the sign: a
+plan that predicted the policy a little above plain at N = 16, with an interval reaching below
+1, met load tests that measured it below plain (docs/benchmarks.md, "Goodput at N concurrent
+requests"). So the server speculates in a batch only up to the *speculating limit*: the largest
 N of the plan's grid up to which the low end of every predicted interval of the policy over plain
 batching is at least 1.0 (:func:`speculating_limit`). A batch holding more sequences than that
 steps plain; a batch at or under it, or a server without the file, follows the policy. (The
@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from draftwise.cost.batch_profile import BatchProfile
 from draftwise.errors import ConfigError
 from draftwise.fsutil import read_json
-from draftwise.cost.batch_profile import BatchProfile
 
 POLICY = "goodput"
 

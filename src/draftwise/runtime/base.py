@@ -33,9 +33,8 @@ positions read as not recorded until a full pass rewrites them). Capture off cos
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch

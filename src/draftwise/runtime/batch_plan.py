@@ -72,8 +72,8 @@ class Plan:
     threads: int = 1
 
 
-#: The cost model :func:`segments` cuts a pass by, in nanoseconds per layer, rough figures from the
-#: default model on a 2-core AMD EPYC (it decides only how fast a pass runs, never what it computes):
+#: The cost model :func:`segments` cuts a pass by, in nanoseconds per layer, rough figures timed on
+#: the default model (they decide only how fast a pass runs, never what it computes):
 #: one group's fixed cost (about ten tensor operations) ...
 CALL_COST = 60_000.0
 #: ... and, per entry and per padded key, reading that key's K and V (and copying V into blocks) ...

@@ -47,7 +47,7 @@ from transformers.cache_utils import Cache, DummyLayer, DynamicCache
 from draftwise.errors import ConfigError, ContextLengthError, ModelLoadError
 from draftwise.runtime.base import ancestor_mask, check_keep, check_parents
 from draftwise.runtime.features import FeatureCapture
-from draftwise.runtime.hf_cache import FullLayer, LayerSpec, layer_specs, WindowLayer
+from draftwise.runtime.hf_cache import FullLayer, LayerSpec, WindowLayer, layer_specs
 
 
 class HFRuntime(FeatureCapture):

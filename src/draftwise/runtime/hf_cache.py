@@ -7,7 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers.cache_utils import DummyLayer, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
+from transformers.cache_utils import (
+    DummyLayer,
+    DynamicCache,
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+)
 
 _MIN_CAPACITY = 256
 

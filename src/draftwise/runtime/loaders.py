@@ -10,28 +10,28 @@ loss) leaves that temporary folder behind; the next conversion removes it once i
 gone, or once it is an hour old (:func:`clean_stale_conversions`).
 """
 
-
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
 import torch
-from draftwise.runtime.chat import encode_conversation
+
 from draftwise.errors import ConfigError, ModelLoadError, UnsupportedArchitectureError
 from draftwise.fsutil import cache_root, check_writable, write_json_atomic
-from draftwise.runtime.models import BUILTIN_MODELS
 from draftwise.runtime.base import Runtime
+from draftwise.runtime.chat import encode_conversation
+from draftwise.runtime.models import BUILTIN_MODELS
 from draftwise.runtime.native import NativeRuntime, check_supported, load_state_dict
 from draftwise.runtime.quant import parse_quant
-import os
-import tempfile
-import time
-
 
 #: the prefix of a conversion's temporary folder, followed by ``<pid>-``
 _CONVERT_PREFIX = ".convert-"
@@ -397,7 +397,9 @@ def _make_runtime(
         raise ConfigError(
             f"{what} needs the native runtime; {name} runs on the Hugging Face adapter ({problem or 'runtime=hf'})"
         )
-    from draftwise.runtime.hf import HFRuntime  # imports transformers' cache classes: only when used
+    from draftwise.runtime.hf import (
+        HFRuntime,  # imports transformers' cache classes: only when used
+    )
 
     return HFRuntime.from_folder(
         folder, dtype=options.dtype, max_context=options.max_context, device=options.device

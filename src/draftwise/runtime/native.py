@@ -36,12 +36,19 @@ import torch
 import torch.nn.functional as F
 
 from draftwise.errors import ConfigError, UnsupportedArchitectureError
-from draftwise.runtime.attention import padded_keys
 from draftwise.runtime import kernels
-from draftwise.runtime.batch_plan import Plan, attend_groups, make_plan
+from draftwise.runtime.attention import padded_keys
 from draftwise.runtime.base import Rows, check_keep, check_parents
+from draftwise.runtime.batch_plan import Plan, attend_groups, make_plan
 from draftwise.runtime.features import FeatureCapture
-from draftwise.runtime.llama import DEFAULT_MAX_CONTEXT, SUPPORTED_MODEL_TYPES, check_supported, load_state_dict, rope, rope_tables
+from draftwise.runtime.llama import (
+    DEFAULT_MAX_CONTEXT,
+    SUPPORTED_MODEL_TYPES,
+    check_supported,
+    load_state_dict,
+    rope,
+    rope_tables,
+)
 from draftwise.runtime.native_weights import WeightLoader, context_length, quant_modes
 from draftwise.runtime.quant import Q4Weight
 

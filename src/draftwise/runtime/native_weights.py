@@ -13,7 +13,15 @@ import torch
 
 from draftwise.errors import ConfigError, ModelLoadError
 from draftwise.runtime.llama import DEFAULT_MAX_CONTEXT
-from draftwise.runtime.quant import Int4Linear, Int8Linear, Linear, Q4Weight, kernel_works, parse_quant, quantize_q4
+from draftwise.runtime.quant import (
+    Int4Linear,
+    Int8Linear,
+    Linear,
+    Q4Weight,
+    kernel_works,
+    parse_quant,
+    quantize_q4,
+)
 
 
 def context_length(config: Any, max_context: int | None) -> int:

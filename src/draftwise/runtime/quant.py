@@ -102,11 +102,12 @@ class Linear:
     The weight is pre-packed once at load for oneDNN (float32 and bfloat16), else for MKL
     (float32). The packed copy takes 2-3x the weight's memory.
 
-    oneDNN comes first for float32 for two measured reasons (``benchmarks/linear_kernels.py``):
+    oneDNN comes first for float32 for two measured reasons:
 
-    - speed on AMD CPUs: MKL's small-batch path there is slow. The default model's whole pass
-      on a 2-core AMD EPYC: 4 tokens 126 ms with MKL, 74 ms with oneDNN; 1 token 59 vs 57 ms;
-      T(8)/T(1) 2.40 vs 1.43;
+    - speed on AMD CPUs: MKL's small-batch path there is slow, so a pass over a few tokens
+      costs far more than one token's with MKL and little more with oneDNN, and a pass over
+      a few tokens is what verification runs (docs/benchmarks.md, "What a wide pass costs:
+      float32 kernels");
     - batch invariance: with oneDNN a row's result is bit-identical whatever the number of
       rows beside it, once the few row counts where its kernel changes order are run padded or
       in blocks (:func:`_row_behaviour`; ``tests/test_quant.py`` checks it); MKL's packed kernel
@@ -172,10 +173,10 @@ def _row_behaviour(linear: Linear, weight: torch.Tensor) -> tuple[bool, int | No
     on the rows beside it (DESIGN.md section 11).
 
     A packed kernel may reduce over K in one order for some row counts and in another for
-    others. Seen so far: on a 2-core AMD EPYC (AVX-512), oneDNN's one-row path reduces over
-    K > 1024 in another order than its path for 2 or more rows, which all agree; on a 2-core
-    Intel Xeon with AMX, oneDNN's bfloat16 kernel agrees from 1 to 32 rows and switches to
-    another order above 32 (and to yet others at some larger counts). So each kernel is tried
+    others: oneDNN's one-row path may reduce over K > 1024 in another order than its path for
+    2 or more rows, and a bfloat16 kernel on AMX may agree up to some row count and switch to
+    another order above it (docs/runtime.md, "Row invariance", lists what each machine showed).
+    The behaviour depends on the CPU and cannot be known in advance, so each kernel is tried
     once per weight shape, dtype and thread count, on random rows, against the same rows run
     two at a time:
 
@@ -185,8 +186,8 @@ def _row_behaviour(linear: Linear, weight: torch.Tensor) -> tuple[bool, int | No
       differed on real activations and passed it).
     - ``max_rows``: the first row count found to differ is above some power of two; calls of
       more rows than that power run in blocks of it (``None``: no count up to 65 differs).
-      Blocks cost time where the kernel for more rows is faster (Intel AMX, bfloat16: about 2x
-      for a matmul over 256 rows); the runtime pays it rather than let a row's tokens depend
+      Blocks cost time where the kernel for more rows is faster (AMX in bfloat16, for one);
+      the runtime pays it rather than let a row's tokens depend
       on the batch it shares."""
     key = (linear.kind, weight.dtype, tuple(weight.shape), linear.bias is None, torch.get_num_threads())
     if key in _ROW_BEHAVIOUR:

@@ -30,15 +30,28 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from draftwise.runtime.chat import encode_conversation
 from draftwise.core.decode import check_token_ids
-from draftwise.errors import ConfigError
 from draftwise.core.sampling import SamplingConfig
+from draftwise.errors import ConfigError
+from draftwise.runtime.chat import encode_conversation
 from draftwise.server.metrics import ServerMetrics
-from draftwise.server.protocol import APIError, ChatCompletionRequest, CompletionRequest, error_body, validation_error_body
+from draftwise.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    error_body,
+    validation_error_body,
+)
 from draftwise.server.responses import Envelope
 from draftwise.server.speculation import Speculation
-from draftwise.server.worker import Event, Job, JobHandle, ModelThread, QueueFull, Worker
+from draftwise.server.worker import (
+    Event,
+    Job,
+    JobHandle,
+    ModelThread,
+    QueueFull,
+    Worker,
+)
 
 _ERROR_STATUS = {"timeout": 504, "internal": 500, "invalid": 400, "cancelled": 503}
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}

@@ -6,7 +6,7 @@ empties and every 1,024 passes under load (so memory stays bounded):
 ``{"sequences", "prompting", "prompt_rows", "rows", "context", "seconds"}`` (``prompting``: the
 sequences feeding a prompt chunk, ``prompt_rows`` their rows; ``rows``: the other rows,
 decoding and verification; ``context``: the positions already in the pass's sequences' caches,
-summed). ``benchmarks/results/goodput/pass-trace/price.py`` prices them with the batch profile.
+summed), to price against the batch profile (docs/benchmarks.md, "Goodput at N concurrent requests").
 Off by default: nothing is kept.
 """
 

@@ -22,9 +22,9 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from draftwise.core.sampling import MAX_SEED
 from draftwise.drafters.spec import DraftSpec, parse_k
 from draftwise.errors import ConfigError
-from draftwise.core.sampling import MAX_SEED
 
 #: OpenAI allows at most four stop sequences
 MAX_STOP = 4
