@@ -2,10 +2,12 @@
 
 The layers come from the import-linter contract in ``pyproject.toml`` (the one ``lint-imports``
 enforces); the imports come from the code, read by grimp (import-linter's own import graph).
-Each layer member is a box (``cli``, ``cost``, ``verify``, ...); an arrow ``a --> b`` means some
-module in ``a`` imports some module in ``b``. Arrows that a longer path already implies are left
-out (a transitive reduction), so the picture stays readable: ``api --> decode`` is drawn only if
-no chain such as ``api --> cost --> decode`` exists.
+Each layer member is a box (``cli``, ``core``, ``errors``, ...): framed with its siblings where
+its layer has several, named with its layer's number where it is alone. An arrow ``a --> b``
+means some module in ``a`` imports some module in ``b``. Arrows that a longer path already
+implies are left out (a transitive reduction), so the picture stays readable: ``api --> core``
+is drawn only if no chain such as ``api --> planner --> ... --> core`` exists. The block is the
+picture alone; the doc's own table says what each package holds.
 
     .venv/bin/python docs/make_architecture_graph.py           # rewrite the block in the doc
     .venv/bin/python docs/make_architecture_graph.py --check   # exit 1 if the block is stale
@@ -100,21 +102,14 @@ def _node(member: str) -> str:
 
 
 def render(layers: list[tuple[str, list[str]]], edges: set[tuple[str, str]]) -> str:
-    """The generated block: the layers as a table, then the Mermaid picture."""
+    """The generated block: the layers and their imports as one Mermaid picture."""
     members = [m for _, names in layers for m in names]
     kept = transitive_reduction(edges)
-    kinds = {"|": "independent: neither imports the other", ":": "may import each other, without a cycle", "": ""}
-    lines = [START, "", "| layer | members | siblings |", "|---:|---|---|"]
-    for i, (sep, names) in enumerate(layers, 1):
-        lines.append(f"| {i} | {', '.join(f'`{n}`' for n in names)} | {kinds[sep]} |")
-    lines += [
-        "",
-        "An arrow `a --> b`: a module in `a` imports one in `b`; arrows a longer path implies are left out.",
-        "",
-        "```mermaid",
-        "flowchart TB",
-    ]
+    lines = [START, "", "```mermaid", "flowchart TB"]
     for i, (_, names) in enumerate(layers, 1):
+        if len(names) == 1:  # a layer of one member is its box, named with its number
+            lines.append(f'  {_node(names[0])}["layer {i}: {names[0]}"]')
+            continue
         lines.append(f'  subgraph layer{i}["layer {i}"]')
         lines += [f'    {_node(n)}["{n}"]' for n in names]
         lines.append("  end")
