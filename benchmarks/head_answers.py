@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from draftwise.eagle.corpus import read_corpus
+from draftwise.eagle.data import read_corpus
 from draftwise.training.data import ENGINE_BATCH, ENGINE_PREFILL_CHUNK
 from draftwise.eagle.data import conversation_ids
 from draftwise.core.engine import Engine

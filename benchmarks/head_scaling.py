@@ -44,7 +44,7 @@ from typing import Any
 import torch
 
 from draftwise.training.checkpoint import LAST, load_safely, save_checkpoint
-from draftwise.eagle.corpus import corpus_sequences, read_corpus
+from draftwise.eagle.data import corpus_sequences, read_corpus
 from draftwise.training.data import frequent_tokens
 from draftwise.eagle.features import extract_features
 from draftwise.eagle.data import conversation_ids

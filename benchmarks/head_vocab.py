@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from draftwise.bench.runner import build_prompt
-from draftwise.eagle.corpus import corpus_sequences
+from draftwise.eagle.data import corpus_sequences
 from draftwise.training.data import token_ranking
 from draftwise.eagle.drafter import default_head_folder, default_head_weights, fingerprint_of
 from draftwise.eagle.files import load_head

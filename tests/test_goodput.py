@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from draftwise.capacity import plan as capacity
+from draftwise.capacity.report import render_validation_markdown
 from draftwise.capacity import workload
 from draftwise.cost import goodput
 from draftwise.cost.batch_profile import BatchProfile
@@ -389,7 +390,7 @@ def test_validation_scores_and_crossover_steps() -> None:
     assert v["goals"] == {"median_within_10pct": True, "max_within_20pct": True}
     with pytest.raises(ConfigError, match="N=32 was measured but not predicted"):
         capacity.compare_measured(result, {32: {"plain": 1.0}}, "goodput")
-    text = capacity.render_validation_markdown(v)
+    text = render_validation_markdown(v)
     assert "Median |error|" in text
 
 
@@ -405,7 +406,7 @@ def test_the_validation_predicts_the_policy_the_server_runs() -> None:
     v = capacity.compare_measured(result, measured)
     assert [(r["n"], r["policy"]) for r in v["rows"]] == [(1, "plan"), (2, "goodput"), (16, "goodput")]
     assert v["max_error"] == pytest.approx(0.0) and v["policy"] == "served"
-    assert "`plan` at N = 1, `goodput` at N > 1" in capacity.render_validation_markdown(v)
+    assert "`plan` at N = 1, `goodput` at N > 1" in render_validation_markdown(v)
     assert capacity.compare_measured(result, measured, "plan")["max_error"] > 0.0
     result["speculating_limit"] = 2  # past it the server steps plain: the validation predicts plain there
     measured[16]["auto"] = pred[16]["plain"]["aggregate_tps"]
@@ -419,7 +420,7 @@ def test_the_validation_predicts_the_policy_the_server_runs() -> None:
     assert measured[1]["auto"] >= measured[1]["plain"] and measured[2]["auto"] >= measured[2]["plain"]
     v = capacity.compare_measured(result, measured)
     assert v["measured_crossover"] is None and v["plain_past_limit"] == [16] and v["speculating_limit"] == 2
-    assert "At N = 16 the server stepped plain past the speculating limit (2)" in capacity.render_validation_markdown(v)
+    assert "At N = 16 the server stepped plain past the speculating limit (2)" in render_validation_markdown(v)
     result["speculating_limit"] = None  # without the limit N = 16 speculates, and measured below plain it crosses
     v = capacity.compare_measured(result, measured)
     assert v["measured_crossover"] == 16 and v["plain_past_limit"] == []

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from draftwise.capacity import plan as capacity
+from draftwise.capacity.report import render_validation_markdown
 from draftwise.cost.batch_profile import BatchProfile, machine_fingerprint
 from draftwise.cost.goodput import StepCost
 from draftwise.capacity.simulate import (
@@ -119,10 +120,10 @@ def test_a_validation_of_the_same_units_at_every_n_is_predicted_so(tmp_path: Pat
     blocks = predict(workload_from_plan(plan, capacity.load_units(sent)), StepCost(bp, profile), [1],
                      requests_per_client=2)  # N = 1 would have sent 2 units, not 4
     assert blocks["rows"][0]["policies"]["plain"]["aggregate_tps"] != pytest.approx(v["rows"][0]["predicted_tps"])
-    text = capacity.render_validation_markdown(v)
+    text = render_validation_markdown(v)
     assert "every N sent the same 4 questions" in text
     old = capacity.score_load(model, plan, bp, profile, {k: x for k, x in raw.items() if k != "units_per_phase"})
-    assert "each N sent N x 2 questions" in capacity.render_validation_markdown(old)
+    assert "each N sent N x 2 questions" in render_validation_markdown(old)
     served = capacity.score_load(model, plan, bp, profile, raw)  # no limit: the goodput policy at N = 2
     assert [(r["n"], r["phase"], r["policy"]) for r in served["rows"]][-1] == (2, "auto", "goodput")
     limited = capacity.score_load(model, plan, bp, profile, raw, limit=1)  # the servers read limit 1: plain at N = 2
@@ -178,7 +179,7 @@ def test_a_validation_is_scored_against_the_requests_it_sent(tmp_path: Path) -> 
     own = capacity.concurrency_plan(model, plan, bp, profile, [1], requests_per_client=1)
     assert own["rows"][0]["policies"]["plain"]["aggregate_tps"] != pytest.approx(got[(1, "plain")]["predicted_tps"])
     assert v["workload"]["requests"] == 3 and v["equal"] == [10, 10]
-    assert "Predicted on the requests the load test sent: 2 questions" in capacity.render_validation_markdown(v)
+    assert "Predicted on the requests the load test sent: 2 questions" in render_validation_markdown(v)
     with pytest.raises(ConfigError, match="no 'workload'"):
         capacity.score_load(model, plan, bp, profile, {k: v for k, v in raw.items() if k != "workload"})
 

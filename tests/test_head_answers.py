@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from draftwise.eagle.corpus import read_corpus
+from draftwise.eagle.data import read_corpus
 from draftwise.eagle.data import conversation_ids
 
 from .benchmark_scripts import load_benchmark

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
     from draftwise.api import generate, share_cores_while_decoding, stream
-    from draftwise.core.decode import GenerationResult, Stream
+    from draftwise.core.decode import Stream
+    from draftwise.core.generation import GenerationResult
     from draftwise.core.sampling import SamplingConfig
     from draftwise.drafters.spec import DraftSpec
     from draftwise.errors import (
@@ -34,7 +35,7 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
 
 _WHERE = {
     "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api",
-    "GenerationResult": ".core.decode", "Stream": ".core.decode", "DraftSpec": ".drafters.spec",
+    "GenerationResult": ".core.generation", "Stream": ".core.decode", "DraftSpec": ".drafters.spec",
     "ConfigError": ".errors", "ContextLengthError": ".errors", "DraftwiseError": ".errors",
     "ModelLoadError": ".errors", "UnsupportedArchitectureError": ".errors",
     "Model": ".runtime.loaders", "load_model": ".runtime.loaders", "SamplingConfig": ".core.sampling",

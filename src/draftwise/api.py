@@ -24,8 +24,9 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from draftwise.core import decode
-from draftwise.core.decode import GenerationResult, Stream
+from draftwise.core.decode import Stream
 from draftwise.core.draft import Drafter
+from draftwise.core.generation import GenerationResult
 from draftwise.core.kpolicy import KPolicy
 from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.spec import DraftSpec

@@ -32,11 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from draftwise.capacity.export import SCHEDULE_ENGINES, export_batch_schedule
-from draftwise.capacity.report import (  # render_validation_markdown: re-exported for the callers of this module
-    plot_concurrency,  # noqa: F401
-    render_concurrency_markdown,
-    render_validation_markdown,
-)
+from draftwise.capacity.report import plot_concurrency, render_concurrency_markdown
 from draftwise.capacity.simulate import predict, workload_from_plan
 from draftwise.capacity.workload import Request
 from draftwise.core.engine import DEFAULT_SERVE_CONTEXT, check_batch

@@ -15,13 +15,11 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Any
 
 import torch
 
 from draftwise.core.draft import Draft, Drafter
-from draftwise.core.generation import FinishReason, Generation
+from draftwise.core.generation import Generation, GenerationResult
 from draftwise.core.kpolicy import FixedK, KPolicy
 from draftwise.core.passes import Step, verify_pass  # noqa: F401  (Step is part of this module's API)
 from draftwise.core.sampling import SamplingConfig, next_token
@@ -31,42 +29,6 @@ from draftwise.core.verify import Verdict
 from draftwise.errors import ConfigError, ContextLengthError
 from draftwise.runtime.base import Runtime
 from draftwise.runtime.loaders import Model, load_model
-
-
-@dataclass
-class GenerationResult:
-    """What one generation produced.
-
-    ``token_ids`` are the new tokens (the EOS token that ended a generation is not included:
-    it is ``eos_token``); ``seconds`` is wall time with prefill included.
-    """
-
-    text: str
-    token_ids: list[int]
-    finish_reason: FinishReason
-    prompt_tokens: int
-    seconds: float
-    prefill_seconds: float
-    stats: SpecStats = field(default_factory=SpecStats)
-    draft: str = "none"
-    k: int | str = 0
-    eos_token: int | None = None  # the end-of-sequence token that ended it (finish_reason "eos")
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.token_ids)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["stats"] = self.stats.to_dict()
-        out["new_tokens"] = self.new_tokens
-        out["tokens_per_second"] = self.tokens_per_second
-        return out
-
 
 _STEP_HOOKS: list[Callable[[], object]] = []
 

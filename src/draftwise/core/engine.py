@@ -46,8 +46,9 @@ from typing import Any, Protocol
 
 import torch
 
-from draftwise.core.decode import GenerationResult, Stream
+from draftwise.core.decode import Stream
 from draftwise.core.draft import Drafter
+from draftwise.core.generation import GenerationResult
 from draftwise.core.kpolicy import KPolicy
 from draftwise.core.sampling import SamplingConfig
 from draftwise.errors import ConfigError, DraftwiseError

@@ -1,6 +1,6 @@
-"""One generation: its finish rules (EOS, stop strings, the token budget) and its drafter's
+"""One generation: its finish rules (EOS, stop strings, the token budget), its drafter's
 lifecycle (``start`` once, before the prompt's prefill; ``end`` once, with the answer if the
-generation finished, else None).
+generation finished, else None), and what it produced (:class:`GenerationResult`).
 
 Every path that runs a generation, or plays one back to a drafter, goes through this object:
 the decode loop (:func:`draftwise.core.decode.decode_steps` starts the drafter through it),
@@ -25,12 +25,14 @@ Example: EOS is id 2, a budget of 3 tokens::
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Literal
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 import torch
 
 from draftwise.core.draft import Drafter
 from draftwise.core.sampling import SamplingConfig
+from draftwise.core.stats import SpecStats
 from draftwise.core.text import TextAssembler
 
 FinishReason = Literal["eos", "stop", "length"]
@@ -103,3 +105,38 @@ class Generation:
         self._ended = True
         if self.drafter is not None and self._started:
             self.drafter.end(list(self.tokens) if self.finish is not None and self.learn else None)
+
+
+@dataclass
+class GenerationResult:
+    """What one generation produced.
+
+    ``token_ids`` are the new tokens (the EOS token that ended a generation is not included:
+    it is ``eos_token``); ``seconds`` is wall time with prefill included.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    seconds: float
+    prefill_seconds: float
+    stats: SpecStats = field(default_factory=SpecStats)
+    draft: str = "none"
+    k: int | str = 0
+    eos_token: int | None = None  # the end-of-sequence token that ended it (finish_reason "eos")
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["stats"] = self.stats.to_dict()
+        out["new_tokens"] = self.new_tokens
+        out["tokens_per_second"] = self.tokens_per_second
+        return out

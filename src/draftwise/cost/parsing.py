@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from draftwise.cost.breakeven import DRAFT_KIND_COSTS
-from draftwise.drafters.layer_lists import int_ranges
+from draftwise.drafters.spec import int_ranges
 from draftwise.errors import ConfigError
 
 MAX_K = 256  # a sweep wider than this is almost certainly a typo (e.g. ``1-1000``)

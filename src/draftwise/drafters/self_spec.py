@@ -14,7 +14,7 @@ import torch
 
 from draftwise.core.draft import Capabilities, Draft, draft_autoregressive
 from draftwise.core.sampling import SamplingConfig
-from draftwise.drafters.layer_lists import format_layers
+from draftwise.drafters.spec import format_layers
 from draftwise.errors import ConfigError
 
 

@@ -42,9 +42,71 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, Union
 
-from draftwise.drafters.layer_lists import clip as _clip
-from draftwise.drafters.layer_lists import format_layers, parse_layer_list
 from draftwise.errors import ConfigError
+
+
+def clip(text: str, limit: int = 60) -> str:
+    """A user's value for an error message, cut so a huge one cannot flood the terminal."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def int_ranges(text: str) -> list[tuple[str, int, int]]:
+    """``"0-3, 7"`` -> ``[("0-3", 0, 3), ("7", 7, 7)]``: each comma-separated part with its
+    bounds (empty parts skipped). A part that is not ``N`` or ``N-M`` raises ``ValueError(part)``;
+    callers check the bounds and word the error for their option.
+
+    >>> int_ranges("0-3, 7")
+    [('0-3', 0, 3), ('7', 7, 7)]
+    """
+    out: list[tuple[str, int, int]] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo_text, dash, hi_text = part.partition("-")
+        try:
+            lo = int(lo_text)
+            hi = int(hi_text) if dash else lo
+        except ValueError:
+            raise ValueError(part) from None
+        out.append((part, lo, hi))
+    return out
+
+
+def parse_layer_list(text: str) -> tuple[int, ...]:
+    """``"0-3,7"`` -> ``(0, 1, 2, 3, 7)``: sorted, unique, each >= 0 (no upper bound here).
+
+    >>> parse_layer_list("7, 0-3")
+    (0, 1, 2, 3, 7)
+    """
+    try:
+        ranges = int_ranges(text)
+    except ValueError:
+        raise ConfigError(f"cannot read layer list {clip(text)}; write it like '0-3,7'") from None
+    out: set[int] = set()
+    for part, lo, hi in ranges:
+        if lo < 0 or hi < lo or hi - lo > 100_000:
+            raise ConfigError(f"layer range {clip(part)} is not a range of layer numbers like '0-3'")
+        out.update(range(lo, hi + 1))
+    if not out:
+        raise ConfigError(f"the layer list {clip(text)} is empty; write it like '0-3,7'")
+    return tuple(sorted(out))
+
+
+def format_layers(layers: Sequence[int]) -> str:
+    """``[0, 1, 2, 3, 7]`` -> ``"0-3,7"`` (the inverse of :func:`parse_layer_list`).
+
+    >>> format_layers([0, 1, 2, 3, 7, 9, 10])
+    '0-3,7,9-10'
+    """
+    parts: list[list[int]] = []
+    for i in sorted(set(layers)):
+        if parts and i == parts[-1][1] + 1:
+            parts[-1][1] = i
+        else:
+            parts.append([i, i])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in parts)
+
 
 SPEC_HELP = (
     "none, lookup[:max=N,min=N,branches=B], suffix[:nodes=N,depth=D,cache=R,factor=F,min_prob=P], "
@@ -90,7 +152,7 @@ def _split_options(text: str, kind: str) -> dict[str, str]:
         key, sep, value = part.partition("=")
         key = key.strip()
         if not sep or key not in allowed:
-            raise ConfigError(f"unknown {kind} draft option {_clip(part.strip())}; allowed: {', '.join(allowed)}")
+            raise ConfigError(f"unknown {kind} draft option {clip(part.strip())}; allowed: {', '.join(allowed)}")
         if key in out:
             raise ConfigError(f"{kind}:{key}= is given twice")
         out[key] = value.strip()
@@ -101,9 +163,9 @@ def _whole(kind: str, key: str, value: str, *, lo: int, what: str) -> int:
     try:
         n = int(value)
     except ValueError:
-        raise ConfigError(f"{kind}:{key}= takes {what}, got {_clip(value)}") from None
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {clip(value)}") from None
     if n < lo:
-        raise ConfigError(f"{kind}:{key}= takes {what}, got {n if len(value) <= 60 else _clip(value)}")
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {n if len(value) <= 60 else clip(value)}")
     return n
 
 
@@ -117,7 +179,7 @@ def _number(kind: str, key: str, value: str, *, lo: float, hi: float, what: str)
     except ValueError:
         x = math.nan
     if not lo <= x < hi:  # also refuses nan
-        raise ConfigError(f"{kind}:{key}= takes {what}, got {_clip(value)}")
+        raise ConfigError(f"{kind}:{key}= takes {what}, got {clip(value)}")
     return x
 
 
@@ -157,7 +219,7 @@ class DraftSpec:
                 f"suffix+eagle:default; got {self.kind}+{self.then}"
             )
         if self.kind not in KINDS:
-            raise ConfigError(f"unknown draft kind {_clip(str(self.kind))}; use one of: {SPEC_HELP}")
+            raise ConfigError(f"unknown draft kind {clip(str(self.kind))}; use one of: {SPEC_HELP}")
         if self.kind == "lookup" and not 1 <= self.min_ngram <= self.max_ngram:
             raise ConfigError(
                 f"lookup needs 1 <= min <= max, got min={self.min_ngram}, max={self.max_ngram}"
@@ -215,7 +277,7 @@ class DraftSpec:
         if kind == "none" and not rest.strip():
             return cls()
         if kind not in _OPTIONS:
-            raise ConfigError(f"unknown draft spec {_clip(spec.strip())}; use one of: {SPEC_HELP}")
+            raise ConfigError(f"unknown draft spec {clip(spec.strip())}; use one of: {SPEC_HELP}")
         opts = _split_options(rest, kind)
         if kind == "lookup":
             return cls(
@@ -321,7 +383,7 @@ def parse_k(value: object) -> KValue:
         try:
             value = int(text)
         except ValueError:
-            raise ConfigError(f"k={_clip(text)} must be a whole number >= 1 or 'auto'") from None
+            raise ConfigError(f"k={clip(text)} must be a whole number >= 1 or 'auto'") from None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"k={value!r} must be a whole number >= 1 or 'auto'")
     if value > 256:

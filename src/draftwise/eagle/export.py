@@ -41,6 +41,29 @@ Where this stands (read from the sources): ``speculators`` dropped the ``eagle``
 legacy converter module in 0.5-0.6, removed in 0.7), and vLLM's speculators loader accepts
 ``eagle3``, ``peagle``, ``dflash`` and ``dspark``. :func:`validate_speculators_config` says so
 when the installed ``speculators`` does not know the type.
+
+The EAGLE-3 layout (``--arch eagle3``)
+-------------------------------------
+This is the layout vLLM's speculators loader accepts (``eagle3``; ``eagle`` is gone from both).
+Our EAGLE-3 head (:mod:`draftwise.drafters.eagle_head`) computes what speculators'
+``Eagle3DraftModel`` computes with ``norm_before_residual: false`` and no ``fc_norm`` /
+``norm_before_fc``; its tensors map one to one:
+
+=================================  ========================================================
+``fc.weight``                      ``fc.weight``, ``[d, 3d]``: low, middle, high in that order
+``layers.0.hidden_norm.weight``    ``hidden_norm.weight``
+``layers.0.input_layernorm.weight``  ``input_layernorm.weight`` (on the embedding)
+``layers.0.self_attn.*``,          the decoder layer; q/k/v read ``[norm(embedding) |
+``layers.0.mlp.*``, ...            hidden_norm(hidden)]``, ``2d`` wide
+``norm.weight``                    the target's final norm (our head borrows it)
+``lm_head.weight``                 the target's LM head rows of the draft vocabulary, in
+                                   ascending token id (our head borrows them)
+``d2t``, ``t2d``                   the reduced vocabulary (FR-Spec), as speculators maps it
+=================================  ========================================================
+
+``eagle_aux_hidden_state_layer_ids`` numbers the fused states as vLLM does, the *input* of a
+layer: our output of layer i is its i + 1. ``embed_tokens`` is not written: the head uses the
+target's embeddings, which speculators lists among the weights it may miss.
 """
 
 from __future__ import annotations

@@ -31,8 +31,12 @@ from typing import Any
 
 import torch
 
-from draftwise.eagle.corpus import corpus_sequences
-from draftwise.eagle.data import heldout_sequences, magpie_prompts, magpie_questions
+from draftwise.eagle.data import (
+    corpus_sequences,
+    heldout_sequences,
+    magpie_prompts,
+    magpie_questions,
+)
 from draftwise.eagle.features import FeatureStore, extract_features
 from draftwise.eagle.files import save_head, target_fingerprint
 from draftwise.eagle.head import ARCHS, EagleHead, default_aux_layers

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from draftwise.core.decode import GenerationResult
+from draftwise.core.generation import GenerationResult
 from draftwise.core.stats import SpecStats
 from draftwise.server.speculation import Choice
 

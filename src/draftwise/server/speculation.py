@@ -47,8 +47,7 @@ from draftwise.core.draft import Drafter
 from draftwise.core.kpolicy import KPolicy
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
 from draftwise.drafters.factory import make_drafter
-from draftwise.drafters.layer_lists import clip
-from draftwise.drafters.spec import DraftSpec, KValue
+from draftwise.drafters.spec import DraftSpec, KValue, clip
 from draftwise.errors import ConfigError
 from draftwise.planner.defaults import DEFAULT_DRAFTS
 from draftwise.planner.plan import Plan, make_plan

@@ -36,8 +36,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from draftwise.api import stream
-from draftwise.core.decode import GenerationResult
 from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine
+from draftwise.core.generation import GenerationResult
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.stats import SpecStats
 from draftwise.errors import DraftwiseError
