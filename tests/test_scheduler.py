@@ -109,6 +109,24 @@ def test_a_sequence_waiting_on_a_schedule_with_no_scheduler_fails_clearly(batche
                          drafters=[make_drafter("lookup", eng.slot_models[0])], k=lambda: Waiting(eng, "x"))
 
 
+def test_a_failing_schedule_fails_the_sequences_that_waited_on_it_and_the_engine_goes_on(batched: Any) -> None:
+    class Broken:
+        def schedule(self, members: list[Any], others: PassRows) -> None:
+            raise RuntimeError("a bug in the batch policy")
+
+    prompts = [batched.tokenizer.encode(t) for t in ("a b c d a b", "one two three one two")]
+    eng = Engine(batched, max_batch=2, context=128)
+    eng.scheduler = Broken()
+    policies = iter([Waiting(eng, "a"), 3])
+    drafters = [make_drafter("lookup", m) for m in eng.slot_models]
+    results: dict[int, Any] = {}
+    with pytest.raises(RuntimeError, match="a bug in the batch policy"):
+        eng.generate_all(prompts, max_new_tokens=8, drafters=drafters, k=lambda: next(policies),
+                         on_result=lambda i, r: results.__setitem__(i, r))
+    assert list(results) == [1] and results[1].token_ids == generate(batched, prompts[1], max_new_tokens=8).token_ids
+    assert eng.running == 0 and eng.free == 2
+
+
 def test_batched_verify_seconds_are_each_request_s_share_not_its_wait(batched: Any) -> None:
     prompts = [batched.tokenizer.encode(t) for t in ("a b c d", "one two three", "red green blue", "x y z")]
     eng = Engine(batched, max_batch=4, context=128, prefill_chunk=16)

@@ -331,16 +331,25 @@ class Engine:
         self._advance([s for s in self._live if s.runnable])
         members = [s for s in self._live if s.member is not None]
         if members:
-            if self.scheduler is None:
-                raise ConfigError("a generation waits on the batch's schedule and the engine has no scheduler")
-            self.scheduler.schedule([s.member for s in members], self._others())
-            for seq in members:
-                seq.member = None
+            self._schedule(members)
             self._advance(members)
         batch = [s for s in self._live if s.waiting is not None]
         if not batch:
             return 0
         return self._pass(batch)
+
+    def _schedule(self, members: list[Sequence_]) -> None:
+        """Ask the scheduler for every waiting sequence at once; if it fails, each of them fails
+        with its error (as a pass that cannot run fails only its sequences), and the engine goes on."""
+        try:
+            if self.scheduler is None:
+                raise ConfigError("a generation waits on the batch's schedule and the engine has no scheduler")
+            self.scheduler.schedule([s.member for s in members], self._others())
+        except Exception as exc:
+            for seq in members:
+                seq.answer = exc
+        for seq in members:
+            seq.member = None
 
     def _advance(self, seqs: list[Sequence_]) -> None:
         """Resume ``seqs`` until each waits on the pass or the schedule, or ends; self-speculation
@@ -434,7 +443,9 @@ class Engine:
         chosen for ``member`` together with every other sequence that waits this step."""
         seq = self._current()
         seq.member = member
-        self._park(seq)
+        answer = self._park(seq)
+        if isinstance(answer, BaseException):
+            raise answer
 
     def _current(self) -> Sequence_:
         me = _greenlet().getcurrent()
