@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from draftwise import generate, load_model
-from draftwise.capacity import simulate as simulate_mod
 from draftwise.capacity.simulate import simulate, workload_from_rates
 from draftwise.core.decode import Stream
 from draftwise.core.draft import Capabilities, Draft
@@ -198,5 +197,4 @@ def test_the_simulator_asks_the_batch_policy_the_server_runs(monkeypatch: pytest
     monkeypatch.setattr(BatchGoodput, "choose", spy)
     w = workload_from_rates({"qa": {"lookup": [0.8, 0.7, 0.6]}}, requests=[("qa", 40, 30)])
     run = simulate(w, StepCost(KNEE4), 3, ("goodput", "none", 0), requests_per_client=2)
-    assert asked and max(asked) == 3 and run.mean_k >= 0
-    assert simulate_mod.BatchGoodput is BatchGoodput
+    assert asked and max(asked) == 3 and run.steps > 0  # every decoding sequence of a full pass, asked at once

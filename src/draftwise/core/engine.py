@@ -231,6 +231,7 @@ class PassStats:
     passes: int = 0
     rows: int = 0
     last_rows: int = 0
+    last_seconds: float = 0.0
     last_speculating: int = 0  # the last pass's sequences verifying a proposal (rows > 1, every row's logits)
     seconds: float = 0.0
     batch_sizes: list[int] = field(default_factory=list)  # sequences per pass, the last 4096
@@ -242,6 +243,7 @@ class PassStats:
         self.passes += 1
         self.rows += rows
         self.last_rows = rows
+        self.last_seconds = seconds
         self.seconds += seconds
         self.batch_sizes.append(sequences)
         if len(self.batch_sizes) > 4096:
@@ -304,10 +306,11 @@ class Engine:
         return seq
 
     def run(self, admit: Callable[[int, bool], Sequence[Callable[[Model], Any]] | None],
-            after_step: Callable[[], None] | None = None) -> None:
+            after_step: Callable[[int, float], None] | None = None) -> None:
         """The admission loop: between steps, ``admit(free, idle)`` gives the jobs to start (at most
         ``free``; ``idle``: nothing runs, so it may block until work comes), or None once no more
-        will come; then one step while any generation runs, and ``after_step()``."""
+        will come; then one step while any generation runs, and ``after_step(served, seconds)``
+        (what :meth:`step` returned, 0 when no pass ran, and the step's wall seconds)."""
         closing = False
         while not (closing and not self._live):
             if not closing and self._free:
@@ -318,9 +321,10 @@ class Engine:
                     for fn in jobs:
                         self.start(fn)
             if self._live:
-                self.step()
+                t0 = time.perf_counter()
+                served = self.step()
                 if after_step is not None:
-                    after_step()
+                    after_step(served, time.perf_counter() - t0)
 
     def step(self) -> int:
         """Advance every generation to its next pass (scheduling those that wait on the batch
@@ -507,7 +511,7 @@ class Engine:
                 return None
             return [job(todo.popleft()) for _ in range(min(free, len(todo)))]
 
-        after = None if progress is None else (lambda: progress(sum(r is not None for r in results)))
+        after = None if progress is None else (lambda served, seconds: progress(sum(r is not None for r in results)))
         self.run(admit, after)
         for seq_error in (r for r in results if isinstance(r, BaseException)):
             raise seq_error

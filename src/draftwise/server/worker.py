@@ -238,26 +238,17 @@ class Worker:
                 jobs.append(self._batched_job(handle))
             return None if stopping and not jobs else jobs
 
-        state = {"passes": 0, "in_passes": 0.0, "t0": time.perf_counter()}
-
-        def admit_timed(free: int, idle: bool) -> list[Callable[[Any], None]] | None:
-            jobs = admit(free, idle)
-            state.update(passes=engine.stats.passes, in_passes=engine.stats.seconds, t0=time.perf_counter())
-            return jobs
-
-        def after_step() -> None:
-            took = time.perf_counter() - state["t0"]
+        def after_step(served: int, took: float) -> None:
             self._stepping += took
-            if engine.stats.passes > state["passes"]:
+            if served:  # a pass ran: what the step cost beside it
                 self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
-                self._observe_outside(engine, took - (engine.stats.seconds - state["in_passes"]))
+                self._observe_outside(engine, took - engine.stats.last_seconds)
             pass_trace.flush(engine, idle=not engine.running)
             if not engine.running:
                 self._log_idle(engine)
                 self._last_pass = None
-            state.update(passes=engine.stats.passes, in_passes=engine.stats.seconds, t0=time.perf_counter())
 
-        engine.run(admit_timed, after_step)
+        engine.run(admit, after_step)
 
     def _observe_outside(self, engine: Engine, seconds: float) -> None:
         """Tell the goodput policy what this step cost outside its pass: the work of the last
