@@ -14,6 +14,7 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 from draftwise import SamplingConfig, generate, load_model  # noqa: E402
+from draftwise.errors import ConfigError  # noqa: E402
 from draftwise.planner.plan import Plan  # noqa: E402
 from draftwise.server.app import ServerSettings, create_app  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
@@ -192,6 +193,110 @@ def test_requests_of_one_draft_share_what_k_auto_learns_of_tree_sizes(tiny, monk
     assert a is not b and a.tree_sizes is b.tree_sizes and other.tree_sizes is not a.tree_sizes
 
 
+@pytest.mark.parametrize("k", [4, "auto"])
+def test_a_seeded_sample_with_a_learning_draft_is_reproduced(tiny, monkeypatch, k):
+    """The suffix draft's cache learns every answer, so it proposes differently the second time,
+    and sampled verification draws its random numbers per proposed token: a seeded sampled
+    request drafts from its own prompt and output, and adapts k alone (docs/contract.md)."""
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: FlatCosts())
+    _, server = start(tiny, draft="suffix", k=k)
+    args = dict(model="tiny", messages=MSG, max_tokens=40, temperature=0.9, seed=3,
+                extra_body={"return_token_ids": True})
+    with server:
+        c = client(server)
+        first = c.chat.completions.create(**args).choices[0]
+        for seed in (None, 5):  # others teach the cache its own answer and theirs
+            c.chat.completions.create(**{**args, "seed": seed})
+        c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Say hello"}], max_tokens=40)
+        again = c.chat.completions.create(**args).choices[0]
+    assert again.token_ids == first.token_ids and again.message.content == first.message.content
+    if k == 4:  # what the library samples with a fresh suffix drafter (its cache empty)
+        ref = generate(tiny, TEXT, max_new_tokens=40, sampling=SamplingConfig(temperature=0.9, seed=3),
+                       draft="suffix", k=4)
+        assert first.token_ids == ref.token_ids
+
+
+def test_a_seeded_sampled_choice_drafts_and_adapts_alone(tiny, monkeypatch):
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: FlatCosts())
+    spec = Speculation(tiny, draft="suffix", k="auto", plan=None, allow=["lookup"])
+    spec.warm_up()
+    shared, (_, b) = spec.build(spec.choose(None)), spec.build(spec.choose(None))
+    alone = spec.build(spec.choose(None, isolated=True))
+    assert alone[0] is not shared[0] and alone[0].cache is None and shared[0].cache is not None
+    assert alone[1].tree_sizes is not shared[1].tree_sizes and shared[1].tree_sizes is b.tree_sizes
+    lookup = spec.choose(Speculative(draft="lookup"))
+    assert spec.build(lookup)[0] is spec.build(spec.choose(Speculative(draft="lookup"), isolated=True))[0]
+
+
+def test_k_is_capped_by_max_k(tiny, monkeypatch):
+    """A request's k over --max-k gets 400 naming the cap; k auto, the plan's k and --k stay under it."""
+    monkeypatch.setattr(Speculation, "_resolve_profile", lambda self, drafts: FlatCosts())
+    app = create_app(tiny, Speculation(tiny, draft="lookup", k=2, plan=None, allow=["suffix"], max_k=3),
+                     ServerSettings(model_name="tiny", max_tokens_cap=16))
+    with LiveServer(app) as server:
+        c = client(server)
+        with pytest.raises(openai.BadRequestError) as info:
+            c.chat.completions.create(model="tiny", messages=MSG, max_tokens=8, extra_body={"speculative": {"k": 4}})
+        assert info.value.body["param"] == "speculative.k"
+        assert "k=4 is over this server's cap of 3 (--max-k)" in info.value.body["message"]
+        r = c.chat.completions.create(model="tiny", messages=MSG, max_tokens=8, extra_body={"speculative": {"k": 3}})
+        assert r.speculative["k"] == 3
+    with pytest.raises(ConfigError, match="--k 4 is over --max-k 3"):
+        Speculation(tiny, draft="lookup", k=4, plan=None, max_k=3)
+    spec = Speculation(tiny, draft="lookup", k="auto", plan=None, allow=["suffix"], max_k=3)
+    spec.warm_up()
+    for draft in ("lookup", "suffix"):  # a chain and a scored tree
+        assert spec.build(spec.choose(Speculative(draft=draft)))[1].k_max == 3
+    plan = Plan(model="tiny", fingerprint="", dtype="float32", greedy=True, drafts=["lookup"], ks=[8], categories={},
+                recommended={"overall": ("lookup", 8)}, predicted={"overall": 1.2}, routed_overall=1.2)
+    assert Speculation(tiny, draft="auto", k=2, plan=plan, max_k=3).choose(None).k == 3
+
+
+def test_the_context_holds_at_batch_1_and_is_what_v1_models_says(tiny):
+    _, server = start(tiny, context=64)
+    with server:
+        c = client(server)
+        assert c.models.list().data[0].max_model_len == 64
+        with pytest.raises(openai.BadRequestError, match="context of 64 tokens") as info:
+            c.completions.create(model="tiny", prompt=[5] * 80, max_tokens=4)
+        assert info.value.body["code"] == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError, match="context of 64 tokens"):
+            c.completions.create(model="tiny", prompt=[5] * 40, max_tokens=30)
+        assert c.completions.create(model="tiny", prompt=[5] * 40, max_tokens=24).usage.total_tokens <= 64
+    limit = tiny.runtime.max_context
+    with pytest.raises(ConfigError, match=f"--context {limit + 1} is over this model's maximum of {limit} positions"):
+        start(tiny, context=limit + 1)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_that_is_not_sent_as_json_gets_415_saying_so(live, content_type):
+    _, server, _ = live
+    body = json.dumps({"messages": MSG, "max_tokens": 4}).encode()
+    sent = {"content-type": content_type} if content_type else {}
+    r = httpx.post(server.url + "/v1/chat/completions", content=body, headers=sent)
+    assert r.status_code == 415, r.text
+    error = r.json()["error"]
+    assert error["code"] == "unsupported_media_type"
+    assert error["message"].startswith("the body must be JSON sent with 'Content-Type: application/json'; ")
+    assert error["message"].endswith(f"this request's is '{content_type}'" if content_type else "this request has none")
+    for json_type in ("application/json; charset=utf-8", "application/vnd.api+json"):
+        r = httpx.post(server.url + "/v1/chat/completions", content=body, headers={"content-type": json_type})
+        assert r.status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [
+    ("max_batch", 0), ("prefill_chunk", 0), ("context", 0), ("max_queue", 0), ("max_tokens_cap", 0),
+    ("max_body_bytes", 0), ("request_timeout_s", 0.0), ("request_timeout_s", float("nan")),
+])
+def test_server_settings_refuse_an_out_of_range_value_naming_it_alone(field, value):
+    with pytest.raises(ConfigError) as info:
+        ServerSettings(model_name="tiny", **{field: value})
+    message = str(info.value)
+    assert message.startswith(f"{field}=")
+    others = {"max_batch", "prefill_chunk", "context", "max_queue", "max_tokens_cap", "max_body_bytes"} - {field}
+    assert not any(other in message for other in others)
+
+
 def test_api_key_guards_every_endpoint_but_health(tiny):
     _, server = start(tiny, api_key="s3cret")
     with server:
@@ -206,15 +311,19 @@ def test_api_key_guards_every_endpoint_but_health(tiny):
 
 @pytest.fixture()
 def slow(tiny_chat_folder):
-    """A fresh tiny model whose every decode pass takes >= 20 ms, so requests overlap."""
+    """A fresh tiny model whose every decode pass (alone or batched) takes >= 20 ms, so requests overlap."""
     model = load_model(str(tiny_chat_folder))
-    forward = model.runtime.forward
+    forward, forward_batch = model.runtime.forward, model.runtime.forward_batch
 
     def slow_forward(*a, **kw):
         time.sleep(0.02)
         return forward(*a, **kw)
 
-    model.runtime.forward = slow_forward
+    def slow_forward_batch(*a, **kw):
+        time.sleep(0.02)
+        return forward_batch(*a, **kw)
+
+    model.runtime.forward, model.runtime.forward_batch = slow_forward, slow_forward_batch
     return model
 
 
@@ -242,6 +351,27 @@ def test_hung_up_stream_frees_the_worker(slow):
         assert worker.running == 0 and worker.waiting == 0, "the generation went on after the client left"
         assert _metric(server, "draftwise:request_success_total", finished_reason="abort") == 1
         assert _metric(server, "draftwise:generation_tokens_total") < 50
+        r = client(server).chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=5)
+        assert r.usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize("max_batch", [1, 2])
+def test_a_hung_up_non_streamed_request_is_cancelled(slow, max_batch):
+    """As a hung-up stream is: the job ends within a step or two, frees its place, counts as an abort."""
+    app, server = start(slow, draft="none", max_tokens_cap=200, max_batch=max_batch, context=256)
+    worker = app.state.worker
+    body = {"messages": MSG, "max_tokens": 200, "temperature": 0}
+    with server:
+        with pytest.raises(httpx.ReadTimeout):  # hang up after ~0.6 s: 200 tokens would take >= 4 s
+            httpx.post(server.url + "/v1/chat/completions", json=body, timeout=0.6)
+        running = (lambda: worker.engine.running) if max_batch > 1 else (lambda: worker.running)
+        deadline = time.monotonic() + 2
+        while running() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert running() == 0, "the generation went on after the client left"
+        assert worker.engine is None or worker.engine.free == max_batch
+        assert _metric(server, "draftwise:request_success_total", finished_reason="abort") == 1
+        assert _metric(server, "draftwise:generation_tokens_total") < 100
         r = client(server).chat.completions.create(model="tiny", messages=MSG, temperature=0, max_tokens=5)
         assert r.usage.completion_tokens == 5
 

@@ -108,6 +108,25 @@ def test_sampled_with_a_seed_is_the_same_alone_and_batched(reference: Any, batch
     assert [r.choices[0].token_ids for r in got] == want
 
 
+def test_a_seeded_sample_with_the_suffix_draft_is_reproduced_batched(reference: Any, batched: Any) -> None:
+    """The server's suffix cache learns every answer (its own first one included), so a seeded
+    request drafts from its own prompt and output: the same tokens again, beside others, and the
+    library's with a fresh suffix drafter."""
+    _, _, c = batched
+
+    def ask(prompt: str, seed: int | None) -> Any:
+        return lambda: c.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": prompt}], temperature=0.9, seed=seed, max_tokens=24,
+            extra_body={"return_token_ids": True, "speculative": {"draft": "suffix", "k": 5}})
+
+    first = ask(PROMPTS[4], 11)()
+    others = run_all([ask(PROMPTS[4], None), ask(PROMPTS[3], 12), ask(PROMPTS[4], 11), ask(PROMPTS[0], None)])
+    again = ask(PROMPTS[4], 11)()
+    want = generate(reference, PROMPTS[4], max_new_tokens=24, sampling=SamplingConfig(temperature=0.9, seed=11),
+                    draft="suffix", k=5).token_ids
+    assert first.choices[0].token_ids == others[2].choices[0].token_ids == again.choices[0].token_ids == want
+
+
 def test_a_client_that_hangs_up_frees_its_slot(batched: Any) -> None:
     app, _, c = batched
     worker = app.state.worker

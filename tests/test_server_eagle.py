@@ -91,6 +91,7 @@ class Served:
     loads: list[str]  # every load_head call (folder), start-up and library references included
     built: list[str]  # every spec the server's Speculation asked the factory for
     at_start: tuple[list[str], list[str]]  # (loads, built) when the server had started
+    output: str  # what `draftwise serve` printed
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,8 @@ def served(tiny, tiny_chat_folder, tmp_path_factory):
         assert res.exit_code == 0, res.output
         app = captured["app"]
         with LiveServer(app) as server:
-            yield Served(server, app, a, c, b, ["none", "lookup", *drafts], loads, built, (list(loads), list(built)))
+            yield Served(server, app, a, c, b, ["none", "lookup", *drafts], loads, built, (list(loads), list(built)),
+                         res.output)
             assert app.state.worker.alive
 
 
@@ -155,10 +157,20 @@ def reference(model: Any, prompt_kind: str, draft: str | None = None) -> Any:
 def test_the_server_loaded_the_allowed_heads_at_start_up_and_nothing_else(served):
     loads, built = served.at_start
     assert list(served.app.state.worker.speculation.allowed) == served.allowed
-    assert built == served.allowed  # one drafter per allowed draft, made at start-up
+    # one drafter per allowed draft, made at start-up, and for the hybrid, whose suffix part learns
+    # across requests, one without its cache for seeded sampled requests (speculation.without_learning)
+    assert built == [*served.allowed, f"suffix:cache=0+eagle:{served.a}"]
     # eagle:A, the hybrid's head and the tree share head A's one load (drafters of one head share
     # its weights), then eagle:C
     assert loads == [str(served.a), str(served.c)]
+
+
+def test_the_start_up_line_says_which_drafts_keep_the_batch_at_one_and_how_to_batch(served):
+    line = " ".join(served.output.split())  # as one line, however the terminal wrapped it
+    features = ", ".join(d for d in served.allowed if "eagle" in d)
+    assert (f"max batch 1: the draft(s) {features} read the target's features one sequence at a time; leave "
+            "EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch; requests may "
+            "name") in line
 
 
 OTHER = {"text": "chat", "chat": "text"}

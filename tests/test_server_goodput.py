@@ -130,11 +130,43 @@ def test_without_a_batch_profile_each_request_keeps_its_own_adaptive_k(
     logger.addHandler(caplog.handler)
     try:
         app, server = serve(slow_model, monkeypatch, None)
+        app.state.worker.warm_up()  # as `draftwise serve` does before the server's start-up does it again
         check_own_adaptive_k(app, server, tiny, monkeypatch)
     finally:
         logger.removeHandler(caplog.handler)
-    line = [r.getMessage() for r in caplog.records if "k=auto at batch" in r.getMessage()]
-    assert line and "no batch profile" in line[0] and "draftwise plan --concurrency" in line[0]
+    # once (the logger's handler and the root's may both hold a record: count records, not lines)
+    line = list({r: r.getMessage() for r in caplog.records if "k=auto at batch" in r.getMessage()}.values())
+    assert len(line) == 1 and "no batch profile" in line[0] and "draftwise plan --concurrency" in line[0]
+
+
+def test_a_seeded_sampled_request_adapts_its_own_k_beside_the_batch(slow_model: Any, monkeypatch: Any) -> None:
+    """The goodput policy chooses k from the batch as it is, which would make a seeded sample
+    depend on what else ran: a seeded sampled request keeps its own adaptive k (docs/contract.md)."""
+    app, server = serve(slow_model, monkeypatch, KNEE4)
+    built: list[Any] = []
+    build = Speculation.build
+
+    def spy(self: Speculation, choice: Any, slot: Any = None) -> Any:
+        drafter, k = build(self, choice, slot)
+        built.append((choice.isolated, k))
+        return drafter, k
+
+    monkeypatch.setattr(Speculation, "build", spy)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+
+    def ask(seed: int | None) -> Any:
+        return c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": PROMPTS[2]}],
+                                         temperature=0.9, seed=seed, max_tokens=16,
+                                         extra_body={"return_token_ids": True, "speculative": {"draft": "suffix"}})
+
+    with server:
+        assert app.state.worker.speculation.coordinator is not None
+        alone = ask(3)
+        run_all([lambda: ask(None), lambda: ask(4), lambda: ask(None)])
+        again = ask(3)
+    assert alone.choices[0].token_ids == again.choices[0].token_ids
+    assert {type(k).__name__ for isolated, k in built if isolated} == {"AdaptiveK"}
+    assert {type(k).__name__ for isolated, k in built if not isolated} == {"BatchSlotPolicy"}
 
 
 def check_own_adaptive_k(app: Any, server: LiveServer, tiny: Any, monkeypatch: Any) -> None:

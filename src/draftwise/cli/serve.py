@@ -33,7 +33,7 @@ from draftwise.core.engine import (
     DEFAULT_SERVE_CONTEXT,
 )
 from draftwise.drafters.factory import capabilities_of
-from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k, split_draft_list
+from draftwise.drafters.spec import DEFAULT_MAX_K, SPEC_HELP, DraftSpec, parse_k, split_draft_list
 from draftwise.errors import ConfigError
 from draftwise.planner.plan import load_plan
 from draftwise.policy.batch_limit import read_capacity
@@ -62,23 +62,27 @@ def serve(
     draft: Annotated[str, typer.Option("--draft", "-d", help=f"The default draft: {SPEC_HELP}, or 'auto' "
                                        "(the plan's choice for each request's category).")] = "none",
     k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto'.")] = "4",
+    max_k: Annotated[int, typer.Option("--max-k", min=1, help="The largest k a request may ask (more gets 400); "
+                                       "k auto and the plan's k stay under it too.")] = DEFAULT_MAX_K,
     plan: Annotated[Path | None, typer.Option("--plan", help="A plan from `draftwise plan --out` for --draft "
                                               "auto (default: one made at start-up on the dev questions).")] = None,
     allow_draft: Annotated[str, typer.Option("--allow-draft", help="More drafts a request may name (comma-"
                                              "separated specs); --draft, the plan's drafts and none always "
                                              "may. Any other draft gets 400.")] = "",
     host: Annotated[str, typer.Option("--host", help="Address to bind; keep 127.0.0.1 unless behind a proxy.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=0, max=65535)] = 8000,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535)] = 8000,
     api_key: Annotated[str | None, typer.Option("--api-key", envvar=API_KEY_ENV,
                                                 help="Require 'Authorization: Bearer KEY' (all but /health).")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests that may wait; more get 429.")] = 128,
-    max_batch: Annotated[int | None, typer.Option("--max-batch", help="Requests decoded together (continuous "
+    max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Requests decoded together (continuous "
                                                   f"batching on the native runtime; 1: one at a time). Default: "
                                                   f"{DEFAULT_MAX_BATCH}, or 1 when an EAGLE draft is allowed.")] = None,
-    context: Annotated[int, typer.Option("--context", min=1, help="Positions per request (prompt + answer); "
-                                         "the KV cache takes --max-batch x --context.")] = DEFAULT_SERVE_CONTEXT,
+    context: Annotated[int | None, typer.Option(
+        "--context", min=1, show_default=False, help="Positions per request (prompt + answer), at every --max-batch; "
+        f"batched, the KV cache takes --max-batch x --context. Default: {DEFAULT_SERVE_CONTEXT}, or the model's "
+        "maximum if smaller; more than the model's maximum is refused.")] = None,
     prefill_chunk: Annotated[int, typer.Option(
-        "--prefill-chunk", help="Prompt tokens a request feeds per step while more requests decode than "
+        "--prefill-chunk", min=1, help="Prompt tokens a request feeds per step while more requests decode than "
         "prefill (otherwise up to 512).")] = DEFAULT_PREFILL_CHUNK,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
@@ -105,8 +109,8 @@ def serve(
         loaded_plan = load_plan(plan) if plan is not None else None
         if loaded_plan is not None and spec != AUTO:
             warn("--plan is used only with --draft auto; requests may still ask for it with draft 'auto'")
-        if (max_batch is not None and max_batch < 1) or prefill_chunk < 1:
-            raise ConfigError(f"--max-batch {max_batch} and --prefill-chunk {prefill_chunk} must be >= 1")
+        if isinstance(k_value, int) and k_value > max_k:
+            raise ConfigError(f"--k {k_value} is over --max-k {max_k}; lower --k or raise --max-k")
         if not (math.isfinite(request_timeout) and request_timeout > 0):
             raise ConfigError(f"--request-timeout {request_timeout} must be a number of seconds > 0")
         if log_level.lower() not in ("debug", "info", "warning", "error"):
@@ -121,14 +125,16 @@ def serve(
             load_with_status, model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value,
             compile=compile_,
         )
+        context = _context(context, loaded)
         if spec == AUTO and loaded_plan is None:
             err.print("making a plan on the dev questions (pass --plan to skip this) ...")
-            loaded_plan = model_thread.call(startup_plan, loaded)
+            loaded_plan = model_thread.call(startup_plan, loaded, max_k=max_k)
         if loaded_plan is not None and loaded_plan.model != loaded.name:
             warn(f"the plan was made for {loaded_plan.model!r}, not {loaded.name!r}; its choices may not pay")
         capacity = read_capacity(plan) if plan is not None else None  # plan --concurrency's, beside the plan
-        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed, capacity=capacity)
-        max_batch = _max_batch(max_batch, speculation, loaded)
+        speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed, capacity=capacity,
+                                  max_k=max_k)
+        max_batch, why = _max_batch(max_batch, speculation, loaded)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
@@ -140,24 +146,42 @@ def serve(
     engine = app.state.worker.engine
     cache = f", KV cache {engine.runtime.cache_bytes(max_batch, engine.runtime.slot_context) / 2**30:.1f} GiB" \
         if engine is not None else ""
-    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}, "
-              f"max batch {max_batch}{cache}; "
+    err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}, max k {max_k}, "
+              f"context {app.state.worker.context}, max batch {max_batch}{why}{cache}; "
               f"requests may name: {', '.join(speculation.allowed)})", highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
 
 
-def _max_batch(given: int | None, speculation: Any, model: Any) -> int:
-    """``--max-batch``: as given, else :data:`DEFAULT_MAX_BATCH` on the native runtime; 1 where
-    an allowed draft reads the target's features (EAGLE runs one sequence at a time) or the
-    runtime cannot batch. Given > 1 where it cannot work: one clear line."""
-    features = [name for name, s in speculation.allowed.items() if capabilities_of(s).reads_features]
-    can_batch = hasattr(model.runtime, "forward_batch")
+def _context(given: int | None, model: Any) -> int:
+    """``--context``: as given (refused over the model's maximum), else
+    :data:`DEFAULT_SERVE_CONTEXT` or the model's maximum if that is smaller."""
+    limit = model.runtime.max_context
     if given is None:
-        return DEFAULT_MAX_BATCH if can_batch and not features else 1
-    if given > 1 and features:
+        return min(DEFAULT_SERVE_CONTEXT, limit)
+    if given > limit:
+        raise ConfigError(f"--context {given} is over this model's maximum of {limit} positions; "
+                          f"pass --context {limit} or less")
+    return given
+
+
+def _max_batch(given: int | None, speculation: Any, model: Any) -> tuple[int, str]:
+    """``--max-batch`` and why it is 1 when it was not given (``""`` otherwise): as given, else
+    :data:`DEFAULT_MAX_BATCH` on the native runtime; 1 where an allowed draft reads the target's
+    features (EAGLE runs one sequence at a time) or the runtime cannot batch. Given > 1 where it
+    cannot work: one clear line."""
+    features = [name for name, s in speculation.allowed.items() if capabilities_of(s).reads_features]
+    if given is not None and given > 1 and features:
         raise ConfigError(f"--max-batch {given}: the EAGLE draft(s) {', '.join(features)} read the target's "
                           "features one sequence at a time; use --max-batch 1, or leave EAGLE drafts out")
-    return given
+    if given is not None:
+        return given, ""
+    if features:
+        return 1, (f": the draft(s) {', '.join(features)} read the target's features one sequence at a time; "
+                   "leave EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch")
+    if not hasattr(model.runtime, "forward_batch"):
+        name = type(model.runtime).__name__
+        return 1, f": this runtime ({name}) decodes one sequence at a time; --runtime native batches"
+    return DEFAULT_MAX_BATCH, ""
 
 
 def _allowed_drafts(text: str) -> list[DraftSpec]:

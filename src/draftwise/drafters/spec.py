@@ -124,6 +124,10 @@ LOOKUP_MAX, LOOKUP_MIN = 3, 1  # the lookup defaults: n-grams of 3 down to 1 tok
 #: questions it measured level with 1 (docs/benchmarks.md)
 FILL = 3
 MAX_NODES = 256  # the most tokens a draft proposes in one step (k, or a tree's nodes)
+#: ``serve --max-k``'s default, the largest k a server's request may ask: twice the largest k a plan
+#: or k ``auto`` tries (8), and a default suffix tree's node budget (16). A step verifies k + 1
+#: rows of a sequence, so a larger k mostly lengthens the passes of every request batched with it
+DEFAULT_MAX_K = 16
 # suffix defaults: nodes, depth, cached generations, nodes per matched token, least path prob
 SUFFIX = {"nodes": 16, "depth": 8, "cache": 64, "factor": 4.0, "min_prob": 0.1}
 _OPTIONS = {

@@ -146,13 +146,13 @@ class AdaptiveK:
         draft: str,
         *,
         capabilities: Capabilities | None = None,
-        k_max: int = 8,
+        k_max: int | None = None,
         decay: float = 0.95,
         prior: tuple[float, float] = (1.0, 2.0),
         probe_every: int = 16,
         tree_sizes: TreeSizes | None = None,
     ) -> None:
-        if k_max < 1:
+        if k_max is not None and k_max < 1:
             raise ConfigError(f"k_max={k_max} must be >= 1")
         if not 0 < decay <= 1:
             raise ConfigError(f"decay={decay} must be in (0, 1]")
@@ -160,7 +160,9 @@ class AdaptiveK:
         self.capabilities = capabilities if capabilities is not None else capabilities_of(draft)
         #: a draft that scores its trees: propose at the full budget, then trim (see the docstring)
         self.trees = self.capabilities.tree_policy == "scored"
-        self.k_max = profile.max_n - 1 if self.trees else min(k_max, profile.max_n - 1)
+        # k_max: the most tokens a step proposes (default: 8 for a chain, the profile's widest for a tree)
+        default = profile.max_n - 1 if self.trees else 8
+        self.k_max = min(default if k_max is None else k_max, profile.max_n - 1)
         self.profile = profile
         self.draft = draft
         self.decay = decay

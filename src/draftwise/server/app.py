@@ -7,10 +7,14 @@ Everything that can be refused is refused before the request queues: the body's 
 (:mod:`~draftwise.server.protocol`, HTTP 400 naming the parameter), the model name (404), the
 prompt over the context or ``max_tokens`` over the cap (400), a draft the server was not
 started with or ``k: "auto"`` on a server that read no profile (400), a full queue (429). So a
-streamed request is refused with its status too, never with a 200 and an error event. Error
+streamed request is refused with its status too, never with a 200 and an error event. A body
+sent as anything but JSON (``Content-Type: text/plain``, a form, none) gets 415 saying so. Error
 bodies are ASCII JSON, since they may quote what a client sent. The gate in front of the app
 checks the API key (401, every path but ``/health``, constant-time compare) and the body size
 (413) before a body is parsed.
+
+A client that hangs up is cancelled, streamed or not: its job ends at its next step, frees its
+place (a batch slot) and counts as ``finished_reason="abort"`` in ``/metrics``.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from draftwise.core.decode import check_token_ids
 from draftwise.core.sampling import SamplingConfig
+from draftwise.drafters.spec import clip
 from draftwise.errors import ConfigError
 from draftwise.runtime.chat import encode_conversation
 from draftwise.server.metrics import ServerMetrics
@@ -56,6 +61,8 @@ from draftwise.server.worker import (
 _ERROR_STATUS = {"timeout": 504, "internal": 500, "invalid": 400, "cancelled": 503}
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}
 _ERROR_TYPE = {504: "timeout_error", 500: "server_error", 503: "server_error", 400: "invalid_request_error"}
+#: how often a non-streamed request checks that its client is still there
+DISCONNECT_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -70,12 +77,20 @@ class ServerSettings:
     max_body_bytes: int = 1 << 20
     max_batch: int = 1  # requests decoded together (the batched engine when > 1)
     prefill_chunk: int = 16  # prompt tokens a request feeds per step while more decode (engine.step_chunk)
-    context: int | None = None  # positions per batched request (None: the model's); capped by the model's
+    context: int | None = None  # positions per request, prompt and answer (None: the model's); at most the model's
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty, which would turn authentication off; give a key, or None "
                               "to serve without one")
+        least = {"max_queue": 1, "max_tokens_cap": 1, "max_body_bytes": 1, "max_batch": 1, "prefill_chunk": 1,
+                 "context": 1}
+        for name, low in least.items():  # one error per field, naming it alone
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ConfigError(f"{name}={value!r} must be a whole number >= {low}")
+        if not (isinstance(self.request_timeout_s, (int, float)) and 0 < self.request_timeout_s < float("inf")):
+            raise ConfigError(f"request_timeout_s={self.request_timeout_s!r} must be a number of seconds > 0")
 
 
 class Gate:
@@ -126,7 +141,12 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
     """The ASGI app serving ``model`` (loaded) with ``speculation``; the worker starts with it,
     after the allowed drafters are built (``Speculation.warm_up``, a no-op if it already ran).
     Pass the :class:`~draftwise.server.worker.ModelThread` that loaded the model, so the jobs run
-    on that thread too (a fresh one is made otherwise)."""
+    on that thread too (a fresh one is made otherwise). ``settings.context`` over the model's
+    context is refused (the default, None, is the model's)."""
+    limit = model.runtime.max_context
+    if settings.context is not None and settings.context > limit:
+        raise ConfigError(f"--context {settings.context} is over this model's maximum of {limit} positions; "
+                          f"pass --context {limit} or less")
     metrics = ServerMetrics(settings.model_name)
     worker = Worker(model, speculation, metrics, max_queue=settings.max_queue, thread=model_thread,
                     max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk, context=settings.context)
@@ -166,15 +186,33 @@ def _add_error_handlers(app: FastAPI, metrics: ServerMetrics) -> None:
         return ErrorResponse(exc.body(), status_code=exc.status, headers=headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        sent = request.headers.get("content-type")
+        errors = list(exc.errors())
+        if not _is_json(sent or "") and errors and errors[0].get("type") != "missing":
+            # FastAPI parses a body as JSON only when it says so: its errors would be about bytes
+            metrics.reject(415)
+            what = f"this request's is {clip(sent)}" if sent else "this request has none"
+            return ErrorResponse(error_body(f"the body must be JSON sent with 'Content-Type: application/json'; "
+                                            f"{what}", code="unsupported_media_type"), status_code=415)
         metrics.reject(400)
-        return ErrorResponse(validation_error_body(list(exc.errors())), status_code=400)
+        return ErrorResponse(validation_error_body(errors), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         metrics.reject(exc.status_code)
         code = _HTTP_CODES.get(exc.status_code, str(exc.status_code))
         return ErrorResponse(error_body(str(exc.detail), code=code), status_code=exc.status_code)
+
+
+def _is_json(content_type: str) -> bool:
+    """Whether FastAPI parses a body of this type as JSON: ``application/json`` or ``application/*+json``.
+
+    >>> _is_json("application/json; charset=utf-8"), _is_json("text/plain")
+    (True, False)
+    """
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
 
 
 def _add_info_routes(app: FastAPI, model: Any, worker: Worker, metrics: ServerMetrics,
@@ -195,7 +233,7 @@ def _add_info_routes(app: FastAPI, model: Any, worker: Worker, metrics: ServerMe
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{
             "id": settings.model_name, "object": "model", "created": 0, "owned_by": "draftwise",
-            "max_model_len": model.runtime.max_context,
+            "max_model_len": worker.context,  # --context: a prompt and its answer together
         }]}
 
 
@@ -274,9 +312,10 @@ class Intake:
                                       seed=body.seed)
         except ConfigError as exc:
             raise APIError(400, str(exc), code="invalid_value") from None
+        # a seeded sample must not depend on what other requests did (docs/contract.md)
+        choice = self.speculation.choose(body.speculative, isolated=sampling.seed is not None and not sampling.greedy)
         return Job(request_id=request_id, prompt_ids=ids, max_tokens=max_tokens, sampling=sampling,
-                   stop=body.stop_list, choice=self.speculation.choose(body.speculative),
-                   timeout_s=settings.request_timeout_s)
+                   stop=body.stop_list, choice=choice, timeout_s=settings.request_timeout_s)
 
     def submit(self, job: Job) -> JobHandle:
         try:
@@ -320,24 +359,29 @@ async def _stream(handle: JobHandle, env: Envelope, body: Any) -> AsyncIterator[
         handle.cancel()  # no effect once the job is done
 
 
+async def _last_event(handle: JobHandle) -> Event:
+    """The job's ``done`` or ``error`` event (its ``text`` events are skipped)."""
+    async for ev in handle:
+        if ev.kind in ("done", "error"):
+            return ev
+    raise AssertionError("a job's events end with done or error")  # pragma: no cover
+
+
 async def _collect(handle: JobHandle, env: Envelope, body: Any, request: Request) -> Any:
-    """Wait for the whole answer, cancelling the generation if the client hangs up meanwhile."""
-    pending: asyncio.Future[Event] | None = None
+    """Wait for the whole answer, cancelling the generation (as a hung-up stream is) if the client
+    hangs up meanwhile: checked every :data:`DISCONNECT_POLL_S` whatever events arrive, since a
+    decoding job posts one every pass."""
+    last = asyncio.ensure_future(_last_event(handle))
     try:
-        while True:
-            pending = pending or asyncio.ensure_future(handle.next())
-            done, _ = await asyncio.wait({pending}, timeout=0.5)
-            if not done:
-                if await request.is_disconnected():
-                    return Response(status_code=499)  # nobody reads it: the client is gone
-                continue
-            ev, pending = pending.result(), None
-            if ev.kind == "done":
-                assert ev.result is not None and ev.stats is not None
-                return JSONResponse(env.full(ev.result, ev.stats, handle.job.choice, token_ids=body.return_token_ids))
-            if ev.kind == "error":
-                raise _failure(ev)
+        while not last.done():
+            await asyncio.wait({last}, timeout=DISCONNECT_POLL_S)
+            if not last.done() and await request.is_disconnected():
+                return Response(status_code=499)  # nobody reads it: the client is gone
+        ev = last.result()
+        if ev.kind == "error":
+            raise _failure(ev)
+        assert ev.result is not None and ev.stats is not None
+        return JSONResponse(env.full(ev.result, ev.stats, handle.job.choice, token_ids=body.return_token_ids))
     finally:
-        if pending is not None:
-            pending.cancel()
-        handle.cancel()
+        last.cancel()
+        handle.cancel()  # no effect once the job is done

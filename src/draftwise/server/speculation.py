@@ -34,20 +34,35 @@ request and only read afterwards, so it is bounded by the allowed list:
   Without a batch profile (or one measured for smaller batches) each request keeps
   its own adaptive k, and the log says in one line how to make one: the server never measures
   one itself (a minute or more of passes at start-up, and a second writer of the planner's file).
+- for each allowed draft that learns across requests (``suffix``, whose cache holds earlier
+  answers), a second drafter of it that does not (:func:`without_learning`), per slot too.
+
+A seeded sampled request is reproducible (docs/contract.md): it speculates from its own state
+only (``Choice.isolated``). Sampled verification draws its random numbers per proposed token,
+so the sample a seed gives depends on what was proposed; a drafter reading the cache of earlier
+answers, or a k chosen from what other requests did (the batch's goodput, a draft's shared tree
+sizes), would make the same seeded request draw another sample (from the same distribution)
+after the server had served others. So such a request drafts with the isolated drafter (its own
+prompt and output), and under k ``auto`` adapts from its own acceptance alone.
+
+The cap on k (``--max-k``, :data:`DEFAULT_MAX_K`): a request's k is refused above it (HTTP 400
+naming it), the server's ``--k`` may not exceed it, a plan's k and k ``auto``'s range are held
+under it. A step verifies k + 1 rows of a sequence: without a cap one client asking ``k: 256``
+would make every pass of the batch it joins verify 257 rows for it.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from draftwise.core.draft import Drafter
 from draftwise.core.kpolicy import KPolicy
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
-from draftwise.drafters.factory import make_drafter
-from draftwise.drafters.spec import DraftSpec, KValue, clip
+from draftwise.drafters.factory import capabilities_of, make_drafter
+from draftwise.drafters.spec import DEFAULT_MAX_K, DraftSpec, KValue, clip
 from draftwise.errors import ConfigError
 from draftwise.planner.defaults import DEFAULT_DRAFTS
 from draftwise.planner.plan import Plan, make_plan
@@ -61,6 +76,8 @@ from draftwise.server.protocol import APIError, Speculative
 log = logging.getLogger("draftwise.server")
 AUTO = "auto"
 NONE = DraftSpec.parse("none")
+#: the largest k ``auto`` proposes on its own (AdaptiveK's default for a chain)
+AUTO_K_MAX = 8
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,8 @@ class Choice:
     k: KValue
     chosen_by: str
     category: str | None = None
+    #: speculates from this request alone (a seeded sampled request, so its seed reproduces it)
+    isolated: bool = False
 
     @property
     def label(self) -> str:
@@ -92,12 +111,34 @@ def allowed_drafts(default: DraftSpec | str, plan: Plan | None, allow: Iterable[
     return {str(s): s for s in specs}
 
 
+def without_learning(spec: DraftSpec) -> DraftSpec:
+    """``spec`` without the state it learns across requests (a suffix draft's cache of earlier
+    answers turned off); ``spec`` itself when it learns nothing.
+
+    >>> str(without_learning(DraftSpec.parse("suffix:nodes=8"))), str(without_learning(DraftSpec.parse("lookup")))
+    ('suffix:nodes=8,cache=0', 'lookup')
+    """
+    if not capabilities_of(spec).learns:
+        return spec
+    alone = replace(spec, cache=0)
+    if capabilities_of(alone).learns:  # a draft that learns some other way: refuse it at start-up
+        raise ConfigError(f"the draft {spec} learns across requests and has no setting to turn that off, "
+                          "so a seeded request could not be reproduced; leave it out of the allowed drafts")
+    return alone
+
+
 class Speculation:
     """The server's speculation settings, and the drafters and profile of its allowed drafts."""
 
     def __init__(self, model: Any, *, draft: DraftSpec | str, k: KValue, plan: Plan | None,
-                 allow: Iterable[DraftSpec | str] = (), capacity: Mapping[str, Any] | None = None) -> None:
+                 allow: Iterable[DraftSpec | str] = (), capacity: Mapping[str, Any] | None = None,
+                 max_k: int = DEFAULT_MAX_K) -> None:
+        if isinstance(max_k, bool) or not isinstance(max_k, int) or max_k < 1:
+            raise ConfigError(f"--max-k {max_k!r} must be a whole number >= 1")
+        if isinstance(k, int) and k > max_k:
+            raise ConfigError(f"--k {k} is over --max-k {max_k}; lower --k or raise --max-k")
         self.model = model
+        self.max_k = max_k
         #: the plan's concurrency prediction (``concurrency.json``): sets the speculating limit
         self.capacity = capacity
         self.default_draft = draft if draft == AUTO else DraftSpec.parse(draft)
@@ -110,6 +151,10 @@ class Speculation:
         self._drafters: dict[str, Drafter | None] = {}
         #: with a batched worker, each slot's own drafters (sharing the ones above's caches)
         self._slot_drafters: list[dict[str, Drafter | None]] = []
+        #: the drafters of isolated requests (``Choice.isolated``): a learning draft's own, without
+        #: what it learned (:func:`without_learning`), the shared one otherwise; unbatched, then per slot
+        self._isolated: list[dict[str, Drafter | None]] = []
+        self._followed = False  # follow_batch ran (it runs once)
         self._profile: Any = None  # one profile covering every allowed draft, when k may be auto
         #: k auto on a batched worker with a batch profile: the per-step goodput policy
         self.coordinator: BatchKCoordinator | None = None
@@ -129,6 +174,10 @@ class Speculation:
             self._slot_drafters.append({
                 key: make_drafter(spec, slot_model, share_with=self._drafters[key]) for key, spec in self.allowed.items()
             })
+        alone = {key: without_learning(spec) for key, spec in self.allowed.items()}
+        for model, shared in zip([self.model, *slot_models], [self._drafters, *self._slot_drafters]):
+            own = {key: make_drafter(spec, model) for key, spec in alone.items() if spec != self.allowed[key]}
+            self._isolated.append({**shared, **own})
         plan_auto = self.plan is not None and any(k == AUTO for _, k in self.plan.recommended.values())
         if self.default_k == AUTO or plan_auto:  # a plan may recommend the adaptive k itself
             drafts = [key for key in self.allowed if key != "none"]
@@ -143,9 +192,10 @@ class Speculation:
     def follow_batch(self, engine: Any, *, on_k: Callable[[str, int], None] | None = None) -> None:
         """With k ``auto`` on a batched ``engine``: the goodput policy (module docstring), priced by
         the batch profile read now, becomes the engine's scheduler; ``on_k(draft, k)``: every k
-        chosen. Run after :meth:`warm_up`."""
-        if self._profile is None or self.coordinator is not None:
+        chosen. Run after :meth:`warm_up`; later calls do nothing (nor warn again)."""
+        if self._profile is None or self._followed:
             return
+        self._followed = True
         make = (f"measure one once with `draftwise plan --concurrency 1,2,4,8,{max(16, engine.max_batch)} --out DIR` "
                 "(same --model, --dtype and --quant; the server reads it at start-up)")
         try:
@@ -182,8 +232,9 @@ class Speculation:
         batch.check_model(self.model)
         return batch
 
-    def choose(self, req: Speculative | None) -> Choice:
-        """The request's speculation, validated (HTTP 400 naming ``speculative.*`` if refused)."""
+    def choose(self, req: Speculative | None, *, isolated: bool = False) -> Choice:
+        """The request's speculation, validated (HTTP 400 naming ``speculative.*`` if refused);
+        ``isolated``: it speculates from its own state only (a seeded sampled request)."""
         draft: DraftSpec | str = self.default_draft
         k: KValue = self.default_k
         by = "server"
@@ -199,23 +250,26 @@ class Speculation:
         if req is not None and req.k is not None:
             k = req.k
             by = "plan+request" if by == "plan" else "request"
+            if isinstance(k, int) and k > self.max_k:
+                raise APIError(400, f"k={k} is over this server's cap of {self.max_k} (--max-k); send k <= "
+                               f"{self.max_k} or 'auto'", param="speculative.k", code="invalid_value")
         self._check_allowed(draft)
         if k == AUTO and not draft.is_none and self._profile is None:
             raise APIError(400, f"k 'auto' is not available on this server: it runs a fixed k ({self.default_k}), "
                            "so no machine profile was read at start-up; send a number, or start the server "
                            "with --k auto", param="speculative.k", code="unsupported_value")
         return Choice(draft=NONE if draft.is_none else draft, k=0 if draft.is_none else k,
-                      chosen_by=by, category=category)
+                      chosen_by=by, category=category, isolated=isolated)
 
     def _plan_choice(self, category: str | None) -> tuple[DraftSpec, KValue]:
         """The plan's draft for ``category`` and its k; a server started with ``--k auto`` adapts k
-        for the plan's drafts too."""
+        for the plan's drafts too; a plan's k over ``max_k`` is held at it."""
         if self.plan is None:
             raise APIError(400, "this server has no plan, so draft 'auto' is not available; start it "
                            "with --draft auto (and --plan), or name a draft", param="speculative.draft",
                            code="unsupported_value")
         draft, k, _ = route(self.plan, category, self.default_k)
-        return draft, k
+        return draft, min(k, self.max_k) if isinstance(k, int) else k
 
     def _check_allowed(self, draft: DraftSpec) -> None:
         """Refuse a draft the server was not started with, before anything is built for it."""
@@ -226,34 +280,39 @@ class Speculation:
 
     def build(self, choice: Choice, slot: int | None = None) -> tuple[Drafter | None, int | KPolicy]:
         """The drafter and k (a number, or a fresh adaptive policy) for one generation (in the
-        batched worker's ``slot``)."""
+        batched worker's ``slot``). An isolated choice gets the drafter that learns nothing across
+        requests and a k ``auto`` of its own: no shared tree sizes, no batch scheduler."""
         if choice.draft.is_none:
             return None, 1
         if not self._warm:
             raise RuntimeError("Speculation.warm_up() has not run: the server builds its drafters at start-up")
         # choose() let only allowed drafts through
-        drafters = self._drafters if slot is None else self._slot_drafters[slot]
+        if choice.isolated:
+            drafters = self._isolated[0 if slot is None else slot + 1]
+        else:
+            drafters = self._drafters if slot is None else self._slot_drafters[slot]
         drafter = drafters[str(choice.draft)]
         if choice.k == AUTO:
             # the start-up profile, never one measured in a request; the drafter's own statement
             # one TreeSizes per draft: what a request learns of its tree sizes, the next starts from
-            sizes = self._tree_sizes.setdefault(str(choice.draft), TreeSizes())
+            sizes = TreeSizes() if choice.isolated else self._tree_sizes.setdefault(str(choice.draft), TreeSizes())
             adaptive = AdaptiveK(self._profile, str(choice.draft), capabilities=drafter.capabilities,
-                                 tree_sizes=sizes)
-            if slot is not None and self.coordinator is not None:  # k from the batch, each step
+                                 tree_sizes=sizes, k_max=min(AUTO_K_MAX, self.max_k))
+            if slot is not None and self.coordinator is not None and not choice.isolated:  # k from the batch
                 return drafter, self.coordinator.policy(adaptive, str(choice.draft))
             return drafter, adaptive
         assert isinstance(choice.k, int)
         return drafter, choice.k
 
 
-def startup_plan(model: Any, *, per_category: int = 1, max_new_tokens: int = 64) -> Plan:
+def startup_plan(model: Any, *, per_category: int = 1, max_new_tokens: int = 64,
+                 max_k: int = DEFAULT_MAX_K) -> Plan:
     """A plan made at start-up for ``--draft auto`` without ``--plan``: the default drafts
-    (:data:`~draftwise.planner.defaults.DEFAULT_DRAFTS`: lookup and suffix), k = 1..8, on
-    ``per_category`` dev questions per category (Spec-Bench's), from the cached profile."""
+    (:data:`~draftwise.planner.defaults.DEFAULT_DRAFTS`: lookup and suffix), k = 1..8 (at most
+    ``max_k``), on ``per_category`` dev questions per category (Spec-Bench's), from the cached profile."""
     questions = select_questions(read_questions(DEFAULT_QUESTIONS), per_category)
     drafts = list(DEFAULT_DRAFTS)
     profile = resolve_profile(model, drafts)
-    ks = list(range(1, min(8, profile.max_n - 1) + 1))
+    ks = list(range(1, min(AUTO_K_MAX, profile.max_n - 1, max_k) + 1))
     log.info("making a plan at start-up: %s, k=1..%d, %d dev questions", ", ".join(drafts), ks[-1], len(questions))
     return make_plan(model, questions, profile, drafts=drafts, ks=ks, max_new_tokens=max_new_tokens)

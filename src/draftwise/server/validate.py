@@ -290,7 +290,8 @@ class Served:
         # the settings load_test and this validation always started `serve` with
         self.settings = ServerSettings(
             model_name=model.name, max_queue=max(128, 2 * n), max_tokens_cap=max_tokens, request_timeout_s=3600.0,
-            max_batch=n, prefill_chunk=DEFAULT_PREFILL_CHUNK, context=DEFAULT_SERVE_CONTEXT)
+            max_batch=n, prefill_chunk=DEFAULT_PREFILL_CHUNK,
+            context=min(DEFAULT_SERVE_CONTEXT, model.runtime.max_context))
         app = create_app(model, speculation, self.settings, model_thread=self.thread)
         self.worker: Worker = app.state.worker
         self.worker.warm_up()  # on this thread: the engine, the drafters, the profile and batch profile

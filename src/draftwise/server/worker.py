@@ -143,8 +143,11 @@ class Worker:
 
     @property
     def context(self) -> int:
-        """Positions one request may take: the engine's slot, or the model's context."""
-        return self.engine.runtime.slot_context if self.engine is not None else self.model.runtime.max_context
+        """Positions one request may take: the engine's slot, else ``context`` (at any batch size) or the model's."""
+        if self.engine is not None:
+            return self.engine.runtime.slot_context
+        limit = self.model.runtime.max_context
+        return limit if self._context is None else min(self._context, limit)
 
     @property
     def waiting(self) -> int:
