@@ -352,3 +352,21 @@ def test_past_the_speculating_limit_the_batch_steps_plain_and_trees_are_not_prop
     assert step(coord, crowd, 100) == [0, 0, 0]  # three in the pass: no tree is even drafted
     assert not any(p.shadow for p in crowd)  # nor a shadow token: the step is plain whatever they estimate
     assert step(coord, crowd[:2], 100) == [8, 8] and all(p.shadow for p in crowd[:2])  # one ended; two: trees again
+
+
+def test_past_the_limit_a_sequence_steps_plain_without_waiting_on_the_schedule() -> None:
+    goodput = BatchGoodput(knee_profile(32, 0.004), k_max=8)
+    goodput.speculate_up_to = 2
+    running = [3]
+    waited: list[Any] = []
+    seen: list[tuple[str, int]] = []
+    coord = BatchKCoordinator(goodput, wait=waited.append, size=lambda: running[0],
+                              on_k=lambda d, k: seen.append((d, k)))
+    policy = coord.policy(Fake(rate=0.9, trees=True), "suffix")
+    assert coord.past_limit() and policy.choose(100) == 0 and not policy.shadow
+    assert waited == [] and seen == [("suffix", 0)]  # no schedule asked; the metrics still hear its k
+    running[0] = 2
+    assert not coord.past_limit()
+    policy.choose(100)
+    assert waited == [policy]  # at the limit: the engine schedules it with the others
+    assert not BatchKCoordinator(goodput, wait=waited.append).past_limit()  # no size: the schedule decides

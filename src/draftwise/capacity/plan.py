@@ -40,6 +40,7 @@ from draftwise.cost.batch_measure import resolve_batch_profile
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.goodput import StepCost
 from draftwise.cost.profile import Profile
+from draftwise.cost.served import ServedProfile
 from draftwise.errors import ConfigError
 from draftwise.fsutil import write_json_atomic, write_text_atomic
 from draftwise.planner.export import ENGINES
@@ -94,13 +95,14 @@ def concurrency_plan(
     concurrency: str | Sequence[int] = DEFAULT_CONCURRENCY, *, requests_per_client: int = REQUESTS_PER_CLIENT,
     max_new_tokens: int | None = None, context: int | None = None,
     progress: Callable[[str, float], None] | None = None, units: Sequence[Sequence[Request]] | None = None,
-    per_phase: int | None = None,
+    per_phase: int | None = None, served: ServedProfile | None = None,
 ) -> dict[str, Any]:
     """Predictions at each N (JSON-able; :func:`draftwise.capacity.simulate.predict`), after checking
     that the plan, both profiles and ``model`` belong together and that each N fits in memory.
     ``units``: the requests to predict (default: the plan's own prompts); ``requests_per_client``
     counts units (questions, every turn of each) and ``per_phase``, where given, the units every N
-    sends (:func:`draftwise.capacity.simulate.client_units`)."""
+    sends (:func:`draftwise.capacity.simulate.client_units`). ``served``: the served step as measured
+    (:mod:`draftwise.cost.served`), so every step is priced as the server runs it; None: passes alone."""
     concurrency = parse_concurrency(concurrency)
     batch_profile.check_model(model)
     profile.check_model(model)
@@ -109,7 +111,7 @@ def concurrency_plan(
                           f"profile on {batch_profile.model!r} ({batch_profile.fingerprint}); use one model for both")
     check_fits(model, concurrency, context)
     workload = workload_from_plan(plan, units)
-    result = predict(workload, StepCost(batch_profile, profile), concurrency,
+    result = predict(workload, StepCost.served_from(batch_profile, profile, served), concurrency,
                      requests_per_client=requests_per_client, max_new_tokens=max_new_tokens, progress=progress,
                      per_phase=per_phase)
     result.update(
@@ -118,6 +120,10 @@ def concurrency_plan(
         profile_created=profile.created,
         linear_fit={str(c): v for c, v in batch_profile.linear_fit().items()},
         prompt_share=batch_profile.prompt_share, validation=None,
+        served=None if served is None else {
+            "created": served.created, "step_ms": served.step_seconds * 1e3, "per_plain_ms": served.per_plain * 1e3,
+            "per_speculating_ms": served.per_speculating * 1e3,
+            "pass_scale": {str(b): v for b, v in sorted(served.pass_scale.items())}},
     )
     return result
 
@@ -201,7 +207,7 @@ def load_units(workload: Sequence[Sequence[Mapping[str, Any]]]) -> list[list[Req
 
 
 def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Profile, raw: Mapping[str, Any],
-               policy: str = "served", limit: int | None = None) -> dict[str, Any]:
+               policy: str = "served", limit: int | None = None, served: ServedProfile | None = None) -> dict[str, Any]:
     """A load test's measurements (``measured.json``, as
     :func:`draftwise.server.validate.measure_concurrency` writes it) scored against the prediction
     of the very requests it sent: its units, each turn's prompt with its history and its answer's
@@ -217,7 +223,7 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
     per_phase = raw.get("units_per_phase")  # absent before every N sent the same units
     prediction = concurrency_plan(model, plan, batch_profile, profile, sorted(measured),
                                   requests_per_client=int(raw["requests_per_client"]), units=load_units(raw["workload"]),
-                                  per_phase=int(per_phase) if per_phase is not None else None)
+                                  per_phase=int(per_phase) if per_phase is not None else None, served=served)
     prediction["speculating_limit"] = limit
     out = compare_measured(prediction, measured, policy, per_request)
     out.update(equal=raw.get("equal"), workload=prediction["workload"], max_tokens=raw.get("max_tokens"),
@@ -230,6 +236,8 @@ def score_load(model: Any, plan: Any, batch_profile: BatchProfile, profile: Prof
 #: out_dir, measured_path, requests_per_client, max_tokens, status)`` returns what it wrote to
 #: ``measured_path`` (:func:`draftwise.server.validate.measure_concurrency`)
 Measure = Callable[..., Mapping[str, Any]]
+#: the served step ``run_concurrency(serve_profile=...)`` prices with (:mod:`draftwise.cost.served`)
+ServeProfile = Callable[..., ServedProfile]
 
 
 def run_concurrency(
@@ -237,13 +245,17 @@ def run_concurrency(
     batch_profile: BatchProfile | None = None, validate: bool = False, requests_per_client: int = REQUESTS_PER_CLIENT,
     max_new_tokens: int | None = None, plan_path: str | Path | None = None, export: Sequence[str] = (),
     status: Callable[[str], None] | None = None, validate_policy: str = "served", measure: Measure | None = None,
+    serve_profile: ServeProfile | None = None,
 ) -> dict[str, Any]:
     """What ``draftwise plan --concurrency`` runs: the predictions (batch profile resolved or
     measured), ``concurrency.json``, ``concurrency.md`` and ``concurrency.png`` in ``out_dir``,
     one ``schedule-<engine>.txt`` per ``export`` engine that has a per-batch-size table (``hf``
     has none and is skipped), and with ``validate`` the load test ``measure`` at each N
     (``plan_path``: the plan file the servers load; ``measured.json`` and ``load/`` in
-    ``out_dir``) scored against the prediction."""
+    ``out_dir``) scored against the prediction. ``serve_profile(model, batch_profile, profile,
+    batches=..., question_ids=..., status=...)`` gives the served step
+    (:func:`draftwise.server.served_profile.resolve_served_profile`), measured on the plan's own
+    questions; None prices the passes alone."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     concurrency = parse_concurrency(concurrency)
@@ -265,8 +277,12 @@ def run_concurrency(
         raise ConfigError("validate=True needs the load test: pass measure=draftwise.server.validate."
                           "measure_concurrency (the serve extra: pip install 'draftwise[serve]')")
     bp = batch_profile or resolve_batch_profile(model, status=status, batches=tuple(sorted({1, *concurrency})))
+    served = None
+    if serve_profile is not None:
+        served = serve_profile(model, bp, profile, batches=sorted({1, *concurrency}),
+                               question_ids=[p.get("question_id") for p in plan.prompts] or None, status=status)
     result = concurrency_plan(model, plan, bp, profile, concurrency, requests_per_client=requests_per_client,
-                              max_new_tokens=max_new_tokens)
+                              max_new_tokens=max_new_tokens, served=served)
     result["speculating_limit"] = limit_of(result) if "goodput" in result["policies"] else None
     if validate and measure is not None:
         write_json_atomic(out / "concurrency.json", result)  # the validation's servers read its limit
@@ -278,7 +294,7 @@ def run_concurrency(
             status(f"note: {raw['equal'][0]} of {raw['equal'][1]} answers equal to decoding alone, {raw['errors']} "
                    f"errors; see {out / 'load' / 'run.json'}")
         result["validation"] = score_load(model, plan, bp, profile, raw, validate_policy,
-                                          limit=result["speculating_limit"])
+                                          limit=result["speculating_limit"], served=served)
     write_json_atomic(out / "concurrency.json", result)
     write_text_atomic(out / "concurrency.md", render_concurrency_markdown(result))
     for engine in engines:

@@ -204,6 +204,18 @@ def _load_test(concurrency: list[int], questions: list[Question]) -> Any:
     return load_test
 
 
+def _serve_profile() -> Any:
+    """The served step's measurement (:mod:`draftwise.server.served_profile`), or None where the
+    serve extra is not installed (the passes alone are priced, and a note says so)."""
+    try:
+        from draftwise.server.served_profile import resolve_served_profile
+    except ImportError as exc:
+        err.print(f"note: pricing the passes alone, not the served step: {SERVE_EXTRA} ({exc})", highlight=False,
+                  markup=False)
+        return None
+    return resolve_served_profile
+
+
 def _validate(target: Any, plan: Plan, questions: list[Question], repeats: int, seeds: int | None) -> None:
     """Run the recommendations (and the overall pick) for real; the result goes in the plan."""
     best = plan.recommended["overall"]
@@ -301,6 +313,10 @@ def plan_cmd(
         "--concurrency", help="Also predict throughput at these numbers of concurrent requests, e.g. 1,2,4,8,16 "
         "(batched passes; writes concurrency.json/.md/.png in --out; with --validate, load-tests a server at each)."
     )] = None,
+    served_step: Annotated[bool, typer.Option(
+        "--served-step/--passes-only", help="With --concurrency: price each step as draftwise serve runs it, "
+        "measured once on this machine (the serve extra; cached beside the batch profile), or the passes alone."
+    )] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
@@ -352,6 +368,7 @@ def plan_cmd(
                 requests_per_client=REQUESTS_PER_CLIENT, export=[export.value] if export is not None else [],
                 status=lambda line: err.print(line, highlight=False, markup=False),
                 measure=load_test.measure_concurrency if load_test is not None else None,
+                serve_profile=_serve_profile() if served_step else None,
             )
             written += ["concurrency.json", "concurrency.md"]
         exported = _export(plan, target, export) if export is not None else None

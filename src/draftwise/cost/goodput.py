@@ -98,6 +98,7 @@ from dataclasses import dataclass, field
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed_by_position
 from draftwise.cost.profile import Profile
+from draftwise.cost.served import ServedProfile
 from draftwise.errors import ConfigError
 
 NONE = "none"
@@ -142,6 +143,9 @@ class StepCost:
     #: (plain, speculating): a sequence's seconds outside the pass at batch, as measured while
     #: serving (:class:`~draftwise.policy.outside_pass.OutsidePass`); None: the profile's overhead
     per_sequence: tuple[float, float] | None = None
+    #: the served step as measured (:mod:`draftwise.cost.served`): its price outside the pass;
+    #: the batch profile is already scaled to served passes (:meth:`served_from`). None: passes alone
+    served: ServedProfile | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
     _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked
 
@@ -164,6 +168,8 @@ class StepCost:
             raise ConfigError(f"k={k} must be >= 0")
         if self.per_sequence is not None:
             return self.per_sequence[1] if k else self.per_sequence[0]
+        if self.served is not None:
+            return self.served.per_plain + (self.served.per_speculating if k else 0.0)
         if self.profile is None:
             return 0.0
         last = self._overhead
@@ -171,13 +177,31 @@ class StepCost:
             last = self._overhead = (context, self.profile.overhead(1, context))
         return last[1]
 
+    @classmethod
+    def served_from(cls, batch: BatchProfile, profile: Profile | None, served: ServedProfile | None) -> StepCost:
+        """The step as served: ``batch`` scaled to the served passes, ``served``'s price outside
+        them (drafts still the profile's); ``served`` None: the passes alone."""
+        if served is None:
+            return cls(batch, profile)
+        return cls(served.apply(batch), profile, served=served)
+
     @property
     def token_overhead(self) -> float:
+        """Per committed token, beside the step (a served profile's per-sequence price holds it)."""
+        if self.served is not None:
+            return 0.0
         return self.profile.token_overhead if self.profile is not None else 0.0
 
+    @property
+    def step_overhead(self) -> float:
+        """A step's seconds outside its pass whatever it holds (the served profile's; else 0)."""
+        return self.served.step_seconds if self.served is not None else 0.0
+
     def seconds(self, batch: int, rows: float, context: float, extra: float, tokens: float) -> float:
-        """One step: the pass, each sequence's draft and overhead (``extra``), the tokens' overhead."""
-        return self.batch.pass_time(batch, rows, context) + extra + self.token_overhead * tokens
+        """One step: the pass, each sequence's draft and overhead (``extra``), the tokens' overhead
+        and the step's own."""
+        return (self.batch.pass_time(batch, rows, context) + extra + self.token_overhead * tokens
+                + self.step_overhead)
 
 
 @dataclass(frozen=True)
@@ -230,7 +254,8 @@ def choose_ks(
     curve = cost.batch.rows_curve(batch, context)
     tau = cost.token_overhead
     floor = fixed_rows + sum(c.outcomes[0].rows for c in choices)
-    base = cost.batch.rows_curve(n, context)(n) - curve(floor)  # the decode-only plain pass, less the chunk
+    # the decode-only plain pass, less the chunk, and the step's own seconds
+    base = cost.batch.rows_curve(n, context)(n) - curve(floor) + cost.step_overhead
 
     # The server runs this on the model's thread before every pass, so its cost is the policy's
     # own overhead: each sequence's options are flattened once, and the pass's price of a row
@@ -305,7 +330,7 @@ def step_goodput(choices: Sequence[Choice], ks: Sequence[int], cost: StepCost, *
     curve = cost.batch.rows_curve(batch, context)  # as choose_ks prices it: a chunk's rows at their share may
     added = curve(rows) - curve(plain_rows)  # number fewer than the pass's sequences
     seconds = (cost.batch.pass_time(n, n, context) + added + sum(c.extra[k] for c, k in zip(choices, ks))
-               + cost.token_overhead * tokens)
+               + cost.token_overhead * tokens + cost.step_overhead)
     return tokens / seconds
 
 

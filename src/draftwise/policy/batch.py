@@ -184,8 +184,9 @@ class BatchGoodput:
         batch = self.cost.batch
         curve = batch.rows_curve(n + prefilling, context)  # the terms of choose_ks's objective
         picked = [c.outcomes[k] for c, k in zip(choices, self.last)]
+        base = batch.rows_curve(n, context)(n) - curve(prefill_rows + n) + self.cost.step_overhead
         self._step = _Step(
-            curve, batch.rows_curve(n, context)(n) - curve(prefill_rows + n), float(prefill_rows),
+            curve, base, float(prefill_rows),
             self.rows_budget if self.rows_budget is not None else default_rows_budget(batch, n, prefill_rows),
             [o.tokens for o in picked], [o.rows for o in picked], [c.extra[k] for c, k in zip(choices, self.last)])
         return list(self.last)
@@ -245,12 +246,20 @@ class BatchKCoordinator:
 
     def __init__(self, goodput: BatchGoodput, *, wait: Callable[[BatchSlotPolicy], None],
                  price: Callable[[PassRows], float] | None = None,
-                 on_k: Callable[[str, int], None] | None = None) -> None:
+                 on_k: Callable[[str, int], None] | None = None, size: Callable[[], int] | None = None) -> None:
         self.goodput = goodput
         self.wait = wait
+        self.size = size
         self.price = price or (lambda others: float(others.decode_rows + others.prompt_rows))
         self.on_k = on_k or (lambda draft, k: None)
         self.alone = False  # the last choice had one sequence and nothing else in the pass
+
+    def past_limit(self) -> bool:
+        """Whether the batch (``size()``: the engine's running generations) holds more sequences
+        than the speculating limit: then every sequence steps plain for real, without waiting on
+        the schedule, drafting or shadowing (a plain batch pays none of it)."""
+        limit = self.goodput.speculate_up_to
+        return limit is not None and self.size is not None and self.size() > limit
 
     def policy(self, adaptive: Any, draft: str) -> BatchSlotPolicy:
         """A request's policy: ``adaptive`` (its :class:`~draftwise.policy.adaptive.AdaptiveK`)
@@ -272,7 +281,10 @@ class BatchKCoordinator:
 
     def observe_step(self, seconds: float, *, plain: int, speculating: int) -> None:
         """A served step's seconds outside its pass, after a pass of ``plain`` and ``speculating``
-        decoding sequences (:meth:`BatchGoodput.observe_step`)."""
+        decoding sequences (:meth:`BatchGoodput.observe_step`); past the limit no k was chosen,
+        so no draft is counted."""
+        if self.past_limit():
+            self.goodput.last, self.goodput._drafts = [], []
         self.goodput.observe_step(seconds, plain=plain, speculating=speculating)
 
 
@@ -297,6 +309,8 @@ class BatchSlotPolicy:
         but not in a pass past the speculating limit, which steps plain whatever it estimates
         (the decode loop asks after :meth:`choose`; a suffix draft's shadow also extends its
         tries, a cost a plain batch does not pay)."""
+        if self.coordinator.past_limit():
+            return False
         return self.adaptive.shadow and not (self.coordinator.goodput.plain and not self.coordinator.alone)
 
     def state(self) -> SeqState:
@@ -305,6 +319,9 @@ class BatchSlotPolicy:
     def choose(self, context_len: int) -> int:
         self.context = context_len
         self._pending = None
+        if self.coordinator.past_limit():  # a plain step, as plain batching takes it
+            self.coordinator.on_k(self.draft, 0)
+            return 0
         self.coordinator.wait(self)  # the engine schedules every waiting sequence together
         k = self.chosen
         plain = self.coordinator.goodput.plain and not self.coordinator.alone  # past the speculating limit

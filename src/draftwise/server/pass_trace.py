@@ -28,6 +28,11 @@ def attach(engine: Any) -> None:
         engine.stats.trace = []
 
 
+def enabled() -> bool:
+    """Whether the environment names a trace file."""
+    return bool(os.environ.get(TRACE_ENV))
+
+
 def flush(engine: Any, *, idle: bool = True) -> None:
     """Append the passes recorded since the last flush to the trace file, and forget them: when
     the batch is ``idle`` (empty), or once 1,024 are held."""

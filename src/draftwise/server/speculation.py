@@ -61,6 +61,8 @@ from typing import Any
 from draftwise.core.draft import Drafter
 from draftwise.core.kpolicy import KPolicy
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
+from draftwise.cost.goodput import StepCost
+from draftwise.cost.served import ServedProfile, default_served_profile_path
 from draftwise.drafters.factory import capabilities_of, make_drafter
 from draftwise.drafters.spec import DEFAULT_MAX_K, DraftSpec, KValue, clip
 from draftwise.errors import ConfigError
@@ -206,7 +208,8 @@ class Speculation:
         except ConfigError as exc:
             log.warning("k=auto at batch: %s, so each request keeps its own adaptive k; %s", exc, make)
             return
-        goodput = BatchGoodput(batch, self._profile)
+        goodput = BatchGoodput(batch, self._profile, k_max=min(AUTO_K_MAX, self.max_k),
+                               cost=StepCost.served_from(batch, self._profile, self._served_profile(batch)))
         goodput.measure_outside()  # the worker reports each step's seconds outside its pass
         goodput.calibrate()  # each draft's expected tokens at batch, by what its batch steps accepted
         if self.capacity is not None:
@@ -218,11 +221,26 @@ class Speculation:
             except ConfigError as exc:
                 log.warning("k=auto at batch: not using the concurrency prediction: %s", exc)
         self.coordinator = BatchKCoordinator(
-            goodput, wait=engine.wait_for_schedule, on_k=on_k,
+            goodput, wait=engine.wait_for_schedule, on_k=on_k, size=lambda: engine.running,
             price=lambda others: batch.priced_rows(others.decode_rows, others.prompt_rows))
         engine.scheduler = self.coordinator
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
+
+    def _served_profile(self, batch: BatchProfile) -> ServedProfile | None:
+        """The served step measured for this batch profile (``plan --concurrency`` measures it),
+        so the policy prices each pass as served; None (the passes alone) where there is none."""
+        path = default_served_profile_path(self.model)
+        try:
+            served = ServedProfile.load(path) if path.is_file() else None
+            if served is not None:
+                served.check_batch(batch)
+        except ConfigError as exc:
+            log.info("k=auto at batch: pricing the passes alone: %s", exc)
+            return None
+        if served is not None:
+            log.info("k=auto at batch: passes priced as served (%s)", path)
+        return served
 
     def _load_batch_profile(self) -> BatchProfile:
         path = default_batch_profile_path(self.model)

@@ -281,12 +281,13 @@ class Served:
     """One server as ``draftwise serve --draft auto --plan PLAN --max-batch N`` starts it, on
     ``model`` (loaded), and its intake; the worker runs on the calling thread inside :meth:`run`."""
 
-    def __init__(self, model: Any, plan: Plan, n: int, *, k: str, max_tokens: int,
-                 capacity: dict[str, Any] | None) -> None:
+    def __init__(self, model: Any, plan: Plan | None, n: int, *, k: str, max_tokens: int,
+                 capacity: dict[str, Any] | None, speculation: Speculation | None = None) -> None:
         self.model = model
         self.thread = CallingThread()
-        speculation = Speculation(model, draft=AUTO, k=AUTO if k == "auto" else SERVE_K, plan=plan,
-                                  capacity=capacity)
+        if speculation is None:
+            speculation = Speculation(model, draft=AUTO, k=AUTO if k == "auto" else SERVE_K, plan=plan,
+                                      capacity=capacity)
         # the settings load_test and this validation always started `serve` with
         self.settings = ServerSettings(
             model_name=model.name, max_queue=max(128, 2 * n), max_tokens_cap=max_tokens, request_timeout_s=3600.0,
@@ -339,12 +340,14 @@ async def _events(handle: Any, worker: Worker) -> Any:
 
 
 async def one_request(served: Served, prompt: dict[str, Any], mode: str, max_tokens: int, client_id: int,
-                      k_auto: bool) -> dict[str, Any]:
+                      k_auto: bool, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     """One streamed chat request through the server's intake, as load_test's HTTP client sends
-    it; its record (time to first token, end-to-end, the server's timings, equality)."""
-    spec: dict[str, Any] = {"draft": "none"} if mode == "none" else {"category": prompt["category"]}
-    if mode != "none" and k_auto:
-        spec["k"] = "auto"
+    it; its record (time to first token, end-to-end, the server's timings, equality). ``spec``:
+    the request's ``speculative`` object (default: by ``mode``, the plan's for its category)."""
+    if spec is None:
+        spec = {"draft": "none"} if mode == "none" else {"category": prompt["category"]}
+        if mode != "none" and k_auto:
+            spec["k"] = "auto"
     rec: dict[str, Any] = {"mode": mode, "phase": mode, "client": client_id, "question_id": prompt["question_id"],
                            "turn": prompt["turn"], "category": prompt["category"], "error": None, "lost": False}
     t0 = time.perf_counter()
@@ -374,7 +377,8 @@ async def one_request(served: Served, prompt: dict[str, Any], mode: str, max_tok
         rec["lost"] = True
     if final is not None:
         spec_stats = final["speculative"]
-        rec.update(tokens=final["usage"]["completion_tokens"], equal=final["choices"][0]["token_ids"] == prompt["reference"],
+        rec.update(tokens=final["usage"]["completion_tokens"],
+                   equal=final["choices"][0]["token_ids"] == prompt.get("reference"),
                    prefill_s=final["timings"]["prompt_ms"] / 1000, decode_s=final["timings"]["predicted_ms"] / 1000,
                    draft=spec_stats["draft"], k=spec_stats["k"], mat=spec_stats["mean_committed_per_pass"])
         rec.setdefault("ttft", rec["e2e"])  # an empty answer: its first token is its end
@@ -382,16 +386,17 @@ async def one_request(served: Served, prompt: dict[str, Any], mode: str, max_tok
 
 
 async def phase(served: Served, units: list[list[dict[str, Any]]], mode: str, assignment: list[list[int]],
-                max_tokens: int, k_auto: bool) -> tuple[list[dict[str, Any]], float]:
+                max_tokens: int, k_auto: bool, spec: dict[str, Any] | None = None
+                ) -> tuple[list[dict[str, Any]], float]:
     """Client i sends the units ``assignment[i]`` one after the other, a unit's turns one after
     the other, all clients at once; every record and the phase's wall time (from the first
-    request to the last answer)."""
+    request to the last answer). ``spec``: every request's ``speculative`` (:func:`one_request`)."""
 
     async def run_client(i: int) -> list[dict[str, Any]]:
         out = []
         for u in assignment[i]:  # bounded: its units, one after the other
             for prompt in units[u]:  # bounded: its turns
-                out.append(await one_request(served, prompt, mode, max_tokens, i, k_auto))
+                out.append(await one_request(served, prompt, mode, max_tokens, i, k_auto, spec))
         return out
 
     t0 = time.perf_counter()

@@ -40,6 +40,7 @@ from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine
 from draftwise.core.generation import GenerationResult
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.stats import SpecStats
+from draftwise.cost.served import StepSample
 from draftwise.errors import DraftwiseError
 from draftwise.server import pass_trace
 from draftwise.server.metrics import ServerMetrics
@@ -138,6 +139,10 @@ class Worker:
         self.running = 0
         self._stepping, self._logged_passes = 0.0, 0  # seconds in engine.step(); passes at the last log
         self._last_pass: tuple[int, int] | None = None  # the last pass's (plain, speculating) sequences
+        #: when a list, each batched step that ran a pass is appended as a StepSample
+        #: (:mod:`draftwise.server.served_profile` measures the served step with it)
+        self.step_samples: list[StepSample] | None = None
+        self._last_step_end: float | None = None  # when the last step's after_step ran (its wall clock)
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
 
@@ -245,13 +250,33 @@ class Worker:
             self._stepping += took
             if served:  # a pass ran: what the step cost beside it
                 self.metrics.observe_pass(engine.stats.batch_sizes[-1], engine.stats.last_rows)
+                if self.step_samples is not None:
+                    self._sample(engine, took)
                 self._observe_outside(engine, took - engine.stats.last_seconds)
             pass_trace.flush(engine, idle=not engine.running)
             if not engine.running:
                 self._log_idle(engine)
                 self._last_pass = None
+                self._last_step_end = None  # idle time is no step's
 
         engine.run(admit, after_step)
+
+    def _sample(self, engine: Engine, took: float) -> None:
+        """Record the step (its pass, from the engine's trace) and its seconds outside the pass,
+        admission included: the work of the last pass's sequences, resumed."""
+        now = time.perf_counter()
+        trace = engine.stats.trace
+        if trace is None:  # the pass's shape comes from the engine's trace
+            engine.stats.trace = trace = []
+        wall = took if self._last_step_end is None else now - self._last_step_end
+        self._last_step_end = now
+        if trace and self._last_pass is not None:
+            sequences, _, prompt_rows, rows, context, seconds = trace[-1]
+            assert self.step_samples is not None
+            self.step_samples.append(StepSample(sequences, rows, prompt_rows, context, seconds,
+                                                max(wall - seconds, 0.0), *self._last_pass))
+        if not pass_trace.enabled():
+            trace.clear()  # only the last pass is read here
 
     def _observe_outside(self, engine: Engine, seconds: float) -> None:
         """Tell the goodput policy what this step cost outside its pass: the work of the last
@@ -274,7 +299,7 @@ class Worker:
             if coordinator is not None and coordinator.goodput.factors():
                 measured += "; accepted / expected draft tokens at batch: " + ", ".join(
                     f"{d} {f:.2f}" for d, f in coordinator.goodput.factors().items())
-            log.info("engine: %d passes, %.1f s in passes of %.1f s stepping%s", engine.stats.passes,
+            log.info("engine: %d passes, %.3f s in passes of %.3f s stepping%s", engine.stats.passes,
                      engine.stats.seconds, self._stepping, measured)
 
     def _batched_job(self, handle: JobHandle) -> Callable[[Any], None]:
