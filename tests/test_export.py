@@ -165,3 +165,10 @@ def test_equivalent_specs_export_alike():
     for engine in ("vllm", "sglang", "hf"):
         assert export_dict("lookup:min=1,max=3", 4, engine) == export_dict("lookup", 4, engine)
     assert export_dict("self:layers=0-11", 4, "hf")["options"] == {"assistant_early_exit": 12}
+
+
+def test_an_eagle_head_exports_to_vllm_as_eagle3_with_how_to_write_the_head():
+    out = export_dict("eagle:default", 3, "vllm")
+    assert out["supported"] and out["options"] == {"method": "eagle3", "model": "<HEAD_DIR>", "num_speculative_tokens": 3}
+    assert "draftwise export-head default --out HEAD_DIR" in out["note"]
+    assert not export_dict("eagle:default", 3, "sglang")["options"].get("method")  # vLLM's form only

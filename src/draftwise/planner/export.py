@@ -116,6 +116,15 @@ def _vllm(spec: DraftSpec, k: int) -> dict[str, Any]:
             "note": "the draft must share the target's tokenizer; vLLM loads it by name or local folder "
             "(a .gguf or a draftwise built-in name may need converting first)",
         }
+    if spec.kind == "eagle":
+        cfg = {"method": "eagle3", "model": "<HEAD_DIR>", "num_speculative_tokens": k}
+        return {
+            "supported": True,
+            "options": cfg,
+            "note": f"write the head for vLLM first: `draftwise export-head {spec.source} --out HEAD_DIR` (an "
+            "--arch eagle3 head, as the shipped one is; another is written as 'eagle'); vLLM proposes one "
+            "chain, where draftwise may verify the head's tree (topk > 1)",
+        }
     return _no_layer_skip("vllm", k)
 
 
