@@ -52,8 +52,14 @@ import httpx
 
 from draftwise.capacity.simulate import client_units
 from draftwise.fsutil import write_json_atomic, write_text_atomic
-from draftwise.questions import DEFAULT_QUESTIONS, Question, read_questions, spread_questions
+from draftwise.questions import (
+    DEFAULT_QUESTIONS,
+    Question,
+    read_questions,
+    spread_questions,
+)
 from draftwise.runtime.loaders import load_model
+
 # the parts this shares with `draftwise plan --concurrency --validate`, which drives the server in process
 from draftwise.server.validate import MODES, WARM_UP, messages, pct, summarize  # noqa: F401  (re-exported)
 from draftwise.server.validate import references as reference_answers
@@ -240,15 +246,21 @@ def start_server(args: argparse.Namespace, max_batch: int) -> tuple[subprocess.P
            "--max-queue", str(max(128, args.clients * 2)), "--max-tokens-cap", str(args.max_tokens),
            "--request-timeout", "3600", "--max-batch", str(max_batch), "--dtype", args.dtype, "--quant", args.quant,
            ] + (["--k", "auto"] if args.k == "auto" else [])
-    log = open(Path(args.out) / f"server-b{max_batch}.log", "wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{args.port}"
-    for _ in range(600):  # bounded: 5 minutes for the model to load
+    return launch(cmd, Path(args.out) / f"server-b{max_batch}.log", url), url, cmd
+
+
+def launch(cmd: list[str], log_path: Path, url: str) -> subprocess.Popen[bytes]:
+    """Start a server (``cmd``, its output in ``log_path``) and wait until ``url/health`` answers
+    (5 minutes at most for the model to load); SystemExit if it exits or does not answer."""
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    for _ in range(600):
         if proc.poll() is not None:
             raise SystemExit(f"the server exited ({proc.returncode}); see {log.name}")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url, cmd
+                return proc
         except httpx.HTTPError:
             pass
         time.sleep(0.5)

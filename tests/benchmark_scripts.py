@@ -15,6 +15,8 @@ def load_benchmark(name: str) -> ModuleType:
     and pickling inside it work); the same module object on a second call."""
     if name in sys.modules:
         return sys.modules[name]
+    if str(BENCHMARKS) not in sys.path:  # as when a script runs: its folder first, for one script importing another
+        sys.path.insert(0, str(BENCHMARKS))
     spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -44,8 +44,9 @@ from draftwise import threads as threads_module  # noqa: E402
 from draftwise.cli import app as cli  # noqa: E402
 from draftwise.eagle import drafter as eagle_module  # noqa: E402
 from draftwise.eagle.drafter import fingerprint_of  # noqa: E402
-from draftwise.eagle.head import EagleHead, HeadConfig  # noqa: E402
 from draftwise.eagle.files import save_head  # noqa: E402
+from draftwise.eagle.head import EagleHead, HeadConfig  # noqa: E402
+from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from draftwise.server import speculation as speculation_module  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
 
@@ -169,8 +170,8 @@ def test_the_start_up_line_says_which_drafts_keep_the_batch_at_one_and_how_to_ba
     line = " ".join(served.output.split())  # as one line, however the terminal wrapped it
     features = ", ".join(d for d in served.allowed if "eagle" in d)
     assert (f"max batch 1: the draft(s) {features} read the target's features one sequence at a time; leave "
-            "EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch; requests may "
-            "name") in line
+            "EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch, prefix cache "
+            f"{DEFAULT_PREFIX_CACHE_MB} MiB; requests may name") in line
 
 
 OTHER = {"text": "chat", "chat": "text"}

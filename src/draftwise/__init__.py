@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they load on first use
-    from draftwise.api import generate, share_cores_while_decoding, stream
+    from draftwise.api import Conversation, generate, share_cores_while_decoding, stream
     from draftwise.core.decode import Stream
     from draftwise.core.generation import GenerationResult
     from draftwise.core.sampling import SamplingConfig
@@ -32,9 +32,11 @@ if TYPE_CHECKING:  # the names, for type checkers and editors; at run time they 
         UnsupportedArchitectureError,
     )
     from draftwise.runtime.loaders import Model, load_model
+    from draftwise.runtime.prefix_cache import PrefixCache
 
 _WHERE = {
-    "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api",
+    "generate": ".api", "stream": ".api", "share_cores_while_decoding": ".api", "Conversation": ".api",
+    "PrefixCache": ".runtime.prefix_cache",
     "GenerationResult": ".core.generation", "Stream": ".core.decode", "DraftSpec": ".drafters.spec",
     "ConfigError": ".errors", "ContextLengthError": ".errors", "DraftwiseError": ".errors",
     "ModelLoadError": ".errors", "UnsupportedArchitectureError": ".errors",
@@ -57,11 +59,13 @@ def __dir__() -> list[str]:
 __all__ = [
     "ConfigError",
     "ContextLengthError",
+    "Conversation",
     "DraftSpec",
     "DraftwiseError",
     "GenerationResult",
     "Model",
     "ModelLoadError",
+    "PrefixCache",
     "SamplingConfig",
     "Stream",
     "UnsupportedArchitectureError",

@@ -6,6 +6,10 @@ which takes a number or a :class:`~draftwise.core.kpolicy.KPolicy`) plus one thi
 know: ``k="auto"`` builds the adaptive policy from this machine's measured profile
 (:func:`draftwise.planner.route.policy_for`, which measures and caches one on first use).
 
+:class:`Conversation` keeps a chat's K/V between turns in a prefix cache of its own
+(:mod:`draftwise.runtime.prefix_cache`), so each turn prefills only what is new; ``generate`` and
+``stream`` take ``prefix_cache=`` for the same reuse across any calls.
+
 Nothing here changes the process. :func:`share_cores_while_decoding` is the opt-in the CLI and
 the server make: other draftwise processes decoding on this machine then share the cores.
 
@@ -32,7 +36,9 @@ from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.planner.route import policy_for
+from draftwise.runtime.chat import encode_conversation
 from draftwise.runtime.loaders import Model, load_model
+from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB, PrefixCache
 from draftwise.threads import share_cores
 
 KArg = int | Literal["auto"] | KPolicy
@@ -97,3 +103,47 @@ def generate(
         model = load_model(model)
     policy = _policy(model, draft, k)
     return decode.generate(model, prompt, draft=make_drafter(draft, model), k=policy, **options)
+
+
+class Conversation:
+    """A chat with ``model`` that keeps its K/V between turns: each :meth:`say` sends the whole
+    conversation so far (as ``draftwise generate`` and the server build it), and the prefix cache
+    gives back what the earlier turns computed, prompts and answers, so a turn prefills only its
+    new text. The answers are exactly those of :func:`generate` on the same conversation.
+
+    ``cache``: a :class:`~draftwise.runtime.prefix_cache.PrefixCache` to share (default: one of
+    its own, ``cache_mb`` MiB, freed with the conversation); ``draft``, ``k`` and ``chat`` as
+    :func:`stream` takes them, for every turn.
+
+    Example (loads the embedded default model)::
+
+        chat = Conversation(load_model("default"), draft="lookup")
+        print(chat.say("Name three colours.", max_new_tokens=32).text)
+        print(chat.say("Now in French.", max_new_tokens=32).cached_tokens)  # the first turn's, reused
+    """
+
+    def __init__(self, model: Model | str, *, draft: Drafter | DraftSpec | str | None = None, k: KArg = 4,
+                 chat: bool | None = None, cache: PrefixCache | None = None,
+                 cache_mb: int = DEFAULT_PREFIX_CACHE_MB) -> None:
+        self.model = load_model(model) if isinstance(model, str) else model
+        self.cache = cache if cache is not None else PrefixCache.of_megabytes(cache_mb)
+        self.draft, self.k, self.chat = draft, k, chat
+        self.turns: list[str] = []
+        self.answers: list[str] = []
+
+    def prompt_ids(self, text: str) -> list[int]:
+        """The token ids of the conversation so far with ``text`` as the next user turn."""
+        if not isinstance(text, str) or not text:
+            raise ConfigError("a turn must be non-empty text")
+        return encode_conversation(self.model.tokenizer, [*self.turns, text], self.answers, chat=self.chat)
+
+    def say(self, text: str, **options: Any) -> GenerationResult:
+        """Answer ``text`` after the turns so far and remember both; ``options`` as :func:`generate`
+        takes them (``max_new_tokens``, ``sampling``, ``stop``). A turn that fails is not remembered."""
+        if "prefix_cache" in options or "chat" in options:
+            raise ConfigError("a Conversation sets prefix_cache and chat itself; pass them to Conversation()")
+        result = generate(self.model, self.prompt_ids(text), draft=self.draft, k=self.k, prefix_cache=self.cache,
+                          **options)
+        self.turns.append(text)
+        self.answers.append(result.text)
+        return result

@@ -33,10 +33,17 @@ from draftwise.core.engine import (
     DEFAULT_SERVE_CONTEXT,
 )
 from draftwise.drafters.factory import capabilities_of
-from draftwise.drafters.spec import DEFAULT_MAX_K, SPEC_HELP, DraftSpec, parse_k, split_draft_list
+from draftwise.drafters.spec import (
+    DEFAULT_MAX_K,
+    SPEC_HELP,
+    DraftSpec,
+    parse_k,
+    split_draft_list,
+)
 from draftwise.errors import ConfigError
 from draftwise.planner.plan import load_plan
 from draftwise.policy.batch_limit import read_capacity
+from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 
 SERVE_EXTRA = "draftwise serve needs FastAPI and uvicorn: pip install 'draftwise[serve]'"
 API_KEY_ENV = "DRAFTWISE_API_KEY"
@@ -84,6 +91,9 @@ def serve(
     prefill_chunk: Annotated[int, typer.Option(
         "--prefill-chunk", min=1, help="Prompt tokens a request feeds per step while more requests decode than "
         "prefill (otherwise up to 512).")] = DEFAULT_PREFILL_CHUNK,
+    prefix_cache_mb: Annotated[int, typer.Option("--prefix-cache-mb", min=0, help="MiB of K/V kept from earlier "
+        "prompts and answers for prompts that start the same way (the same answers, bit for bit); 0: off. Native "
+        "runtime only.")] = DEFAULT_PREFIX_CACHE_MB,
     max_tokens_cap: Annotated[int, typer.Option("--max-tokens-cap", min=1, help="Largest max_tokens accepted.")] = 1024,
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds from arrival (queue "
                                                    "included) before a request is ended.")] = 600.0,
@@ -138,18 +148,24 @@ def serve(
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
-            max_batch=max_batch, prefill_chunk=prefill_chunk, context=context,
+            max_batch=max_batch, prefill_chunk=prefill_chunk, context=context, prefix_cache_mb=prefix_cache_mb,
         )
         app = create_app(loaded, speculation, settings, model_thread=model_thread)
         # the engine and every allowed drafter are built now: what cannot run fails here, in one line
         app.state.worker.warm_up()
-    engine = app.state.worker.engine
-    cache = f", KV cache {engine.runtime.cache_bytes(max_batch, engine.runtime.slot_context) / 2**30:.1f} GiB" \
-        if engine is not None else ""
+    cache = _caches(app.state.worker, max_batch)
     err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}, max k {max_k}, "
               f"context {app.state.worker.context}, max batch {max_batch}{why}{cache}; "
               f"requests may name: {', '.join(speculation.allowed)})", highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+def _caches(worker: Any, max_batch: int) -> str:
+    """The start-up line's memory: the batched KV cache (when batched) and the prefix cache's bound."""
+    engine, prefixes = worker.engine, worker.prefix_cache
+    out = f", KV cache {engine.runtime.cache_bytes(max_batch, engine.runtime.slot_context) / 2**30:.1f} GiB" \
+        if engine is not None else ""
+    return out + (f", prefix cache {prefixes.max_bytes >> 20} MiB" if prefixes is not None else ", prefix cache off")
 
 
 def _context(given: int | None, model: Any) -> int:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import operator
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import cast
 
 import torch
 
@@ -29,6 +30,7 @@ from draftwise.core.verify import Verdict
 from draftwise.errors import ConfigError, ContextLengthError
 from draftwise.runtime.base import Runtime
 from draftwise.runtime.loaders import Model, load_model
+from draftwise.runtime.prefix_cache import PrefixCache, PrefixRuntime
 
 _STEP_HOOKS: list[Callable[[], object]] = []
 
@@ -79,6 +81,7 @@ def decode_steps(
     max_new_tokens: int | None = None,
     stats: SpecStats | None = None,
     generation: Generation | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Iterator[Step]:
     """The loop: propose -> verify -> commit / roll back -> observe. Runs until the caller stops.
 
@@ -90,6 +93,9 @@ def decode_steps(
     ``generation`` (:class:`~draftwise.core.generation.Generation`) owns the drafter's lifecycle:
     the loop starts it there, before the prefill, and whoever runs the loop ends it. Given only
     a ``drafter``, the loop starts it through a generation of its own (``generation`` wins).
+    ``prefix_cache`` (on a runtime that ``reuses_prefixes``): the prefill reuses the longest
+    cached prefix of the prompt (``generation.cached_tokens`` says how many tokens), and the
+    cache gets the prompt's blocks after the prefill and the answer's when the loop ends.
     """
     stats = stats if stats is not None else SpecStats()
     policy: KPolicy = FixedK(k) if isinstance(k, int) else k
@@ -102,11 +108,41 @@ def decode_steps(
         generation.start(prompt_ids, cfg, generator)
         stats.draft_seconds += clock() - t0
         t0 = clock()
-    logits = runtime.prefill(prompt_ids)  # [vocab]
+    cache = prefix_cache if prefix_cache is not None and getattr(runtime, "reuses_prefixes", False) else None
+    logits, generation.cached_tokens = prefill_prompt(runtime, prompt_ids, cache)  # [vocab]
     first = next_token(logits, cfg, generator)
     stats.verify_seconds += clock() - t0
     context = list(prompt_ids) + [first]
-    yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
+    sound = True  # whether the slot's positions may be kept: not after a pass that failed midway
+    try:
+        yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
+        yield from _steps(runtime, context, cfg, generator, drafter, policy, max_new_tokens, stats, clock)
+    except GeneratorExit:  # the caller stopped (finished, cancelled): every recorded position is exact
+        raise
+    except BaseException:
+        sound = False
+        raise
+    finally:
+        if cache is not None and sound:
+            cast(PrefixRuntime, runtime).save_prefix(cache)
+
+
+def prefill_prompt(runtime: Runtime, prompt_ids: Sequence[int], cache: PrefixCache | None) -> tuple[torch.Tensor, int]:
+    """The prompt's last logits (``[vocab]``) and how many of its tokens came from ``cache``
+    (None: a plain prefill), which then holds the prompt's blocks (a later prompt reuses them)."""
+    if cache is None:
+        return runtime.prefill(prompt_ids), 0
+    rt = cast(PrefixRuntime, runtime)
+    reused = rt.reuse_prefix(prompt_ids, cache)
+    logits = rt.prefill(prompt_ids, start=reused)
+    rt.save_prefix(cache)
+    return logits, reused
+
+
+def _steps(runtime: Runtime, context: list[int], cfg: SamplingConfig, generator: torch.Generator,
+           drafter: Drafter | None, policy: KPolicy, max_new_tokens: int | None, stats: SpecStats,
+           clock: Callable[[], float]) -> Iterator[Step]:
+    """The loop after the prompt's first token (:func:`decode_steps`)."""
     produced = 1
     while True:
         _run_step_hooks()
@@ -154,9 +190,11 @@ class Stream:
         drafter: Drafter | None = None,
         k: int | KPolicy = 4,
         learn: bool = True,
+        prefix_cache: PrefixCache | None = None,
     ) -> None:
         self.model = model
         self.learn = learn
+        self.prefix_cache = prefix_cache
         self.prompt_ids = prompt_ids
         self.max_new_tokens = max_new_tokens
         self.sampling = sampling
@@ -200,6 +238,7 @@ class Stream:
             max_new_tokens=self.max_new_tokens,
             stats=stats,
             generation=generation,
+            prefix_cache=self.prefix_cache,
         )
         pieces: list[str] = []
         try:
@@ -229,6 +268,7 @@ class Stream:
             draft=getattr(self.drafter, "name", "none"),
             k=(self.k if isinstance(self.k, int) else "auto") if self.drafter is not None else 0,
             eos_token=generation.eos_token,
+            cached_tokens=generation.cached_tokens,
         )
         yield pieces
 
@@ -244,6 +284,7 @@ def stream(
     draft: Drafter | None = None,
     k: int | KPolicy = 4,
     learn: bool = True,
+    prefix_cache: PrefixCache | None = None,
 ) -> Stream:
     """Start a generation and return a :class:`Stream` of text pieces.
 
@@ -252,23 +293,14 @@ def stream(
     (plain decoding; :func:`draftwise.stream` builds one from a spec such as ``"lookup"``); ``k`` is how many tokens it proposes per step, or a
     :class:`~draftwise.core.kpolicy.KPolicy` that chooses it every step. ``learn=False``: a draft
     that learns across generations (suffix decoding's cache) does not learn from this one (a
-    warm-up, a repeat of a question it must not find its own answer to).
+    warm-up, a repeat of a question it must not find its own answer to). ``prefix_cache``: the
+    prompt reuses the K/V of the longest prefix the cache holds and leaves its own there
+    (:mod:`draftwise.runtime.prefix_cache`; ignored on a runtime that does not reuse prefixes),
+    the same bits either way; ``result.cached_tokens`` says how many tokens it reused.
     """
     if isinstance(model, str):
         model = load_model(model)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
-    if not isinstance(k, KPolicy) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
-        raise ConfigError(
-            f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes) or 'auto'"
-        )
-    if isinstance(stop, str):
-        stop = (stop,)
-    if any(not isinstance(s, str) or not s for s in stop):
-        raise ConfigError("stop strings must be non-empty strings")
-    if draft is not None and not isinstance(draft, Drafter):
-        raise ConfigError(f"draft={draft!r}: the core loop takes a drafter object; draftwise.stream and "
-                          "draftwise.generate take a spec such as 'lookup'")
+    stop = _check_options(max_new_tokens, k, stop, draft, prefix_cache)
     drafter = draft
     if isinstance(prompt, str):
         prompt_ids = model.encode_prompt(prompt, chat=chat)
@@ -292,7 +324,29 @@ def stream(
         drafter=drafter,
         k=k,
         learn=learn,
+        prefix_cache=prefix_cache,
     )
+
+
+def _check_options(max_new_tokens: int, k: int | KPolicy, stop: Sequence[str] | str, draft: Drafter | None,
+                   prefix_cache: PrefixCache | None) -> Sequence[str]:
+    """:func:`stream`'s options, each refused in one line naming it; the stop strings as a sequence."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ConfigError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 1")
+    if not isinstance(k, KPolicy) and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        raise ConfigError(
+            f"k={k!r} must be an integer >= 1 (the number of tokens a draft proposes) or 'auto'"
+        )
+    if isinstance(stop, str):
+        stop = (stop,)
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ConfigError("stop strings must be non-empty strings")
+    if draft is not None and not isinstance(draft, Drafter):
+        raise ConfigError(f"draft={draft!r}: the core loop takes a drafter object; draftwise.stream and "
+                          "draftwise.generate take a spec such as 'lookup'")
+    if prefix_cache is not None and not isinstance(prefix_cache, PrefixCache):
+        raise ConfigError(f"prefix_cache={prefix_cache!r} must be a draftwise.PrefixCache or None")
+    return stop
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int) -> list[int]:
@@ -326,6 +380,7 @@ def generate(
     draft: Drafter | None = None,
     k: int | KPolicy = 4,
     learn: bool = True,
+    prefix_cache: PrefixCache | None = None,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
 
@@ -334,7 +389,7 @@ def generate(
     """
     s = stream(
         model, prompt, max_new_tokens=max_new_tokens, sampling=sampling, stop=stop, chat=chat,
-        draft=draft, k=k, learn=learn,
+        draft=draft, k=k, learn=learn, prefix_cache=prefix_cache,
     )
     for _ in s:
         pass

@@ -25,6 +25,13 @@ when it needs its k. Once every generation waits (on a pass, or on the schedule)
 asks its :class:`Scheduler` once for the k of every sequence that waits on it, with the rows the
 others bring to the pass (:class:`PassRows`), then resumes them: they draft and join the pass.
 
+Prefix caching (:mod:`draftwise.runtime.prefix_cache`): a generation given a cache copies the
+longest cached prefix of its prompt into its slot (:meth:`SlotRuntime.reuse_prefix`, no pass),
+feeds only the rest in chunks, and leaves its prompt's blocks in the cache once they are
+prefilled and its answer's when it ends (:func:`draftwise.core.decode.decode_steps`), so a request
+admitted later reuses what a running or finished one computed. A copy is bit for bit the
+prefill it replaces (the passes are row-invariant), so a result does not depend on the cache.
+
 Timing: each slot has its own clock (:meth:`SlotRuntime.clock`): wall time less the time it
 was parked while other generations ran, plus its share of each pass it was in (its rows over
 the pass's rows). A generation's draft and verify seconds are its own, batched or not.
@@ -54,6 +61,7 @@ from draftwise.core.sampling import SamplingConfig
 from draftwise.errors import ConfigError, DraftwiseError
 from draftwise.runtime.base import Rows
 from draftwise.runtime.loaders import Model
+from draftwise.runtime.prefix_cache import PrefixCache
 
 DEFAULT_PREFILL_CHUNK = 16  # prompt tokens a generation feeds per step (docs/serving.md: how chosen)
 #: prompt tokens a generation feeds per step while no more generations decode than prefill
@@ -176,13 +184,25 @@ class SlotRuntime:
         others ran, plus its share of the passes it was in (the module docstring)."""
         return time.perf_counter() - self._engine.parked[self.slot]
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+    @property
+    def reuses_prefixes(self) -> bool:
+        return bool(self._rt.reuses_prefixes)
+
+    def reuse_prefix(self, ids: Sequence[int], cache: PrefixCache) -> int:
+        """Copy the longest cached prefix of ``ids`` into the slot (no pass: nothing waits)."""
+        return int(self._rt.reuse_prefix(ids, cache, self.slot))
+
+    def save_prefix(self, cache: PrefixCache) -> int:
+        return int(self._rt.save_prefix(cache, self.slot))
+
+    def prefill(self, ids: Sequence[int], *, start: int = 0) -> torch.Tensor:
+        """The prompt in chunks, one per step; ``start`` as :meth:`NativeRuntime.prefill` takes it."""
         ids = list(ids)
         if not ids:
             raise ConfigError("prefill needs at least one token")
-        self._rt.rollback_slot(self.slot, 0)
+        self._rt.resume_prompt(self.slot, ids, start)
         self._engine._current().prefilling = True
-        out, lo = None, 0
+        out, lo = None, start
         while lo < len(ids):  # the chunk is the engine's for this step (step_chunk)
             chunk = self._engine.chunk
             last = lo + chunk >= len(ids)
@@ -474,12 +494,14 @@ class Engine:
         k: int | Callable[[], KPolicy] = 4,
         progress: Callable[[int], None] | None = None,
         on_result: Callable[[int, GenerationResult], None] | None = None,
+        prefix_cache: PrefixCache | None = None,
     ) -> list[GenerationResult]:
         """Generate a completion of every prompt (token ids), ``max_batch`` at a time, each as
         :func:`draftwise.core.decode.generate` would alone; results in prompt order. ``max_new_tokens``
         and ``sampling``: one for all or one each; ``drafters`` (one per slot, or None) are reused
         slot by slot; ``k`` a number or a policy factory. ``progress(done)`` after every step;
-        ``on_result(i, result)`` as soon as prompt ``i``'s generation ends (to save it early)."""
+        ``on_result(i, result)`` as soon as prompt ``i``'s generation ends (to save it early);
+        ``prefix_cache``: prompts reuse the K/V of the prefixes it holds and leave theirs in it."""
         n = len(prompts)
         configs = list(sampling) if isinstance(sampling, Sequence) else [sampling or SamplingConfig()] * n
         budgets = list(max_new_tokens) if isinstance(max_new_tokens, Sequence) else [max_new_tokens] * n
@@ -493,7 +515,7 @@ class Engine:
             def run(model: Model) -> None:
                 drafter = drafters[model.runtime.slot] if drafters is not None else None
                 s = Stream(model, list(prompts[i]), max_new_tokens=budgets[i], sampling=configs[i], stop=tuple(stop),
-                           drafter=drafter, k=k if isinstance(k, int) else k())
+                           drafter=drafter, k=k if isinstance(k, int) else k(), prefix_cache=prefix_cache)
                 try:
                     for _ in s.by_step():
                         pass

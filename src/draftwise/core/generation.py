@@ -55,6 +55,7 @@ class Generation:
         self.tokens: list[int] = []  # what it kept: the EOS token that ended it is not among them
         self.finish: FinishReason | None = None
         self.eos_token: int | None = None
+        self.cached_tokens = 0  # prompt tokens whose K/V a prefix cache gave (the decode loop sets it)
         self._started = self._ended = False
 
     def start(self, prompt_ids: Sequence[int], cfg: SamplingConfig, generator: torch.Generator) -> None:
@@ -125,6 +126,7 @@ class GenerationResult:
     draft: str = "none"
     k: int | str = 0
     eos_token: int | None = None  # the end-of-sequence token that ended it (finish_reason "eos")
+    cached_tokens: int = 0  # of prompt_tokens, those a prefix cache gave (not prefilled)
 
     @property
     def new_tokens(self) -> int:

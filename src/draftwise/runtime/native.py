@@ -24,6 +24,12 @@ slots' rows in one pass (:mod:`.batch_plan`), and every kernel is row-invariant
 
 ``capture_features`` (:mod:`.features`) records hidden states per position for an EAGLE head
 (slot 0 only). Loading (context length, quantization, fused matmuls) is :mod:`.native_weights`.
+
+Prefix caching (:mod:`.prefix_cache`): each slot knows the token ids its cached positions hold
+(every full pass records them; ``keep`` moves them with the K/V, a rollback or a draft pass on a
+subset of layers forgets them), so ``save_prefix`` puts a slot's K/V into a
+:class:`~.prefix_cache.PrefixCache` under the right ids whoever calls it, and ``reuse_prefix``
+copies a cached prefix into a slot, after which ``prefill(ids, start=...)`` runs only the rest.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from draftwise.runtime.llama import (
     rope_tables,
 )
 from draftwise.runtime.native_weights import WeightLoader, context_length, quant_modes
+from draftwise.runtime.prefix_cache import PrefixCache
 from draftwise.runtime.quant import Q4Weight
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
@@ -158,13 +165,19 @@ class NativeRuntime(FeatureCapture):
         self._v = [torch.zeros(shape, dtype=self._dtype, device=self.device) for _ in range(self.num_layers)]
         self._context = context
         self._lengths = [0] * slots
+        self._tokens: list[list[int]] = [[] for _ in range(slots)]  # the ids at each slot's first positions
         # each slot's last pass: where it started and its parents (None: a chain), for keep()
         self._pass_starts = [0] * slots
         self._pass_parents: list[list[int] | None] = [None] * slots
 
     def cache_bytes(self, slots: int, context: int) -> int:
         """Bytes of KV cache ``allocate_slots(slots, context)`` takes."""
-        return slots * padded_keys(context) * 2 * self.num_layers * self.n_kv * self.head_dim * self._dtype.itemsize
+        return slots * padded_keys(context) * self.position_bytes
+
+    @property
+    def position_bytes(self) -> int:
+        """Bytes of K/V one position takes, every layer's K and V."""
+        return 2 * self.num_layers * self.n_kv * self.head_dim * self._dtype.itemsize
 
     @property
     def slots(self) -> int:
@@ -239,13 +252,17 @@ class NativeRuntime(FeatureCapture):
         if not 0 <= length <= self._lengths[slot]:
             raise ConfigError(f"cannot roll back to {length}: the cache holds {self._lengths[slot]} positions")
         self._lengths[slot] = length
+        del self._tokens[slot][length:]
 
     def slot_length(self, slot: int) -> int:
         return self._lengths[slot]
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        self._lengths[0] = 0
-        return self._run([Rows(0, list(ids), None, last_only=True)], self._all_layers)[0][0]
+    def prefill(self, ids: Sequence[int], *, start: int = 0) -> torch.Tensor:
+        """The protocol's prefill; ``start``: the first ``start`` positions already hold
+        ``ids[:start]`` (``reuse_prefix`` put them there) and only the rest runs."""
+        ids = list(ids)
+        self.resume_prompt(0, ids, start)
+        return self._run([Rows(0, ids[start:], None, last_only=True)], self._all_layers)[0][0]
 
     def forward(
         self, ids: Sequence[int], *, layers: Sequence[int] | None = None, parents: Sequence[int] | None = None
@@ -290,8 +307,64 @@ class NativeRuntime(FeatureCapture):
                     cache[slot, :, dst] = cache[slot].index_select(1, src)
                 if self._feats is not None and slot == 0:
                     self._feats.move(src, base + first)
+        held = self._tokens[slot]
+        path = [held[base + r] for r in kept] if len(held) > base + kept[-1] else []
+        del held[base:]
+        held.extend(path)  # nothing where the pass's ids were not recorded (a gap before it)
         self._lengths[slot] = base + len(kept)
         self._pass_parents[slot] = None  # what stays is a chain
+
+    # -- the prefix cache -----------------------------------------------------------------
+    @property
+    def reuses_prefixes(self) -> bool:
+        """Whether a copied prefix is bit for bit its prefill: the eager passes are row-invariant,
+        a compiled one is not promised to be (``enable_compile``), so a compiled runtime reuses none."""
+        return not self.compiled
+
+    def resume_prompt(self, slot: int, ids: Sequence[int], start: int) -> None:
+        """Roll slot ``slot`` back to its first ``start`` positions, which must hold ``ids[:start]``
+        with a token of ``ids`` left to run (0: an empty slot)."""
+        if start and not (0 < start < len(ids) and start <= self._lengths[slot]
+                          and self._tokens[slot][:start] == list(ids[:start])):
+            raise ConfigError(f"prefill(start={start}): slot {slot} does not hold the prompt's first {start} tokens "
+                              "with one left to run; reuse_prefix says how many it copied")
+        self.rollback_slot(slot, start)
+
+    def reuse_prefix(self, ids: Sequence[int], cache: PrefixCache, slot: int = 0) -> int:
+        """Empty slot ``slot`` and copy into it the longest prefix of ``ids`` that ``cache`` holds,
+        all but the last token at most; return its length (0: nothing reused, also while features
+        are recorded, since a copied prefix has none, and on a compiled runtime)."""
+        self.rollback_slot(slot, 0)
+        if not self.reuses_prefixes or self._feats is not None:
+            return 0
+        cache.bind(self)
+        ids = list(ids)
+        with cache.lookup(ids, usable=len(ids) - 1) as lease:
+            n = lease.tokens
+            with torch.inference_mode():
+                for start, kv in lease.pieces() if n else ():  # block by block: no copy of the whole prefix
+                    end = start + kv.shape[2]
+                    for cache_tensor, rows in zip((*self._k, *self._v), kv):  # rows: [KV, end - start, hd]
+                        cache_tensor[slot, :, start:end] = rows
+        self._lengths[slot], self._tokens[slot] = n, ids[:n]
+        self._pass_starts[slot], self._pass_parents[slot] = 0, None
+        return n
+
+    def save_prefix(self, cache: PrefixCache, slot: int = 0) -> int:
+        """Put slot ``slot``'s full blocks of known tokens into ``cache``; return how many were new."""
+        if not self.reuses_prefixes:
+            return 0
+        cache.bind(self)
+        held = self._tokens[slot]
+        if self._pass_parents[slot] is not None:  # a tree pass not kept yet: its rows are not a chain
+            held = held[: self._pass_starts[slot]]
+        layers = (*self._k, *self._v)
+
+        def read(start: int, end: int) -> torch.Tensor:  # [2 * layers, KV, end - start, hd], a copy
+            with torch.inference_mode():
+                return torch.stack([c[slot, :, start:end] for c in layers])
+
+        return cache.insert(held, read, block_bytes=cache.block_tokens * self.position_bytes)
 
     def restrict_head(self, rows: Sequence[int] | torch.Tensor | None) -> None:
         """Score only the token ids ``rows`` (a reduced-vocabulary draft head, as in FR-Spec);
@@ -353,10 +426,10 @@ class NativeRuntime(FeatureCapture):
             compiled = torch.compile(self._layers_impl, dynamic=True)
             self._layers = compiled
             with torch.no_grad():  # warm up the shapes a decode uses: n = 1 and n > 1
-                saved = list(self._lengths), list(self._pass_starts), list(self._pass_parents)
+                saved = list(self._lengths), list(self._pass_starts), list(self._pass_parents), list(self._tokens[0])
                 self._run([Rows(0, [0, 0], None)], self._all_layers)
                 self._run([Rows(0, [0], None)], self._all_layers)
-                self._lengths, self._pass_starts, self._pass_parents = saved
+                self._lengths, self._pass_starts, self._pass_parents, self._tokens[0] = saved
         except Exception as exc:  # inductor raises many kinds; any of them means eager
             self._layers = self._layers_impl
             return f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
@@ -386,6 +459,11 @@ class NativeRuntime(FeatureCapture):
             n = len(p.ids)
             self._lengths[p.slot] = start + n
             self._pass_starts[p.slot], self._pass_parents[p.slot] = start, p.tree
+            held = self._tokens[p.slot]
+            if len(held) >= start:  # else a gap before the pass: its positions stay unknown
+                del held[start:]
+                if layers == self._all_layers:  # a draft pass on some layers leaves the others stale
+                    held.extend(p.ids)
             if p.logits:
                 wanted.extend(range(offset + n - 1, offset + n) if p.last_only else range(offset, offset + n))
             offset += n

@@ -39,6 +39,7 @@ from draftwise.core.sampling import SamplingConfig
 from draftwise.drafters.spec import clip
 from draftwise.errors import ConfigError
 from draftwise.runtime.chat import encode_conversation
+from draftwise.runtime.prefix_cache import PrefixCache
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.protocol import (
     APIError,
@@ -78,13 +79,16 @@ class ServerSettings:
     max_batch: int = 1  # requests decoded together (the batched engine when > 1)
     prefill_chunk: int = 16  # prompt tokens a request feeds per step while more decode (engine.step_chunk)
     context: int | None = None  # positions per request, prompt and answer (None: the model's); at most the model's
+    #: the prefix cache's bound in MiB (0: off; ``serve`` turns it on: --prefix-cache-mb); off where the runtime
+    #: does not reuse prefixes (the Hugging Face adapter, a compiled runtime)
+    prefix_cache_mb: int = 0
 
     def __post_init__(self) -> None:
         if self.api_key is not None and not self.api_key.strip():
             raise ConfigError("the API key is empty, which would turn authentication off; give a key, or None "
                               "to serve without one")
         least = {"max_queue": 1, "max_tokens_cap": 1, "max_body_bytes": 1, "max_batch": 1, "prefill_chunk": 1,
-                 "context": 1}
+                 "context": 1, "prefix_cache_mb": 0}
         for name, low in least.items():  # one error per field, naming it alone
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
@@ -148,8 +152,11 @@ def create_app(model: Any, speculation: Speculation, settings: ServerSettings, *
         raise ConfigError(f"--context {settings.context} is over this model's maximum of {limit} positions; "
                           f"pass --context {limit} or less")
     metrics = ServerMetrics(settings.model_name)
+    prefix_cache = PrefixCache.of_megabytes(settings.prefix_cache_mb) \
+        if getattr(model.runtime, "reuses_prefixes", False) else None  # declared by the native runtime
     worker = Worker(model, speculation, metrics, max_queue=settings.max_queue, thread=model_thread,
-                    max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk, context=settings.context)
+                    max_batch=settings.max_batch, prefill_chunk=settings.prefill_chunk, context=settings.context,
+                    prefix_cache=prefix_cache)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -17,6 +17,12 @@ So the acceptance rate is ``accepted / draft_tokens`` and the mean acceptance le
 token included) is ``1 + accepted / drafts``, as in vLLM. Counters are exported with prometheus'
 ``_total`` suffix (``draftwise:spec_decode_num_drafts_total``), as vLLM's are.
 
+Prefix caching (vLLM's ``prefix_cache_queries`` and ``prefix_cache_hits``, in tokens): with
+``--prefix-cache-mb`` above 0, ``draftwise:prefix_cache_queries`` counts the prompt tokens looked
+up and ``draftwise:prefix_cache_hits`` those whose K/V came from the cache (so the hit rate is
+``hits / queries``); the gauge ``draftwise:prefix_cache_bytes`` is what the cache holds now
+(at most the bound). Read from the cache when scraped.
+
 Requests: ``draftwise:request_success{finished_reason}`` (stop, length, abort, timeout, error),
 ``draftwise:request_rejected{reason}`` (400, 401, 404, 413, 429), prompt and generation token
 counters, and histograms of the time to first token (queue included), the gap between
@@ -27,7 +33,8 @@ tokens at once), end-to-end latency, queue time and each request's generation to
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -38,6 +45,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from draftwise.core.stats import SpecStats
 
@@ -103,6 +111,10 @@ class ServerMetrics:
         self.waiting.labels(self.model_name).set_function(waiting)
         self.running.labels(self.model_name).set_function(running)
 
+    def track_prefix_cache(self, cache: Any) -> None:
+        """Export ``cache``'s counters (a :class:`~draftwise.runtime.prefix_cache.PrefixCache`)."""
+        self.registry.register(_PrefixCacheCollector(self.model_name, cache))
+
     def reject(self, status: int) -> None:
         self.rejected.labels(self.model_name, str(status)).inc()
 
@@ -148,3 +160,27 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _PrefixCacheCollector:
+    """The prefix cache's counters and bytes, read when ``/metrics`` is scraped."""
+
+    def __init__(self, model_name: str, cache: Any) -> None:
+        self.model_name, self.cache = model_name, cache
+
+    def describe(self) -> list[Metric]:  # the names, for the registry's duplicate check (read nothing)
+        return [CounterMetricFamily(P + "prefix_cache_queries", ""), CounterMetricFamily(P + "prefix_cache_hits", ""),
+                GaugeMetricFamily(P + "prefix_cache_bytes", "")]
+
+    def collect(self) -> Iterator[Metric]:
+        c, lab = self.cache, ["model_name"]
+        for name, doc, value in (
+            ("prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", c.queries),
+            ("prefix_cache_hits", "Prompt tokens whose K/V came from the prefix cache (not prefilled).", c.hits),
+        ):
+            family = CounterMetricFamily(P + name, doc, labels=lab)
+            family.add_metric([self.model_name], value)
+            yield family
+        held = GaugeMetricFamily(P + "prefix_cache_bytes", "Bytes of K/V the prefix cache holds now.", labels=lab)
+        held.add_metric([self.model_name], c.bytes)
+        yield held

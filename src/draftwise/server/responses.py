@@ -2,13 +2,16 @@
 
 Every finished response (the last chunk of a stream) carries three views of one generation:
 
-- ``usage`` (OpenAI): prompt, completion and total tokens;
+- ``usage`` (OpenAI): prompt, completion and total tokens, and ``prompt_tokens_details.cached_tokens``,
+  the prompt tokens whose K/V came from the prefix cache (0 when it is off or missed);
 - ``speculative`` (draftwise's own vocabulary, :class:`~draftwise.core.stats.SpecStats`): draft, k,
   who chose them, proposed, accepted, committed, target passes, mean committed per pass,
   acceptance by position, draft and verify seconds; plus SGLang's ``spec_accept_rate`` and
   ``spec_accept_length`` (= mean committed per pass, the bonus token included);
-- ``timings`` (llama.cpp's server): prompt_n, prompt_ms, predicted_n, predicted_ms,
-  predicted_per_second, draft_n, draft_n_accepted, so dashboards built on it read it as is.
+- ``timings`` (llama.cpp's server): cache_n (prompt tokens from the prefix cache), prompt_n (the
+  prompt tokens prefilled, as llama.cpp counts them: the cached ones are not), prompt_ms,
+  predicted_n, predicted_ms, predicted_per_second, draft_n, draft_n_accepted, so dashboards built
+  on it read it as is.
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ def finish_reason(result: GenerationResult) -> str:
     return "length" if result.finish_reason == "length" else "stop"
 
 
-def usage(result: GenerationResult) -> dict[str, int]:
+def usage(result: GenerationResult) -> dict[str, Any]:
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.new_tokens,
-            "total_tokens": result.prompt_tokens + result.new_tokens}
+            "total_tokens": result.prompt_tokens + result.new_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.cached_tokens}}
 
 
 def speculative(choice: Choice, stats: SpecStats) -> dict[str, Any]:
@@ -57,11 +61,12 @@ def speculative(choice: Choice, stats: SpecStats) -> dict[str, Any]:
 def timings(result: GenerationResult, stats: SpecStats) -> dict[str, Any]:
     prompt_ms = result.prefill_seconds * 1000
     predicted_ms = max(result.seconds - result.prefill_seconds, 0.0) * 1000
-    n = result.new_tokens
+    n, prefilled = result.new_tokens, result.prompt_tokens - result.cached_tokens
     return {
-        "prompt_n": result.prompt_tokens,
+        "cache_n": result.cached_tokens,
+        "prompt_n": prefilled,
         "prompt_ms": prompt_ms,
-        "prompt_per_second": result.prompt_tokens / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
+        "prompt_per_second": prefilled / prompt_ms * 1000 if prompt_ms > 0 else 0.0,
         "predicted_n": n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / n if n else 0.0,

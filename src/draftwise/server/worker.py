@@ -42,6 +42,7 @@ from draftwise.core.sampling import SamplingConfig
 from draftwise.core.stats import SpecStats
 from draftwise.cost.served import StepSample
 from draftwise.errors import DraftwiseError
+from draftwise.runtime.prefix_cache import PrefixCache
 from draftwise.server import pass_trace
 from draftwise.server.metrics import ServerMetrics
 from draftwise.server.model_thread import ModelThread
@@ -122,8 +123,9 @@ class Worker:
 
     def __init__(self, model: Any, speculation: Speculation, metrics: ServerMetrics, *, max_queue: int,
                  thread: ModelThread | None = None, max_batch: int = 1, prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-                 context: int | None = None) -> None:
+                 context: int | None = None, prefix_cache: PrefixCache | None = None) -> None:
         self.model = model
+        self.prefix_cache = prefix_cache  # every request's, at every max_batch (None: off)
         self.max_batch = max_batch
         self.prefill_chunk = prefill_chunk
         self.engine: Engine | None = None
@@ -145,6 +147,8 @@ class Worker:
         self._last_step_end: float | None = None  # when the last step's after_step ran (its wall clock)
         self._current: JobHandle | None = None
         metrics.track_queue(lambda: self._queue.qsize(), lambda: self.running)
+        if prefix_cache is not None:
+            metrics.track_prefix_cache(prefix_cache)
 
     @property
     def context(self) -> int:
@@ -347,7 +351,7 @@ class Worker:
             slot = getattr(model.runtime, "slot", None)  # a batched engine's slot, or None
             drafter, k = self.speculation.build(job.choice, slot)
             s = stream(model, job.prompt_ids, max_new_tokens=job.max_tokens, sampling=job.sampling,
-                       stop=job.stop, draft=drafter, k=k)
+                       stop=job.stop, draft=drafter, k=k, prefix_cache=self.prefix_cache)
         except DraftwiseError as exc:
             handle.post(Event("error", error=str(exc), code="invalid"))
             return self._end(handle, "error", started, started, None, SpecStats(), None)
