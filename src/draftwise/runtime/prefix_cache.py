@@ -68,9 +68,9 @@ from draftwise.errors import ConfigError
 
 BLOCK_TOKENS = 16  # positions per block: vLLM's default; a match ends on a block boundary
 #: ``serve --prefix-cache-mb`` by default: ~23,000 positions of the default model in float32 (45 KiB
-#: each), ~46,000 in bfloat16. Measured (``benchmarks/prefix_cache_size.py``, ShareGPT chat replayed
-#: by 16 users at once at a 4,096-position context): hit rate 0.04 at 256 MiB, 0.10 at 512, 0.86 at
-#: 1,024 and 0.87 beyond (docs/serving.md)
+#: each), ~46,000 in bfloat16. Chosen by measurement (ShareGPT chat replayed by 16 users at once at
+#: a 4,096-position context): hit rate 0.04 at 256 MiB, 0.10 at 512, 0.86 at 1,024 and 0.87 beyond;
+#: docs/serving.md has the table and how it was measured
 DEFAULT_PREFIX_CACHE_MB = 1024
 
 #: ``read(start, end)``: the K/V of positions ``start .. end - 1``, ``[2 * layers, kv_heads, end - start, hd]``
