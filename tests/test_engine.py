@@ -71,6 +71,33 @@ def test_batched_greedy_equals_alone_with_every_kind_of_draft(batched_model: Any
     assert eng.running == 0 and eng.free == len(KINDS)
 
 
+EAGLE_KINDS = ("eagle:default", "suffix:cache=0+eagle:default", "eagle:default,topk=4,depth=4")
+
+
+@pytest.mark.real_model
+def test_the_shipped_head_and_hybrid_batched_equal_plain_decoding(batched_model: Any, prompts: list[list[int]]) -> None:
+    """The shipped EAGLE head (chain and tree) and the suffix hybrid, six prompts in three slots
+    (each slot reused, its features recorded afresh): every answer is plain greedy's, and each
+    draft proposes and has accepted exactly what it does alone."""
+    plain = [generate(batched_model, p, max_new_tokens=16, draft="none").token_ids for p in prompts]
+    specs = [EAGLE_KINDS[i % 3] for i in range(len(prompts))]
+    alone = [generate(batched_model, p, max_new_tokens=16, draft=spec, k=4) for p, spec in zip(prompts, specs)]
+    eng = Engine(batched_model, max_batch=3, context=1024, prefill_chunk=32)
+    got: dict[int, Any] = {}
+    todo = list(range(len(prompts)))
+
+    def job(i: int) -> Any:
+        def run(model: Any) -> None:  # prompt i's own draft, on whichever slot it got
+            got[i] = generate(model, prompts[i], max_new_tokens=16, draft=make_drafter(specs[i], model), k=4)
+        return run
+
+    eng.run(lambda free, idle: [job(todo.pop(0)) for _ in range(min(free, len(todo)))] if todo else None)
+    assert [got[i].token_ids for i in range(len(prompts))] == plain
+    assert [(got[i].stats.proposed, got[i].stats.accepted) for i in range(len(prompts))] == [
+        (r.stats.proposed, r.stats.accepted) for r in alone]
+    assert all(r.stats.accepted > 0 for r in alone) and max(eng.stats.batch_sizes) == 3
+
+
 @pytest.mark.real_model
 def test_sampled_with_a_seed_is_the_same_alone_and_batched(batched_model: Any, prompts: list[list[int]]) -> None:
     """Plain and lookup generations side by side in the same passes, each with its own seed."""
@@ -93,7 +120,7 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     def job(i: int, ids: list[int], n: int):
         def run(model: Any) -> None:
             try:
-                outcome[i] = generate(model, ids, max_new_tokens=n).token_ids
+                outcome[i] = generate(model, ids, max_new_tokens=n, draft="none").token_ids
             except Exception as exc:  # noqa: BLE001 - the test reads it
                 outcome[i] = exc
 
@@ -129,8 +156,8 @@ def test_a_failing_generation_ends_alone(batched_model: Any, prompts: list[list[
     eng.run_until_done()
     assert str(outcome[1]) == "the draft broke"
     assert isinstance(outcome[3], DraftwiseError) and "context of 256" in str(outcome[3])
-    assert outcome[0] == generate(batched_model, prompts[0], max_new_tokens=8).token_ids
-    assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8).token_ids
+    assert outcome[0] == generate(batched_model, prompts[0], max_new_tokens=8, draft="none").token_ids
+    assert outcome[2] == generate(batched_model, prompts[2], max_new_tokens=8, draft="none").token_ids
 
 
 @pytest.mark.real_model
@@ -139,7 +166,7 @@ def test_each_prompt_its_own_budget(batched_model: Any, prompts: list[list[int]]
     budgets = [3, 11, 6]
     eng = Engine(batched_model, max_batch=3, context=1024)
     got = eng.generate_all(prompts[:3], max_new_tokens=budgets)
-    want = [generate(batched_model, p, max_new_tokens=n).token_ids for p, n in zip(prompts, budgets)]
+    want = [generate(batched_model, p, max_new_tokens=n, draft="none").token_ids for p, n in zip(prompts, budgets)]
     assert [r.token_ids for r in got] == want
     assert [len(r.token_ids) for r in got] == budgets  # none of these ends early
     with pytest.raises(ConfigError, match="2 max_new_tokens and 3 sampling configs for 3 prompts"):
@@ -174,7 +201,7 @@ def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
 
     def job(i: int, ids: list[int]):
         def run(model: Any) -> None:
-            got[i] = generate(model, ids, max_new_tokens=new[i]).token_ids
+            got[i] = generate(model, ids, max_new_tokens=new[i], draft="none").token_ids
 
         return run
 
@@ -189,7 +216,7 @@ def test_prompts_enter_in_small_chunks_only_while_decoders_outnumber_them(
     chunks = [r[3] for r in rows if 3 in r][: -(-len(long) // 8)]
     assert sum(chunks) == len(long) and set(chunks[:-1]) == {8}, chunks
     for i, ids in enumerate(prompts[:3] + [long]):
-        assert got[i] == generate(batched_model, ids, max_new_tokens=new[i]).token_ids, i
+        assert got[i] == generate(batched_model, ids, max_new_tokens=new[i], draft="none").token_ids, i
 
 
 @pytest.mark.real_model

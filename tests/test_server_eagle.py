@@ -36,49 +36,24 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-import torch  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
 from draftwise import generate  # noqa: E402
 from draftwise import threads as threads_module  # noqa: E402
 from draftwise.cli import app as cli  # noqa: E402
 from draftwise.eagle import drafter as eagle_module  # noqa: E402
-from draftwise.eagle.drafter import fingerprint_of  # noqa: E402
-from draftwise.eagle.files import save_head  # noqa: E402
-from draftwise.eagle.head import EagleHead, HeadConfig  # noqa: E402
-from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB
+from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB  # noqa: E402
+from draftwise.core.engine import DEFAULT_MAX_BATCH  # noqa: E402
 from draftwise.server import speculation as speculation_module  # noqa: E402
 from draftwise.server.live import LiveServer  # noqa: E402
+
+from .eagle_heads import head_folder as _head_folder  # noqa: E402
 
 TEXT = "one two three four five one two three four five"  # completions: chat=False
 CHAT = "The numbers: 1 2 3"  # chat completions: the chat template
 N = 40  # tokens per request (the server's cap is 48)
 K = 4  # the server's --k
 STATS = ("proposed", "accepted", "committed", "target_passes", "acceptance_by_position", "mean_committed_per_pass")
-
-
-def _head_folder(model: Any, folder: Path, *, arch: str, seed: int, copy_feature: bool = False) -> Path:
-    """A valid head for ``model`` saved in ``folder``, random unless ``copy_feature`` (EAGLE-1
-    only): then fc passes the feature half through, the MLP adds nothing (down_proj zero) and
-    attention adds a little (o_proj std 0.01). Such a head mostly predicts the next feature
-    equal to the last one, so on this model's repetitive output some of its proposals are
-    accepted; and since its attention still counts, a head cache left from another prompt
-    changes what it proposes (measured on the other prompt after this one: 7 of 118 proposals
-    accepted with the cache reset at ``start``, 11 without the reset)."""
-    torch.manual_seed(seed)
-    head = EagleHead(HeadConfig.from_target(model.config, arch=arch))
-    d = int(model.config.hidden_size)
-    with torch.no_grad():
-        for p in head.parameters():
-            p.normal_(0.0, 0.3)
-        if copy_feature:
-            head.fc.weight.zero_()
-            head.fc.weight[:, d:] = torch.eye(d)
-            head.o_proj.weight.mul_(0.01 / 0.3)
-            head.down_proj.weight.zero_()
-    target = {"name": model.name, "fingerprint": fingerprint_of(model), "hidden_size": d,
-              "vocab_size": int(model.runtime.vocab_size)}
-    return save_head(folder, head.eval(), draft_tokens=None, target=target)
 
 
 @dataclass
@@ -112,9 +87,10 @@ def served(tiny, tiny_chat_folder, tmp_path_factory):
         loads.append(str(folder))
         return load_head(folder, **kwargs)
 
-    def recording_make(spec: Any, model: Any) -> Any:
-        built.append(str(spec))
-        return make_drafter(spec, model)
+    def recording_make(spec: Any, model: Any, **kwargs: Any) -> Any:
+        slot = getattr(model.runtime, "slot", None)  # a batched worker's slot, or None
+        built.append(str(spec) if slot is None else f"{spec} in slot {slot}")
+        return make_drafter(spec, model, **kwargs)
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(eagle_module, "load_head", recording_load)
@@ -159,19 +135,22 @@ def test_the_server_loaded_the_allowed_heads_at_start_up_and_nothing_else(served
     loads, built = served.at_start
     assert list(served.app.state.worker.speculation.allowed) == served.allowed
     # one drafter per allowed draft, made at start-up, and for the hybrid, whose suffix part learns
-    # across requests, one without its cache for seeded sampled requests (speculation.without_learning)
-    assert built == [*served.allowed, f"suffix:cache=0+eagle:{served.a}"]
+    # across requests, one without its cache for seeded sampled requests (speculation.without_learning);
+    # then the same in each of the batched worker's slots (each generation its own head state)
+    alone = [*served.allowed, f"suffix:cache=0+eagle:{served.a}"]
+    slots = served.app.state.worker.max_batch
+    assert slots == DEFAULT_MAX_BATCH > 1  # EAGLE drafts batch
+    assert [b for b in built if " in slot " not in b] == alone
+    assert sorted(b for b in built if " in slot " in b) == sorted(f"{d} in slot {s}" for s in range(slots) for d in alone)
     # eagle:A, the hybrid's head and the tree share head A's one load (drafters of one head share
-    # its weights), then eagle:C
+    # its weights, in every slot), then eagle:C
     assert loads == [str(served.a), str(served.c)]
 
 
-def test_the_start_up_line_says_which_drafts_keep_the_batch_at_one_and_how_to_batch(served):
+def test_the_start_up_line_says_eagle_drafts_batch(served):
     line = " ".join(served.output.split())  # as one line, however the terminal wrapped it
-    features = ", ".join(d for d in served.allowed if "eagle" in d)
-    assert (f"max batch 1: the draft(s) {features} read the target's features one sequence at a time; leave "
-            "EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch, prefix cache "
-            f"{DEFAULT_PREFIX_CACHE_MB} MiB; requests may name") in line
+    assert f"max batch {DEFAULT_MAX_BATCH}, KV cache" in line
+    assert f"prefix cache {DEFAULT_PREFIX_CACHE_MB} MiB; requests may name" in line
 
 
 OTHER = {"text": "chat", "chat": "text"}

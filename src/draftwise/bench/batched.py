@@ -74,8 +74,6 @@ def not_batched(method: Method) -> str | None:
         return "a peer (Hugging Face generate) runs one sequence at a time"
     if method.kind == AUTO:
         return "auto routes a draft per category; not run batched"
-    if method.drafter is not None and method.drafter.capabilities.reads_features:
-        return "an EAGLE draft reads the target's features one sequence at a time"
     return None
 
 

@@ -410,10 +410,8 @@ def plan_cmd(
             if spec.kind != "model":
                 make_drafter(spec, target)
         keys = [str(s) for s in specs]
-        if ns is not None:  # each N's cache fits, and the load test can serve these drafts
+        if ns is not None:  # each N's cache fits
             check_fits(target, ns)
-            if load_test is not None:
-                load_test.check_drafts(keys, ns)
         profile = _profile_for_plan(target, keys, max(k_list), given, profile_file)
         with progress_bar("plan") as report:
             plan = make_plan(

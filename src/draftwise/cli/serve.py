@@ -32,7 +32,6 @@ from draftwise.core.engine import (
     DEFAULT_PREFILL_CHUNK,
     DEFAULT_SERVE_CONTEXT,
 )
-from draftwise.drafters.factory import capabilities_of
 from draftwise.drafters.spec import (
     DEFAULT_MAX_K,
     SPEC_HELP,
@@ -66,9 +65,9 @@ def serve(
     device: DeviceOpt = "cpu",
     quant: QuantOpt = Quant.none,
     compile_: CompileOpt = False,
-    draft: Annotated[str, typer.Option("--draft", "-d", help=f"The default draft: {SPEC_HELP}, or 'auto' "
-                                       "(the plan's choice for each request's category).")] = "none",
-    k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto'.")] = "4",
+    draft: Annotated[str, typer.Option("--draft", "-d", help=f"The default draft: {SPEC_HELP} (none: plain), or "
+                                       "'auto' (the plan's choice for each request's category).")] = "suffix",
+    k: Annotated[str, typer.Option("--k", help="Default tokens proposed per step, or 'auto' (costs measured once).")] = "auto",
     max_k: Annotated[int, typer.Option("--max-k", min=1, help="The largest k a request may ask (more gets 400); "
                                        "k auto and the plan's k stay under it too.")] = DEFAULT_MAX_K,
     plan: Annotated[Path | None, typer.Option("--plan", help="A plan from `draftwise plan --out` for --draft "
@@ -82,8 +81,8 @@ def serve(
                                                 help="Require 'Authorization: Bearer KEY' (all but /health).")] = None,
     max_queue: Annotated[int, typer.Option("--max-queue", min=1, help="Requests that may wait; more get 429.")] = 128,
     max_batch: Annotated[int | None, typer.Option("--max-batch", min=1, help="Requests decoded together (continuous "
-                                                  f"batching on the native runtime; 1: one at a time). Default: "
-                                                  f"{DEFAULT_MAX_BATCH}, or 1 when an EAGLE draft is allowed.")] = None,
+                                                  f"batching, every draft; 1: one at a time). Default: "
+                                                  f"{DEFAULT_MAX_BATCH} on the native runtime, 1 on another.")] = None,
     context: Annotated[int | None, typer.Option(
         "--context", min=1, show_default=False, help="Positions per request (prompt + answer), at every --max-batch; "
         f"batched, the KV cache takes --max-batch x --context. Default: {DEFAULT_SERVE_CONTEXT}, or the model's "
@@ -144,7 +143,7 @@ def serve(
         capacity = read_capacity(plan) if plan is not None else None  # plan --concurrency's, beside the plan
         speculation = Speculation(loaded, draft=spec, k=k_value, plan=loaded_plan, allow=allowed, capacity=capacity,
                                   max_k=max_k)
-        max_batch, why = _max_batch(max_batch, speculation, loaded)
+        max_batch, why = _max_batch(max_batch, loaded)
         settings = ServerSettings(
             model_name=served_model_name or loaded.name, api_key=api_key, max_queue=max_queue,
             max_tokens_cap=max_tokens_cap, request_timeout_s=request_timeout, max_body_bytes=max_body_bytes,
@@ -180,20 +179,12 @@ def _context(given: int | None, model: Any) -> int:
     return given
 
 
-def _max_batch(given: int | None, speculation: Any, model: Any) -> tuple[int, str]:
+def _max_batch(given: int | None, model: Any) -> tuple[int, str]:
     """``--max-batch`` and why it is 1 when it was not given (``""`` otherwise): as given, else
-    :data:`DEFAULT_MAX_BATCH` on the native runtime; 1 where an allowed draft reads the target's
-    features (EAGLE runs one sequence at a time) or the runtime cannot batch. Given > 1 where it
-    cannot work: one clear line."""
-    features = [name for name, s in speculation.allowed.items() if capabilities_of(s).reads_features]
-    if given is not None and given > 1 and features:
-        raise ConfigError(f"--max-batch {given}: the EAGLE draft(s) {', '.join(features)} read the target's "
-                          "features one sequence at a time; use --max-batch 1, or leave EAGLE drafts out")
+    :data:`DEFAULT_MAX_BATCH` on the native runtime (every draft batches, EAGLE heads and hybrids
+    too: each slot records its own features), 1 where the runtime cannot batch."""
     if given is not None:
         return given, ""
-    if features:
-        return 1, (f": the draft(s) {', '.join(features)} read the target's features one sequence at a time; "
-                   "leave EAGLE drafts out of --draft, --allow-draft and the plan (e.g. --draft suffix) to batch")
     if not hasattr(model.runtime, "forward_batch"):
         name = type(model.runtime).__name__
         return 1, f": this runtime ({name}) decodes one sequence at a time; --runtime native batches"

@@ -32,6 +32,12 @@ prefilled and its answer's when it ends (:func:`draftwise.core.decode.decode_ste
 admitted later reuses what a running or finished one computed. A copy is bit for bit the
 prefill it replaces (the passes are row-invariant), so a result does not depend on the cache.
 
+Batched drafting: a drafter on a slot may hand a piece of its work to :meth:`SlotRuntime.gather`
+(an EAGLE head's step, :mod:`draftwise.eagle.drafter`). Like a pass, the engine runs it once
+every generation waits, in one call for all that asked with the same key (their head and the
+target's parts), so sixteen sequences' head steps read the head's weights once, not sixteen
+times. ``batch_drafts = False`` runs each on its own (as alone; tests compare the two).
+
 Timing: each slot has its own clock (:meth:`SlotRuntime.clock`): wall time less the time it
 was parked while other generations ran, plus its share of each pass it was in (its rows over
 the pass's rows). A generation's draft and verify seconds are its own, batched or not.
@@ -220,8 +226,29 @@ class SlotRuntime:
         tree = None if parents is None else [int(p) for p in parents]
         return self._engine._wait(Rows(self.slot, list(ids), tree))
 
+    # features for an EAGLE head: this slot's own buffer, recorded by the batched passes
     def capture_features(self, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
-        raise ConfigError("EAGLE drafts read the target's features one sequence at a time; serve them with max_batch 1")
+        self._rt.capture_slot_features(self.slot, layers, enabled=enabled)
+
+    def gather(self, key: Any, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
+        """``run([item, ...])[i]`` for this slot's ``item``, run once for every generation that
+        asks with the same ``key`` before the next pass (see the module docstring)."""
+        return self._engine.gather(key, item, run)
+
+    def features(self, start: int, end: int) -> torch.Tensor:
+        return self._rt.slot_features(self.slot, start, end)
+
+    @property
+    def feature_width(self) -> int:
+        return int(self._rt.slot_feature_width(self.slot))
+
+    @property
+    def shared_runtime(self) -> Any:
+        """The batched runtime under every slot: what a draft head borrows the target's weights
+        from (its embedding, final norm and LM head), one copy for all slots."""
+        return self._rt
+
+    config = property(lambda self: self._rt.config)
 
 
 @dataclass
@@ -234,6 +261,7 @@ class Sequence_:
     waiting: Rows | None = None  # the rows it waits on (None: runnable, or done)
     layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
     member: Any = None  # what it waits to be scheduled as (its k policy), or None
+    side: tuple[Any, Any, Callable[[list[Any]], list[Any]]] | None = None  # a gathered call (key, item, run)
     answer: Any = None  # the logits of its last pass, handed back when it resumes
     share: float = 0.0  # its share of the seconds of the pass it waited on
     error: BaseException | None = None
@@ -241,7 +269,7 @@ class Sequence_:
 
     @property
     def runnable(self) -> bool:
-        return self.waiting is None and self.member is None
+        return self.waiting is None and self.member is None and self.side is None
 
 
 @dataclass
@@ -291,6 +319,8 @@ class Engine:
         self.prefill_chunk = prefill_chunk
         self.chunk = prefill_chunk  # this step's prompt tokens per prefilling generation (step_chunk)
         self.scheduler: Scheduler | None = None
+        self.batch_drafts = True  # gathered draft work runs in one call per key (False: one each)
+        self.gathered: list[int] = []  # the sizes of the gathered calls, the last 4096
         self.stats = PassStats()
         #: per slot, the seconds its generation was parked, less its share of the passes it was in
         self.parked = [0.0] * self.max_batch
@@ -377,13 +407,12 @@ class Engine:
 
     def _advance(self, seqs: list[Sequence_]) -> None:
         """Resume ``seqs`` until each waits on the pass or the schedule, or ends; self-speculation
-        draft passes (a subset of layers) run on their own meanwhile."""
+        draft passes (a subset of layers) run on their own meanwhile, and gathered draft work
+        once everything that runs waits (:meth:`gather`)."""
         for seq in seqs:
             self._resume(seq)
         while True:
             solo = [s for s in self._live if s.layers is not None]
-            if not solo:
-                return
             for seq in solo:
                 assert seq.waiting is not None
                 t0 = time.perf_counter()
@@ -391,6 +420,38 @@ class Engine:
                 seq.share = time.perf_counter() - t0
                 seq.waiting, seq.layers = None, None
                 self._resume(seq)
+            if solo:
+                continue
+            side = [s for s in self._live if s.side is not None]
+            if not side:
+                return
+            groups: dict[Any, list[Sequence_]] = {}
+            for seq in side:
+                groups.setdefault(seq.side[0], []).append(seq)  # type: ignore[index]
+            for group in groups.values():
+                self._gathered(group)
+            for seq in side:
+                self._resume(seq)
+
+    def _gathered(self, group: list[Sequence_]) -> None:
+        """Run one key's gathered calls: one ``run`` over all items (or each alone when
+        ``batch_drafts`` is off); each sequence gets its answer (or the error) and its share."""
+        run = group[0].side[2]  # type: ignore[index]
+        batches = [group] if self.batch_drafts else [[seq] for seq in group]
+        for batch in batches:
+            t0 = time.perf_counter()
+            try:
+                answers: list[Any] = list(run([seq.side[1] for seq in batch]))  # type: ignore[index]
+                if len(answers) != len(batch):
+                    raise ConfigError(f"a gathered call gave {len(answers)} answers for {len(batch)} items")
+            except Exception as exc:  # the draft failed: each of its sequences fails with it
+                answers = [exc] * len(batch)
+            seconds = time.perf_counter() - t0
+            self.gathered.append(len(batch))
+            if len(self.gathered) > 4096:
+                del self.gathered[:2048]
+            for seq, answer in zip(batch, answers):
+                seq.answer, seq.share, seq.side = answer, seconds / len(batch), None
 
     def _others(self) -> PassRows:
         """The rows already waiting for the coming pass (:class:`PassRows`)."""
@@ -439,6 +500,8 @@ class Engine:
             self._live.remove(seq)
             self._free.append(seq.slot)
             self.runtime.rollback_slot(seq.slot, 0)
+            # the next generation in the slot turns capture on again if its draft reads features
+            self.runtime.capture_slot_features(seq.slot, enabled=False)
 
     def _park(self, seq: Sequence_) -> Any:
         """Switch to the engine until ``seq`` is resumed; count the time parked, less its share."""
@@ -461,6 +524,16 @@ class Engine:
         seq = self._current()
         seq.waiting, seq.layers = Rows(slot, ids), layers
         return self._park(seq)
+
+    def gather(self, key: Any, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
+        """Called from a generation's greenlet: wait for ``run``'s answer to ``item``, run with
+        every other item gathered under ``key`` (:meth:`SlotRuntime.gather`)."""
+        seq = self._current()
+        seq.side = (key, item, run)
+        answer = self._park(seq)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
 
     def wait_for_schedule(self, member: Any) -> None:
         """Called from a generation's greenlet (its k policy): wait until the scheduler has

@@ -27,6 +27,7 @@ every output exact.
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,7 +83,13 @@ def hidden_size(runtime: Any) -> int:
 
 def fingerprint_of(model: Any) -> str:
     """The fingerprint a head trained for ``model`` carries (tokenizer, hidden size, head width)."""
-    return target_fingerprint(model.tokenizer, hidden_size(model.runtime), int(model.runtime.vocab_size))
+    return target_fingerprint(model.tokenizer, hidden_size(shared_runtime(model.runtime)), int(model.runtime.vocab_size))
+
+
+def shared_runtime(runtime: Any) -> Any:
+    """The runtime that holds the target's weights: a batched engine's slot (its own features and
+    length) borrows them from the runtime under every slot, so all slots' heads share one copy."""
+    return getattr(runtime, "shared_runtime", runtime)
 
 
 HeadWeights = Literal["float32", "int8"]
@@ -111,7 +118,8 @@ class EagleDrafter:
         capture = getattr(runtime, "capture_features", None)
         if capture is None:
             raise ConfigError(f"the {type(runtime).__name__} runtime cannot record features; EAGLE needs them")
-        d = hidden_size(runtime)
+        owner = shared_runtime(runtime)
+        d = hidden_size(owner)
         layers = loaded.head.cfg.feature_layers
         num_layers = getattr(runtime, "num_layers", None)
         if layers is not None and num_layers is not None and max(layers) >= int(num_layers):
@@ -131,7 +139,7 @@ class EagleDrafter:
             self.head, self.parts = shared
         else:
             self.head = int8_head(loaded.head) if weights == "int8" else loaded.head
-            self.parts = TargetParts.of(runtime, loaded.draft_tokens, int8=weights == "int8")
+            self.parts = TargetParts.of(owner, loaded.draft_tokens, int8=weights == "int8")
         self.meta = loaded.meta
         self.name = label
         self.cache = HeadCache(loaded.head.cfg, int(runtime.max_context))
@@ -139,6 +147,10 @@ class EagleDrafter:
         self._generator = torch.Generator()
         self._fed = 0  # head rows (positions) computed from the target's real features
         self.topk, self.depth = int(topk), int(depth)
+        # on a batched engine's slot, greedy chains' head steps are gathered across its sequences
+        self._gather = getattr(runtime, "gather", None)
+        self._steps = functools.partial(head_steps, self.head, self.parts)
+        self._key = (id(self.head), id(self.parts))  # drafters sharing both gather together
         self.capabilities = Capabilities(trees=self.topk > 1, reads_features=True, replay="rates", cost="head")
 
     def start(self, prompt: Sequence[int], sampling: SamplingConfig, generator: torch.Generator) -> None:
@@ -163,8 +175,13 @@ class EagleDrafter:
         with torch.inference_mode():
             self.cache.rollback(start)
             real = self.head.lift(self.rt.features(start, known).float())  # EAGLE-3: fc fuses 3 layers
-            hidden = self._rows(context[start + 1 : known + 1], real, start)[-1:]
             self._fed = known
+        tokens = list(context[start + 1 : known + 1])
+        if self._gather is not None and self._sampling.greedy and (self.topk <= 1 or k <= 1 or scored):
+            # outside inference_mode: the engine runs other sequences while this one waits
+            return self._chain_gathered(tokens, real, start, known, k, scored)
+        with torch.inference_mode():
+            hidden = self._rows(tokens, real, start)[-1:]
             if self.topk > 1 and self._sampling.greedy and k > 1 and not scored:
                 return self._tree(hidden, known, k)
             if self._sampling.greedy:
@@ -188,6 +205,18 @@ class EagleDrafter:
             draft = draft_autoregressive(first, step_seen, k, self._sampling, self._generator)
             top = torch.stack([torch.softmax(row, -1).max() for row in seen[: len(draft)]])
             return Draft(draft.tokens, draft.probs, None, tuple(torch.cumprod(top, 0).tolist()))
+
+    def _chain_gathered(self, tokens: list[int], feats: torch.Tensor, start: int, known: int, k: int,
+                        scored: bool) -> Draft:
+        """:meth:`_chain` on an engine's slot: each head step (rows, then the best next token) is
+        one :func:`head_steps` call gathered with the other sequences' (the same chain)."""
+        drafted, tops = [], []
+        for i in range(k):
+            hidden, token, top = self._gather(self._key, (tokens, feats, start, self.cache), self._steps)
+            drafted.append(token)
+            tops.append(top)
+            tokens, feats, start = [token], hidden, known + i
+        return Draft(drafted, None, None, tuple(torch.cumprod(torch.tensor(tops), 0).tolist()) if scored else None)
 
     def _chain(self, hidden: torch.Tensor, known: int, k: int, scored: bool) -> Draft:
         """Greedy's chain: each token the argmax over the head's own rows (:meth:`TargetParts.best`;
@@ -274,6 +303,24 @@ class EagleDrafter:
         pass  # the head's cache is rolled back at the next start
 
 
+def head_steps(head: EagleHead, parts: TargetParts,
+               items: Sequence[tuple[list[int], torch.Tensor, int, HeadCache]]) -> list[tuple[torch.Tensor, int, float]]:
+    """One head step for each of several sequences, in one call: item ``(tokens, feats, start,
+    cache)`` runs the head's rows for ``tokens`` (each with its feature, ``feats`` ``[n, d]``)
+    from position ``start``, appended to its own ``cache``, then the best next token after the
+    last row. Returns, per item, that row's predicted feature ``[1, d]``, the token and the
+    head's probability of it (what :meth:`EagleDrafter._chain` takes one sequence at a time)."""
+    with torch.inference_mode():
+        lengths = [len(tokens) for tokens, *_ in items]
+        embeds = parts.embed([t for tokens, *_ in items for t in tokens])  # [R, d]
+        feats = torch.cat([f.float() for _, f, *_ in items])  # [R, d]
+        positions = torch.cat([torch.arange(start, start + n) for (_, _, start, _), n in zip(items, lengths)])
+        out = head.forward_many(embeds, feats, positions, lengths, [cache for *_, cache in items])
+        last = out[torch.tensor(lengths).cumsum(0) - 1]  # [B, d]
+        best = parts.best_many(last)
+    return [(last[i : i + 1], token, top) for i, (token, top) in enumerate(best)]
+
+
 #: per target runtime: (head folder, its weights file's size and mtime, weights) -> the loaded
 #: head, the drafting head and the target's parts that every drafter of that head shares
 _SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[LoadedHead, EagleHead, TargetParts]]] = (
@@ -296,7 +343,7 @@ def eagle_drafter(source: str, model: Any, *, topk: int = 1, depth: int = 8) -> 
     try:
         stat = (folder / HEAD_WEIGHTS).stat()
         key: tuple[Any, ...] | None = (str(folder.resolve()), stat.st_size, stat.st_mtime_ns, weights)
-        cache = _SHARED.setdefault(model.runtime, {})
+        cache = _SHARED.setdefault(shared_runtime(model.runtime), {})
     except (OSError, TypeError):  # no such file (load_head says so in one line), or a runtime without weakrefs
         key, cache = None, {}
     if key in cache:

@@ -266,20 +266,40 @@ class EagleHead(nn.Module):
         if cache is None:
             att = F.scaled_dot_product_attention(q, k, v, is_causal=n > 1, enable_gqa=gqa)
         else:
-            start, end = cache.length, cache.length + n
-            if end > cache.max_context:
-                raise ConfigError(f"the draft head's cache holds {cache.max_context} positions; {end} asked")
-            cache.k[:, :, start:end] = k
-            cache.v[:, :, start:end] = v
-            cache.length = end
-            mask = attn_mask  # [n, end] bool: a tree's rows see the cache and their ancestors
-            if mask is None and n > 1:
-                pos = torch.arange(end)
-                mask = pos[None, :] <= pos[start:, None]  # [n, end]
-            att = F.scaled_dot_product_attention(
-                q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask, enable_gqa=gqa
-            )
+            att = self._attend_cached(q, k, v, cache, attn_mask)
         return self._finish(att, residual)
+
+    def _attend_cached(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: HeadCache,
+                       attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """One sequence's new rows (``q`` ``[1, H, n, hd]``, ``k``/``v`` ``[1, KV, n, hd]``) appended
+        to its cache, attending to it and causally to each other, or as ``attn_mask`` says."""
+        n = q.shape[2]
+        start, end = cache.length, cache.length + n
+        if end > cache.max_context:
+            raise ConfigError(f"the draft head's cache holds {cache.max_context} positions; {end} asked")
+        cache.k[:, :, start:end] = k
+        cache.v[:, :, start:end] = v
+        cache.length = end
+        mask = attn_mask  # [n, end] bool: a tree's rows see the cache and their ancestors
+        if mask is None and n > 1:
+            pos = torch.arange(end)
+            mask = pos[None, :] <= pos[start:, None]  # [n, end]
+        gqa = self.cfg.num_attention_heads != self.cfg.num_key_value_heads
+        return F.scaled_dot_product_attention(q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask,
+                                              enable_gqa=gqa)
+
+    def forward_many(self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,
+                     lengths: Sequence[int], caches: Sequence[HeadCache]) -> torch.Tensor:
+        """Several sequences' rows in one call: ``embeds``, ``feats`` ``[R, d]`` and ``positions``
+        ``[R]``, sequence i's ``lengths[i]`` rows after sequence i - 1's, each appended to its own
+        ``caches[i]`` as :meth:`forward` appends one sequence's. The matmuls run once over all
+        rows (the weights are read once); only attention runs per sequence. Returns ``[R, d]``."""
+        q, k, v, residual = self._qkv(embeds[None], feats[None], positions[None])
+        parts, lo = [], 0
+        for n, cache in zip(lengths, caches):
+            parts.append(self._attend_cached(q[:, :, lo : lo + n], k[:, :, lo : lo + n], v[:, :, lo : lo + n], cache))
+            lo += n
+        return self._finish(torch.cat(parts, dim=2), residual)[0]
 
     def rollout(self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor, steps: int) -> list[torch.Tensor]:
         """EAGLE-3's training-time test: ``steps`` outputs ``[B, n, d]``, computed as drafting

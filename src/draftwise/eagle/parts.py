@@ -113,6 +113,14 @@ class TargetParts:
         j = int(scores.argmax())
         return (j if self.rows is None else int(self.rows[j])), float(torch.softmax(scores, -1)[j])
 
+    def best_many(self, hidden: torch.Tensor) -> list[tuple[int, float]]:
+        """:meth:`best` for each row of ``hidden`` ``[B, d]``, in one pass over the head rows."""
+        scores = self.scores(hidden)  # [B, V']
+        j = scores.argmax(-1)
+        top = torch.softmax(scores, -1).gather(-1, j[:, None])[:, 0]
+        ids = j if self.rows is None else self.rows[j]
+        return list(zip(ids.tolist(), top.tolist()))
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """``[..., vocab]`` scores over the whole vocabulary: -inf outside a reduced one."""
         scores = self.scores(hidden)

@@ -100,14 +100,46 @@ class FeatureBuffer:
     ) -> torch.Tensor:
         """Run all decoder layers over ``x`` as ``run(layers, x) -> x`` segments that end at the
         recorded layers, recording ``x`` after each (a pass from slot ``start``)."""
-        done = 0
-        for stop in (*self.stops, self.num_layers - 1):
-            if stop >= done:
-                x = run(tuple(range(done, stop + 1)), x)
-                if stop in self.stops:
-                    self.write(start, stop, x)
-                done = stop + 1
-        return x
+        return run_recorded(run, x, [(self, 0, x.shape[-2], start)], self.num_layers)
+
+    def renewed(self, layers: Sequence[int] | None) -> FeatureBuffer:
+        """This buffer if it records ``layers`` already (what it holds stays), else a new empty one."""
+        new = FeatureBuffer(layers, num_layers=self.num_layers, dim=self.dim, limit=self.limit)
+        return self if new.taps == self.taps else new
+
+    def features(self, start: int, end: int, length: int) -> torch.Tensor:
+        """``read(start, end)`` of a sequence of ``length`` positions, refused where the range is
+        outside it or was not recorded (see the module docstring)."""
+        if not 0 <= start <= end <= length:
+            raise ConfigError(f"features({start}, {end}) needs 0 <= start <= end <= length ({length})")
+        if end > self.valid and end > start:
+            raise ConfigError(
+                f"features of positions {max(start, self.valid)}..{end - 1} were not recorded (capture was turned "
+                "on later, or a forward(layers=...) draft pass wrote them); re-run them with capture on"
+            )
+        return self.read(start, end)
+
+
+#: one sequence's rows in a batched pass: its buffer, its rows ``lo:hi`` of ``x`` and its first slot
+Writer = tuple[FeatureBuffer, int, int, int]
+
+
+def run_recorded(run: Callable[[tuple[int, ...], torch.Tensor], torch.Tensor], x: torch.Tensor,
+                 writers: Sequence[Writer], num_layers: int) -> torch.Tensor:
+    """Run all ``num_layers`` decoder layers over ``x`` (``[R, d]``: the rows of every sequence in
+    a pass) as ``run(layers, x) -> x`` segments that end at the layers any writer records, each
+    writer recording its rows after each of its layers. The segments run the same layers in the
+    same order as one ``run`` over all of them, so recording changes no bit of the pass."""
+    stops = sorted({stop for buf, *_ in writers for stop in buf.stops})
+    done = 0
+    for stop in (*stops, num_layers - 1):
+        if stop >= done:
+            x = run(tuple(range(done, stop + 1)), x)
+            for buf, lo, hi, start in writers:
+                if stop in buf.stops:
+                    buf.write(start, stop, x[..., lo:hi, :])
+            done = stop + 1
+    return x
 
 
 class _Host(Protocol):
@@ -140,10 +172,11 @@ class FeatureCapture:
         off and frees the buffer. Asking again for the same layers keeps what is recorded."""
         if not enabled:
             self._feats = None
+        elif self._feats is None:
+            self._feats = FeatureBuffer(layers, num_layers=self.num_layers, dim=self._feature_dim,
+                                        limit=self.max_context)
         else:
-            new = FeatureBuffer(layers, num_layers=self.num_layers, dim=self._feature_dim, limit=self.max_context)
-            if self._feats is None or self._feats.taps != new.taps:
-                self._feats = new
+            self._feats = self._feats.renewed(layers)
         try:
             self._capture_changed()
         except BaseException:
@@ -160,14 +193,6 @@ class FeatureCapture:
 
     def features(self: _Host, start: int, end: int) -> torch.Tensor:
         """``[end - start, width]`` float32 features of cache positions ``start .. end - 1``."""
-        buf, length = self._feats, self.length
-        if buf is None:
+        if self._feats is None:
             raise ConfigError("features are off: call runtime.capture_features() before the passes that need them")
-        if not 0 <= start <= end <= length:
-            raise ConfigError(f"features({start}, {end}) needs 0 <= start <= end <= length ({length})")
-        if end > buf.valid and end > start:
-            raise ConfigError(
-                f"features of positions {max(start, buf.valid)}..{end - 1} were not recorded (capture was turned "
-                "on later, or a forward(layers=...) draft pass wrote them); re-run them with capture on"
-            )
-        return buf.read(start, end)
+        return self._feats.features(start, end, self.length)

@@ -22,8 +22,11 @@ Batching: the cache holds ``slots`` sequences (``allocate_slots``); ``forward_ba
 slots' rows in one pass (:mod:`.batch_plan`), and every kernel is row-invariant
 (:mod:`.attention`), so a row's logits never depend on what else is in its pass.
 
-``capture_features`` (:mod:`.features`) records hidden states per position for an EAGLE head
-(slot 0 only). Loading (context length, quantization, fused matmuls) is :mod:`.native_weights`.
+``capture_features`` (:mod:`.features`) records hidden states per position for an EAGLE head,
+in slot 0; ``capture_slot_features`` / ``slot_features`` do it per slot, each slot its own buffer
+and its own layers, so EAGLE sequences batch: a pass records only its rows' slots that capture,
+and cutting the layers at the recorded ones changes no bit (:func:`.features.run_recorded`).
+Loading (context length, quantization, fused matmuls) is :mod:`.native_weights`.
 
 Prefix caching (:mod:`.prefix_cache`): each slot knows the token ids its cached positions hold
 (every full pass records them; ``keep`` moves them with the K/V, a rollback or a draft pass on a
@@ -46,7 +49,7 @@ from draftwise.runtime import kernels
 from draftwise.runtime.attention import padded_keys
 from draftwise.runtime.base import Rows, check_keep, check_parents
 from draftwise.runtime.batch_plan import Plan, attend_groups, make_plan
-from draftwise.runtime.features import FeatureCapture
+from draftwise.runtime.features import FeatureBuffer, FeatureCapture, Writer, run_recorded
 from draftwise.runtime.llama import (
     DEFAULT_MAX_CONTEXT,
     SUPPORTED_MODEL_TYPES,
@@ -169,6 +172,44 @@ class NativeRuntime(FeatureCapture):
         # each slot's last pass: where it started and its parents (None: a chain), for keep()
         self._pass_starts = [0] * slots
         self._pass_parents: list[list[int] | None] = [None] * slots
+        # each slot's recorded features (None: capture off); slot 0's is ``_feats``, kept across
+        # a reallocation as it was before slots existed
+        first = getattr(self, "_slot_feats", [None])[0]
+        self._slot_feats: list[FeatureBuffer | None] = [first] + [None] * (slots - 1)
+
+    @property  # type: ignore[override]
+    def _feats(self) -> FeatureBuffer | None:
+        """Slot 0's feature buffer, what :class:`.features.FeatureCapture` reads and writes."""
+        return self._slot_feats[0]
+
+    @_feats.setter
+    def _feats(self, buf: FeatureBuffer | None) -> None:
+        self._slot_feats[0] = buf
+
+    def capture_slot_features(self, slot: int, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
+        """``capture_features`` for slot ``slot`` (each slot records its own layers, or none)."""
+        if slot == 0:
+            self.capture_features(layers, enabled=enabled)
+            return
+        buf = self._slot_feats[slot]
+        if not enabled:
+            self._slot_feats[slot] = None
+        elif buf is None:
+            self._slot_feats[slot] = FeatureBuffer(layers, num_layers=self.num_layers, dim=self._feature_dim,
+                                                   limit=self._context)
+        else:
+            self._slot_feats[slot] = buf.renewed(layers)
+
+    def slot_features(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """``features`` of slot ``slot``: ``[end - start, width]`` float32."""
+        buf = self._slot_feats[slot]
+        if buf is None:
+            raise ConfigError(f"features are off in slot {slot}: capture them before the passes that need them")
+        return buf.features(start, end, self._lengths[slot])
+
+    def slot_feature_width(self, slot: int) -> int:
+        buf = self._slot_feats[slot]
+        return 0 if buf is None else buf.width
 
     def cache_bytes(self, slots: int, context: int) -> int:
         """Bytes of KV cache ``allocate_slots(slots, context)`` takes."""
@@ -284,9 +325,8 @@ class NativeRuntime(FeatureCapture):
         ``[n, vocab]`` each (``[1, vocab]`` for ``last_only``, ``[0, vocab]`` for ``logits=False``).
         A row's logits are bit-identical to what the same slot's rows give in a pass of their
         own: the batch only shares the matmuls (see :mod:`.attention`). ``layers``: a subset,
-        as ``forward`` takes it (a self-speculation draft pass)."""
-        if self._feats is not None and (len(passes) > 1 or any(p.slot for p in passes)):
-            raise ConfigError("feature capture (an EAGLE draft) runs one sequence at a time, in slot 0")
+        as ``forward`` takes it (a self-speculation draft pass). Slots that capture features
+        record their rows (``capture_slot_features``)."""
         return self._run(list(passes), self._all_layers if layers is None else tuple(layers))
 
     def keep(self, base: int, rows: Sequence[int]) -> None:
@@ -305,8 +345,9 @@ class NativeRuntime(FeatureCapture):
                 for cache in (*self._k, *self._v):
                     # gathered first: src and dst may overlap
                     cache[slot, :, dst] = cache[slot].index_select(1, src)
-                if self._feats is not None and slot == 0:
-                    self._feats.move(src, base + first)
+                feats = self._slot_feats[slot]
+                if feats is not None:
+                    feats.move(src, base + first)
         held = self._tokens[slot]
         path = [held[base + r] for r in kept] if len(held) > base + kept[-1] else []
         del held[base:]
@@ -332,10 +373,10 @@ class NativeRuntime(FeatureCapture):
 
     def reuse_prefix(self, ids: Sequence[int], cache: PrefixCache, slot: int = 0) -> int:
         """Empty slot ``slot`` and copy into it the longest prefix of ``ids`` that ``cache`` holds,
-        all but the last token at most; return its length (0: nothing reused, also while features
-        are recorded, since a copied prefix has none, and on a compiled runtime)."""
+        all but the last token at most; return its length (0: nothing reused, also while the slot
+        records features, since a copied prefix has none, and on a compiled runtime)."""
         self.rollback_slot(slot, 0)
-        if not self.reuses_prefixes or self._feats is not None:
+        if not self.reuses_prefixes or self._slot_feats[slot] is not None:
             return 0
         cache.bind(self)
         ids = list(ids)
@@ -446,13 +487,19 @@ class NativeRuntime(FeatureCapture):
                          head_dim=self.head_dim, device=self.device, compiled=self.kernel_attention)
         tokens = torch.as_tensor([t for p in passes for t in p.ids], dtype=torch.long, device=self.device)
         x = F.embedding(tokens, self.embed)  # [R, d]
-        if self._feats is not None and layers == self._all_layers:  # record (see .features)
-            start = plan.starts[0]
-            x = self._feats.run_recorded(lambda part, x: self._layers(x, plan, part), x, start)
+        writers: list[Writer] = []  # the passes whose slots record features, and their rows
+        offset = 0
+        for p, start in zip(passes, plan.starts):
+            buf = self._slot_feats[p.slot]
+            if buf is not None:
+                writers.append((buf, offset, offset + len(p.ids), start))
+            offset += len(p.ids)
+        if writers and layers == self._all_layers:  # record (see .features)
+            x = run_recorded(lambda part, x: self._layers(x, plan, part), x, writers, self.num_layers)
         else:
             x = self._layers(x, plan, layers)
-            if self._feats is not None:
-                self._feats.forget(plan.starts[0])  # a draft pass: its slots hold no target features
+            for buf, _, _, start in writers:
+                buf.forget(start)  # a draft pass: its slots hold no target features
         wanted: list[int] = []  # the rows whose logits are returned
         offset = 0
         for p, start in zip(passes, plan.starts):

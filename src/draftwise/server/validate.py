@@ -67,8 +67,6 @@ from draftwise.api import generate
 from draftwise.capacity.plan import check_fits, parse_concurrency
 from draftwise.capacity.simulate import client_units
 from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, DEFAULT_SERVE_CONTEXT
-from draftwise.drafters.factory import capabilities_of
-from draftwise.drafters.spec import DraftSpec
 from draftwise.errors import ConfigError
 from draftwise.fsutil import write_json_atomic
 from draftwise.planner.plan_file import Plan, load_plan
@@ -85,7 +83,7 @@ from draftwise.server.app import Intake, ServerSettings, create_app
 from draftwise.server.model_thread import ModelThread
 from draftwise.server.protocol import APIError, ChatCompletionRequest
 from draftwise.server.responses import Envelope
-from draftwise.server.speculation import AUTO, Speculation, allowed_drafts
+from draftwise.server.speculation import AUTO, Speculation
 from draftwise.server.worker import Worker
 
 MODES = ("none", "auto")
@@ -128,18 +126,6 @@ def budget(traced: int, asked: int | None) -> int:
     return traced
 
 
-def check_drafts(drafts: Iterable[DraftSpec | str], concurrency: Sequence[int]) -> None:
-    """The servers of N > 1 batch every draft they allow; an EAGLE draft (or a hybrid with an
-    EAGLE head) reads the target's features one sequence at a time, so ``serve --max-batch N``
-    refuses it, and so does this, before any work."""
-    features = sorted({str(DraftSpec.parse(d)) for d in drafts if capabilities_of(d).reads_features})
-    if features and max(concurrency) > 1:
-        raise ConfigError(f"--validate serves the plan's drafts at up to {max(concurrency)} concurrent requests, but "
-                          f"{', '.join(features)} read(s) the target's features one sequence at a time (a server "
-                          "batches them only with --max-batch 1); leave them out of --drafts, or validate "
-                          "--concurrency 1")
-
-
 def conversations(questions: Sequence[Question], count: int) -> list[list[dict[str, Any]]]:
     """``count`` questions spread over the categories, each a unit of all its turns in order
     (a later turn's earlier answers are filled in by :func:`references`)."""
@@ -161,16 +147,15 @@ def unseen_units(seen: Iterable[Any], count: int,
     return conversations(fresh, count)
 
 
-def check_options(concurrency: str | Sequence[int], *, seen: Iterable[Any], drafts: Iterable[DraftSpec | str] = (),
-                  requests_per_client: int = 4, units: int | None = None,
+def check_options(concurrency: str | Sequence[int], *, seen: Iterable[Any], requests_per_client: int = 4,
+                  units: int | None = None,
                   questions: Sequence[Question] | None = None) -> None:
     """Everything :func:`measure_concurrency` would refuse that is known before the plan is made:
-    the grid, the units, enough dev questions outside ``seen`` (the ids the plan will trace) and
-    no draft a batched server refuses. ``draftwise plan`` runs it before any work."""
+    the grid, the units and enough dev questions outside ``seen`` (the ids the plan will trace).
+    ``draftwise plan`` runs it before any work."""
     grid = parse_concurrency(concurrency)
     per_phase = phase_units(grid, requests_per_client, units)
     unseen_units(seen, per_phase or max(grid) * requests_per_client, questions)
-    check_drafts(drafts, grid)
 
 
 # -- the references: each prompt decoded alone -----------------------------------------------------
@@ -186,7 +171,7 @@ def references(model: Any, prompts: list[dict[str, Any]], max_tokens: int) -> fl
         p["answers"] = said.get(p["question_id"], [])[: p["turn"] - 1]
         ids = encode_conversation(model.tokenizer, p["users"], p["answers"], chat=True)
         p["prompt_tokens"] = len(ids)
-        p["reference"] = generate(model, ids, max_new_tokens=max_tokens).token_ids
+        p["reference"] = generate(model, ids, max_new_tokens=max_tokens, draft=None).token_ids
         if len(said.setdefault(p["question_id"], [])) == p["turn"] - 1:  # this turn's answer, for the next
             said[p["question_id"]].append(answer_text(model.tokenizer, answer(p["reference"], model.eos_token_ids)))
     return time.perf_counter() - t0
@@ -472,7 +457,6 @@ def measure_concurrency(
     plan = load_plan(plan_path)
     per_phase = phase_units(grid, requests_per_client, units)
     max_tokens = budget(int(plan.config.get("max_new_tokens", 128)), max_tokens)
-    check_drafts(allowed_drafts(AUTO, plan, ()).values(), grid)
     check_fits(model, grid, DEFAULT_SERVE_CONTEXT)
     count = per_phase or max(grid) * requests_per_client
     unit_list = unseen_units([p.get("question_id") for p in plan.prompts], count, questions)
