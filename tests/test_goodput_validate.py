@@ -53,13 +53,10 @@ def test_the_token_budget_is_the_plan_s():
         validate.budget(128, 64)
 
 
-def test_units_a_phase_and_the_drafts_a_batched_server_refuses():
+def test_units_a_phase():
     assert validate.phase_units([1, 2, 4], 2, None) == 8 and validate.phase_units([1, 4], 2, 0) == 0
     with pytest.raises(ConfigError, match="at least the largest N"):
         validate.phase_units([1, 4], 2, 3)
-    validate.check_drafts(["lookup", "eagle:default"], [1])  # one at a time: an EAGLE draft serves
-    with pytest.raises(ConfigError, match="eagle:default read"):
-        validate.check_drafts(["lookup", "eagle:default"], [1, 2])
 
 
 def test_the_workload_it_records_is_what_the_clients_sent():
@@ -159,7 +156,7 @@ def _fail(*args: Any, **kwargs: Any) -> Any:
     raise AssertionError("work started before the options were checked")
 
 
-def test_plan_refuses_a_bad_validation_option_before_any_work(tiny_chat_folder, tmp_path, monkeypatch):
+def test_plan_refuses_a_bad_validation_option_before_any_work(tmp_path, monkeypatch):
     import draftwise.cli.plan as cli_plan
     import draftwise.server as server
     from draftwise.cli import app
@@ -174,10 +171,6 @@ def test_plan_refuses_a_bad_validation_option_before_any_work(tiny_chat_folder, 
     # too few dev questions left outside the plan: refused before the model loads (there is none)
     assert "dev questions are not in the plan" in run("-m", str(tmp_path / "no-model"), "--per-category", "40",
                                                        "--concurrency", "1")
-    # a draft the batched servers cannot run: refused once the drafts are known, before profiling
-    monkeypatch.setattr(cli_plan, "make_drafter", lambda spec, target: None)
-    assert "eagle:default read" in run("-m", str(tiny_chat_folder), "--drafts", "lookup,eagle:default",
-                                       "--concurrency", "1,2")
     # no server package: one line naming the extra, before the model loads
     monkeypatch.delattr(server, "validate", raising=False)
     monkeypatch.setitem(sys.modules, "draftwise.server.validate", None)
@@ -185,11 +178,11 @@ def test_plan_refuses_a_bad_validation_option_before_any_work(tiny_chat_folder, 
 
 
 def test_the_policy_runs_summary_reads_the_goal_both_ways(tmp_path):
-    """run_policy.py compares goodput with the best fixed k at each N (chosen in hindsight per N)
+    """goodput_policy.py compares goodput with the best fixed k at each N (chosen in hindsight per N)
     and with the one k a static configuration would set for every N; --rescore adds the second
     to a finished run's result.json."""
     pytest.importorskip("httpx")
-    policy = load_benchmark("results/goodput-policy/run_policy")
+    policy = load_benchmark("goodput_policy")
     measured = {"1": {"plain": 10.0, "goodput": 15.0, "k=1": 12.0, "k=8": 15.0},
                 "16": {"plain": 50.0, "goodput": 52.0, "k=1": 60.0, "k=8": 40.0}}
     one = policy.single_k(measured)
