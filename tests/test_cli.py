@@ -17,7 +17,7 @@ def run(*args: str):
 
 
 def test_generate_json_has_the_documented_keys(tiny_chat_folder):
-    res = run("generate", "hello", "--model", str(tiny_chat_folder), "-n", "5", "--json")
+    res = run("generate", "hello", "--model", str(tiny_chat_folder), "-n", "5", "--json", "--draft", "none")
     assert res.exit_code == 0, res.output
     payload = json.loads(res.stdout.strip().splitlines()[-1])
     assert {"text", "token_ids", "new_tokens", "seconds"} <= payload.keys()
@@ -31,6 +31,36 @@ def test_generate_json_has_the_documented_keys(tiny_chat_folder):
     ended_at_eos = payload["finish_reason"] == "eos"
     assert stats["committed"] == stats["target_passes"] == payload["new_tokens"] + ended_at_eos
     assert stats["proposed"] == stats["accepted"] == 0
+    assert payload["draft"] == "none" and payload["k"] == 0
+
+
+def test_generate_speculates_by_default(tiny_chat_folder, one_thread):
+    """No --draft, no --k: suffix decoding with the adaptive k (issue 73), the same tokens as
+    --draft none; its first run for this model measured the --k auto profile and said so."""
+    import inspect
+
+    from draftwise.cli.generate import generate
+
+    params = inspect.signature(generate).parameters
+    assert (params["draft"].default, params["k"].default) == ("suffix", "auto")
+    text = "one two three one two three one two three"
+    res = run("generate", text, "--model", str(tiny_chat_folder), "-n", "12", "--json")
+    assert res.exit_code == 0, res.output
+    payload = json.loads(res.stdout.strip().splitlines()[-1])
+    assert payload["draft"] == "suffix" and payload["k"] == "auto"
+    plain = run("generate", text, "--model", str(tiny_chat_folder), "-n", "12", "--json", "--draft", "none")
+    assert plain.exit_code == 0, plain.output
+    assert payload["token_ids"] == json.loads(plain.stdout.strip().splitlines()[-1])["token_ids"]
+
+
+def test_the_first_k_auto_run_says_it_measures(tiny_chat_folder, one_thread, tmp_path, monkeypatch):
+    monkeypatch.setenv("DRAFTWISE_CACHE", str(tmp_path / "cache"))  # no cached profile: this run measures
+    first = run("generate", "hello", "--model", str(tiny_chat_folder), "-n", "2")
+    assert first.exit_code == 0, first.output
+    assert "measuring this machine's costs for --k auto (once; cached at" in " ".join(first.stderr.split())
+    assert list((tmp_path / "cache" / "profiles").glob("*-auto.json"))
+    again = run("generate", "hello", "--model", str(tiny_chat_folder), "-n", "2")
+    assert again.exit_code == 0 and "measuring" not in again.stderr  # read from the cache
 
 
 def test_generate_stream_prints_text(tiny_chat_folder):

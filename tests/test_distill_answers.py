@@ -23,7 +23,8 @@ GEN = 12
 
 def _alone(model, question, temperature, seed):
     cfg = SamplingConfig(temperature=temperature, seed=seed)
-    res = generate(model, model.encode_prompt(question.prompt), max_new_tokens=GEN, sampling=cfg)
+    # plain decoding, as the training data is made: a seeded sample depends on what a draft proposed
+    res = generate(model, model.encode_prompt(question.prompt), max_new_tokens=GEN, sampling=cfg, draft="none")
     return list(model.encode_prompt(question.prompt)) + res.token_ids + ([res.eos_token] if res.eos_token is not None else [])
 
 

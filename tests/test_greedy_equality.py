@@ -34,7 +34,7 @@ def dev_prompts() -> list[str]:
 
 @pytest.fixture(scope="module")
 def baseline(default_model, dev_prompts):
-    return [generate(default_model, p, max_new_tokens=NEW_TOKENS).token_ids for p in dev_prompts]
+    return [generate(default_model, p, max_new_tokens=NEW_TOKENS, draft="none").token_ids for p in dev_prompts]
 
 
 @pytest.mark.parametrize("draft", ["lookup", "self:exit=15", "model:default", "eagle:default", "eagle:default,topk=4"])

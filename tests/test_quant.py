@@ -235,7 +235,7 @@ def test_q4_default_model_greedy_speculation_equals_its_plain_decoding(tmp_path,
     assert len(list((tmp_path / "cache" / "quant").glob("*.q4.safetensors"))) == 1  # cached for next time
     # a chat answer that ends at EOS: drafted tokens accepted past the EOS are not committed
     prompt = "Repeat this list exactly: apples, pears, plums, apples, pears, plums, apples."
-    plain = generate(model, prompt, max_new_tokens=32)
+    plain = generate(model, prompt, max_new_tokens=32, draft="none")
     spec = generate(model, prompt, max_new_tokens=32, draft="lookup", k=4)
     assert spec.token_ids == plain.token_ids
     assert spec.stats.committed == plain.stats.committed == plain.stats.target_passes  # plain: a token a pass
@@ -243,7 +243,7 @@ def test_q4_default_model_greedy_speculation_equals_its_plain_decoding(tmp_path,
     # a list the model continues: every pass commits what it accepted plus one token, so the
     # look-up's accepted tokens are target passes saved
     text = "apples, pears, plums, apples, pears, plums, apples,"
-    plain = generate(model, text, max_new_tokens=32, chat=False)
+    plain = generate(model, text, max_new_tokens=32, chat=False, draft="none")
     spec = generate(model, text, max_new_tokens=32, chat=False, draft="lookup", k=4)
     assert spec.token_ids == plain.token_ids and spec.finish_reason == "length"
     assert spec.stats.committed == spec.stats.accepted + spec.stats.target_passes == plain.stats.target_passes == 32

@@ -68,6 +68,7 @@ def test_the_context_holds_at_every_batch_size(tiny_chat_folder: Any, one_thread
                  load=True)
     assert res.exit_code == 0, res.output
     assert "context 64, max batch " + max_batch in " ".join(res.output.split())
+    assert "(draft suffix, k=auto," in " ".join(res.output.split())  # speculating by default, batched too
     with LiveServer(res.app) as server:
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
         served = c.models.list().data[0]

@@ -240,7 +240,7 @@ MAX_NEW = 48
 @pytest.fixture(scope="module")
 def plain(tiny):
     out = {
-        name: generate(tiny, text, max_new_tokens=MAX_NEW, chat=chat)
+        name: generate(tiny, text, max_new_tokens=MAX_NEW, chat=chat, draft="none")
         for name, (text, chat) in PROMPTS.items()
     }
     for name, result in out.items():
@@ -291,7 +291,7 @@ def test_generate_stats_when_the_generation_ends_at_eos(tiny, tiny_chat_folder, 
     ids = plain["plain-text"].token_ids
     at = next(i for i in range(5, len(ids)) if ids[i] not in ids[:i] and (i - 1) % 4 != 3)
     stopper = dataclasses.replace(tiny, eos_token_ids=frozenset({ids[at]}))
-    expected = generate(stopper, text, max_new_tokens=MAX_NEW, chat=chat)
+    expected = generate(stopper, text, max_new_tokens=MAX_NEW, chat=chat, draft="none")
     assert expected.finish_reason == "eos" and expected.token_ids == ids[:at]
     counter = CountingDrafter(make_drafter(draft_spec(spec, tiny_chat_folder), stopper))
     result = generate(stopper, text, max_new_tokens=MAX_NEW, chat=chat, draft=counter, k=3)

@@ -6,6 +6,13 @@ which takes a number or a :class:`~draftwise.core.kpolicy.KPolicy`) plus one thi
 know: ``k="auto"`` builds the adaptive policy from this machine's measured profile
 (:func:`draftwise.planner.route.policy_for`, which measures and caches one on first use).
 
+A draft is a drafter object or a spec (:class:`draftwise.drafters.DraftSpec`): ``"none"`` (plain
+decoding), ``"lookup"`` (prompt lookup), ``"suffix"`` (suffix decoding, which also proposes from
+earlier answers), ``"self"`` (self-speculation on some of the target's layers), ``"model:PATH"``
+or ``"model:default"`` (a smaller model), ``"eagle:PATH"`` or ``"eagle:default"`` (an EAGLE head
+on the target's hidden states), and the hybrid ``"suffix+eagle:default"`` (a copy draft and the
+head's guess in one token tree).
+
 :class:`Conversation` keeps a chat's K/V between turns in a prefix cache of its own
 (:mod:`draftwise.runtime.prefix_cache`), so each turn prefills only what is new; ``generate`` and
 ``stream`` take ``prefix_cache=`` for the same reuse across any calls.
@@ -43,6 +50,11 @@ from draftwise.threads import share_cores
 
 KArg = int | Literal["auto"] | KPolicy
 
+#: What a call that names no draft runs: suffix decoding (the measured winner) with the adaptive
+#: k. ``draft="none"`` or ``draft=None`` decodes plainly.
+DEFAULT_DRAFT = "suffix"
+DEFAULT_K: Literal["auto"] = "auto"
+
 
 def share_cores_while_decoding(enabled: bool = True) -> None:
     """Opt in (or out) to sharing this machine's cores with other draftwise processes while
@@ -55,8 +67,8 @@ def share_cores_while_decoding(enabled: bool = True) -> None:
 def _policy(model: Model, draft: Drafter | DraftSpec | str | None, k: KArg) -> int | KPolicy:
     if k == "auto" and isinstance(draft, Drafter):
         raise ConfigError(
-            f"k='auto' needs a draft spec (e.g. draft='lookup'), not a drafter object ({draft.name}): "
-            "the profile is keyed by spec"
+            f"k='auto' (the default) needs a draft spec (e.g. draft='suffix'), not a drafter object "
+            f"({draft.name}): the profile is keyed by spec; with a drafter object pass a number, e.g. k=4"
         )
     return policy_for(model, draft, k)  # type: ignore[arg-type]
 
@@ -65,33 +77,36 @@ def stream(
     model: Model | str,
     prompt: str | Sequence[int],
     *,
-    draft: Drafter | DraftSpec | str | None = None,
-    k: KArg = 4,
+    draft: Drafter | DraftSpec | str | None = DEFAULT_DRAFT,
+    k: KArg = DEFAULT_K,
     **options: Any,
 ) -> Stream:
     """Start a generation and return a :class:`~draftwise.core.decode.Stream` of text pieces.
 
     ``prompt`` is text (wrapped in the chat template when the model has one, unless
     ``chat=False``) or a list of token ids used as they are. ``draft`` is a drafter object or a
-    spec: ``"none"``, ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
-    :class:`draftwise.drafters.DraftSpec`); ``k`` is how many tokens it proposes per step, or
-    ``"auto"`` to choose k (or no speculation) every step from the machine profile and the
-    acceptance seen so far (:mod:`draftwise.policy.adaptive`). The other options
+    spec: ``"suffix"`` (the default), ``"lookup"``, ``"self"``, ``"model:PATH"`` (see
+    :class:`draftwise.drafters.DraftSpec`), or ``"none"`` / ``None`` for plain decoding; ``k`` is
+    how many tokens it proposes per step, or ``"auto"`` (the default) to choose k (or no
+    speculation) every step from the machine profile and the acceptance seen so far
+    (:mod:`draftwise.policy.adaptive`). The first ``"auto"`` call for a model and draft on a
+    machine measures that profile (about 200 short target passes and ten prompt prefills) and
+    caches it; later calls read it. A drafter object needs a number for ``k``. The other options
     (``max_new_tokens=128``, ``sampling``, ``stop``, ``chat``) are those of
     :func:`draftwise.core.decode.stream`.
     """
     if isinstance(model, str):
         model = load_model(model)
-    policy = _policy(model, draft, k)
-    return decode.stream(model, prompt, draft=make_drafter(draft, model), k=policy, **options)
+    drafter = make_drafter(draft, model)  # a draft that cannot run on this model fails before any measuring
+    return decode.stream(model, prompt, draft=drafter, k=_policy(model, draft, k), **options)
 
 
 def generate(
     model: Model | str,
     prompt: str | Sequence[int],
     *,
-    draft: Drafter | DraftSpec | str | None = None,
-    k: KArg = 4,
+    draft: Drafter | DraftSpec | str | None = DEFAULT_DRAFT,
+    k: KArg = DEFAULT_K,
     **options: Any,
 ) -> GenerationResult:
     """Generate a completion of ``prompt``; see :func:`stream` for the arguments.
@@ -101,8 +116,8 @@ def generate(
     """
     if isinstance(model, str):
         model = load_model(model)
-    policy = _policy(model, draft, k)
-    return decode.generate(model, prompt, draft=make_drafter(draft, model), k=policy, **options)
+    drafter = make_drafter(draft, model)  # a draft that cannot run on this model fails before any measuring
+    return decode.generate(model, prompt, draft=drafter, k=_policy(model, draft, k), **options)
 
 
 class Conversation:
@@ -113,7 +128,7 @@ class Conversation:
 
     ``cache``: a :class:`~draftwise.runtime.prefix_cache.PrefixCache` to share (default: one of
     its own, ``cache_mb`` MiB, freed with the conversation); ``draft``, ``k`` and ``chat`` as
-    :func:`stream` takes them, for every turn.
+    :func:`stream` takes them (default: ``draft="suffix"``, ``k="auto"``), for every turn.
 
     Example (loads the embedded default model)::
 
@@ -122,8 +137,8 @@ class Conversation:
         print(chat.say("Now in French.", max_new_tokens=32).cached_tokens)  # the first turn's, reused
     """
 
-    def __init__(self, model: Model | str, *, draft: Drafter | DraftSpec | str | None = None, k: KArg = 4,
-                 chat: bool | None = None, cache: PrefixCache | None = None,
+    def __init__(self, model: Model | str, *, draft: Drafter | DraftSpec | str | None = DEFAULT_DRAFT,
+                 k: KArg = DEFAULT_K, chat: bool | None = None, cache: PrefixCache | None = None,
                  cache_mb: int = DEFAULT_PREFIX_CACHE_MB) -> None:
         self.model = load_model(model) if isinstance(model, str) else model
         self.cache = cache if cache is not None else PrefixCache.of_megabytes(cache_mb)

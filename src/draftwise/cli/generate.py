@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
+from draftwise.api import DEFAULT_DRAFT, DEFAULT_K
 from draftwise.api import stream as start_stream
 from draftwise.cli.common import (
     CompileOpt,
@@ -30,8 +31,11 @@ from draftwise.cli.common import (
 )
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.text import decode_escapes
+from draftwise.drafters.factory import make_drafter
 from draftwise.drafters.spec import SPEC_HELP, DraftSpec, parse_k
 from draftwise.errors import ConfigError
+from draftwise.planner.route import policy_for
+from draftwise.policy.adaptive import resolve_profile
 from draftwise.runtime.models import BUILTIN_MODELS
 
 STOP_HELP = (
@@ -55,7 +59,8 @@ def generate(
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     top_k: Annotated[int, typer.Option("--top-k", help="0 = off.")] = 0,
     top_p: Annotated[float, typer.Option("--top-p", help="1 = off.")] = 1.0,
-    seed: Annotated[int | None, typer.Option(help="Seed for sampling.")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed for sampling: the same seed, --draft and --k (auto: and the "
+                                             "cached costs) draw the same sample; another draft, another one.")] = None,
     stop: Annotated[list[str] | None, typer.Option("--stop", help=STOP_HELP)] = None,
     dtype: DTypeOpt = DType.float32,
     runtime: RuntimeOpt = RuntimeChoice.auto,
@@ -67,16 +72,18 @@ def generate(
         bool, typer.Option("--chat/--raw", help="Wrap the prompt in the model's chat template.")
     ] = True,
     draft: Annotated[
-        str, typer.Option("--draft", "-d", help=f"The draft: {SPEC_HELP}.")
-    ] = "none",
+        str, typer.Option("--draft", "-d", help=f"The draft: {SPEC_HELP}. none: plain decoding.")
+    ] = DEFAULT_DRAFT,
     k: Annotated[
-        str, typer.Option("--k", help="Tokens the draft proposes per step, or 'auto' (chosen each step).")
-    ] = "4",
+        str, typer.Option("--k", help="Tokens the draft proposes per step, or 'auto': chosen each step from this "
+                          "machine's costs, measured on the first run for a model and draft and cached.")
+    ] = DEFAULT_K,
     show_stats: Annotated[bool, typer.Option("--stats", help="Print speculation statistics.")] = False,
     stream: Annotated[bool, typer.Option("--stream", help="Print text as it is generated.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
-    """Generate a completion of PROMPT, plainly or with a speculative draft (same output)."""
+    """Generate a completion of PROMPT with a speculative draft (default: suffix, k auto), or plainly
+    with --draft none; the output is the same."""
     with user_errors():  # every option is checked before the model loads
         prompt = read_stdin_text() if prompt == "-" else utf8_text(prompt, "the prompt")
         sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
@@ -86,6 +93,8 @@ def generate(
         loaded = load_with_status(
             model, dtype.value, runtime.value, threads=threads, device=device, quant=quant.value, compile=compile_
         )
+        drafter = make_drafter(spec, loaded)  # a draft that cannot run on this model fails before any measuring
+        policy = k_value if drafter is None or k_value != "auto" else auto_k(loaded, spec, drafter)
         has_template = bool(loaded.tokenizer.chat_template)
         s = start_stream(
             loaded,
@@ -94,8 +103,8 @@ def generate(
             sampling=sampling,
             stop=stops,
             chat=chat and has_template,
-            draft=spec,
-            k=k_value,
+            draft=drafter,
+            k=policy,
         )
         if stream and not as_json:
             for piece in s:
@@ -121,6 +130,19 @@ def generate(
     )
     if show_stats:
         err.print(stats_table(result))
+
+
+def auto_k(loaded: Any, spec: DraftSpec, drafter: Any) -> Any:
+    """``--k auto``'s adaptive policy for ``spec`` from this machine's profile: read from the
+    cache, or measured and cached first (the first run for a model and draft: about 200 short
+    passes) behind a spinner, with one line on stderr saying so."""
+    with err.status("reading this machine's costs for --k auto ...", spinner="dots") as status:
+        def measuring(message: str) -> None:
+            err.print(f"[dim]{plain(message)}[/]", highlight=False, soft_wrap=True)
+            status.update(plain(message))
+
+        resolve_profile(loaded, spec, status=measuring)
+    return policy_for(loaded, spec, "auto", capabilities=drafter.capabilities)  # reads what was just cached
 
 
 def stats_table(result: Any) -> Table:

@@ -111,7 +111,7 @@ def evaluate_draft(
     drafter = make_drafter(f"model:{draft_dir}", target)
     assert drafter is not None
     # warm both paths once (first-call allocations), then measure interleaved
-    generate(target, prompts[0], max_new_tokens=4)
+    generate(target, prompts[0], max_new_tokens=4, draft=None)
     generate(target, prompts[0], max_new_tokens=4, draft=drafter, k=k)
     report = EvalReport(
         draft=f"model:{draft_dir}", k=k, prompts=len(prompts), max_new_tokens=max_new_tokens, tokens=0,
