@@ -175,3 +175,24 @@ def test_gathered_calls_run_once_per_key_or_one_each(model: Any, batch: bool) ->
     else:  # one call each: only the sequence whose item breaks fails
         assert sorted(map(len, calls)) == [1] * 8 and got[2] == [20, 30] and got[3] == "the draft broke"
     assert engine.running == 0 and engine.free == 4
+
+
+def test_the_server_times_a_gathered_head_step_where_an_allowed_draft_gathers(model: Any,
+                                                                             heads: dict[str, str]) -> None:
+    """What the goodput policy prices head drafts by (StepCost.gather): measured where an allowed
+    draft's head chains are gathered, not where none is (a tree drafts alone)."""
+    from draftwise.drafters.factory import gathers_head_steps
+    from draftwise.eagle.drafter import time_head_steps
+    from draftwise.server.speculation import Speculation
+
+    assert gathers_head_steps(heads["hybrid"]) and gathers_head_steps(heads["chain"])
+    assert not gathers_head_steps(heads["tree"]) and not gathers_head_steps("suffix")
+    timed = time_head_steps(make_drafter(heads["chain"], model), [1, 3], context=16, rounds=2, alone=True)
+    assert set(timed) == {1, 3} and all(t > 0 and a is not None and a > 0 for t, a in timed.values())
+    hybrid = Speculation(model, draft="lookup", k=2, plan=None, allow=[heads["hybrid"]])
+    hybrid.warm_up()
+    one, many, n = hybrid._gathered_head_step(4)
+    assert n == 4 and one > 0 and many > 0
+    tree = Speculation(model, draft="lookup", k=2, plan=None, allow=[heads["tree"]])
+    tree.warm_up()
+    assert tree._gathered_head_step(4) is None and hybrid._gathered_head_step(1) is None

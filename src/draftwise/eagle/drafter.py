@@ -321,6 +321,49 @@ def head_steps(head: EagleHead, parts: TargetParts,
     return [(last[i : i + 1], token, top) for i, (token, top) in enumerate(best)]
 
 
+def time_head_steps(drafter: EagleDrafter, sizes: Sequence[int], *, context: int = 256, rounds: int = 7,
+                    alone: bool = False) -> dict[int, tuple[float, float | None]]:
+    """What one gathered head step costs: per n in ``sizes``, the median seconds of one
+    :func:`head_steps` call over n sequences of one row each (each its own cache of ``context``
+    positions, filled from random features first), and with ``alone`` the median of n calls of
+    one (else None), the two interleaved over ``rounds`` rounds. The server prices a gathered
+    chain's head steps by it (:class:`draftwise.cost.goodput.StepCost`); ``benchmarks/head_gather.py``
+    reports it."""
+    import statistics
+    import time
+
+    head, parts = drafter.head, drafter.parts
+    d = head.cfg.hidden_size
+    width = len(head.cfg.feature_layers or (0,)) * d
+    gen = torch.Generator().manual_seed(0)
+    out: dict[int, tuple[float, float | None]] = {}
+    for n in sizes:
+        caches = [HeadCache(head.cfg, context + 2) for _ in range(n)]
+        with torch.inference_mode():
+            for cache in caches:  # a prompt's catch-up: the context's real rows
+                feats = head.lift(torch.randn(context, width, generator=gen))
+                tokens = torch.randint(0, parts.vocab_size, (context,), generator=gen).tolist()
+                head_steps(head, parts, [(tokens, feats, 0, cache)])
+        items = [([7], torch.randn(1, d, generator=gen), context, cache) for cache in caches]
+        together: list[float] = []
+        each: list[float] = []
+        for _ in range(rounds):
+            for cache in caches:
+                cache.rollback(context)
+            t0 = time.perf_counter()
+            head_steps(head, parts, items)
+            together.append(time.perf_counter() - t0)
+            if alone:
+                for cache in caches:
+                    cache.rollback(context)
+                t0 = time.perf_counter()
+                for item in items:
+                    head_steps(head, parts, [item])
+                each.append(time.perf_counter() - t0)
+        out[n] = (statistics.median(together), statistics.median(each) if alone else None)
+    return out
+
+
 #: per target runtime: (head folder, its weights file's size and mtime, weights) -> the loaded
 #: head, the drafting head and the target's parts that every drafter of that head shares
 _SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], tuple[LoadedHead, EagleHead, TargetParts]]] = (
