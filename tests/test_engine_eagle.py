@@ -177,22 +177,12 @@ def test_gathered_calls_run_once_per_key_or_one_each(model: Any, batch: bool) ->
     assert engine.running == 0 and engine.free == 4
 
 
-def test_the_server_times_a_gathered_head_step_where_an_allowed_draft_gathers(model: Any,
-                                                                             heads: dict[str, str]) -> None:
-    """What the goodput policy prices head drafts by (StepCost.gather): measured where an allowed
-    draft's head chains are gathered, not where none is (a tree drafts alone)."""
-    from draftwise.drafters.factory import gathers_head_steps
+def test_time_head_steps_times_one_call_for_all_and_one_each(model: Any, heads: dict[str, str]) -> None:
+    """benchmarks/head_gather.py's timing: per size, one gathered call and (asked) n calls of one."""
     from draftwise.eagle.drafter import time_head_steps
-    from draftwise.server.speculation import Speculation
 
-    assert gathers_head_steps(heads["hybrid"]) and gathers_head_steps(heads["chain"])
-    assert not gathers_head_steps(heads["tree"]) and not gathers_head_steps("suffix")
-    timed = time_head_steps(make_drafter(heads["chain"], model), [1, 3], context=16, rounds=2, alone=True)
+    drafter = make_drafter(heads["chain"], model)
+    timed = time_head_steps(drafter, [1, 3], context=16, rounds=2, alone=True)
     assert set(timed) == {1, 3} and all(t > 0 and a is not None and a > 0 for t, a in timed.values())
-    hybrid = Speculation(model, draft="lookup", k=2, plan=None, allow=[heads["hybrid"]])
-    hybrid.warm_up()
-    one, many, n = hybrid._gathered_head_step(4)
-    assert n == 4 and one > 0 and many > 0
-    tree = Speculation(model, draft="lookup", k=2, plan=None, allow=[heads["tree"]])
-    tree.warm_up()
-    assert tree._gathered_head_step(4) is None and hybrid._gathered_head_step(1) is None
+    assert all(a is None for _, a in time_head_steps(drafter, [2], context=8, rounds=1).values())
+    assert drafter.cache.length == 0  # the timing used caches of its own

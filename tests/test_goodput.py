@@ -189,26 +189,6 @@ def test_draft_costs_from_the_profile_count() -> None:
     assert free.choose([SeqState("model:tiny", [0.7] * 8, 128)])[0] > 0
 
 
-def test_gathered_head_steps_are_priced_by_their_share() -> None:
-    """A head draft whose steps the engine gathers pays t(n) / n of a step for n such drafts in the
-    batch: at 16, one that does not pay alone pays (and the others' drafts do not change)."""
-    head = [0.006 * k for k in range(1, 9)]  # D(k): 6 ms a head step alone
-    profile = Profile(model="m", fingerprint="f" * 16, dtype="float32", runtime="NativeRuntime",
-                      forward={128: [0.01] * 9}, step={128: [0.011] * 9},
-                      drafts={"suffix+eagle:h": head, "eagle:h,topk=4": head, "lookup": [1e-5] * 8})
-    cost = StepCost(STEEP, profile, gather=(0.006, 0.012, 16))  # 16 steps in one call: 2x one
-    assert cost.share(1) == 1.0 and cost.share(16) == pytest.approx(0.012 / (16 * 0.006))
-    assert cost.share(4) == pytest.approx((0.006 + 0.006 * 3 / 15) / (4 * 0.006))
-    assert cost.draft("suffix+eagle:h", 3, 16) == pytest.approx(3 * 0.006 * cost.share(16))
-    assert cost.draft("eagle:h,topk=4", 3, 16) == cost.draft("eagle:h,topk=4", 3)  # a tree drafts alone
-    assert cost.draft("lookup", 3, 16) == cost.draft("lookup", 3) and cost.draft("suffix+eagle:h", 0, 16) == 0.0
-    states = [SeqState("suffix+eagle:h", [0.6] * 8, 128)] * 16
-    alone = BatchGoodput(FLAT, profile, k_max=8)  # a pass flat up to 64 rows: proposals cost their drafts
-    gathered = BatchGoodput(FLAT, profile, k_max=8, cost=StepCost(FLAT, profile, gather=(0.006, 0.012, 16)))
-    assert alone.choose(states) == [0] * 16 and min(gathered.choose(states)) >= 1
-    assert StepCost(STEEP, profile).share(16) == 1.0  # nothing measured: each pays its own
-
-
 def test_a_noisy_step_overhead_is_one_value_and_keeps_small_k_on_the_table() -> None:
     # step - forward as timed apart on a noisy machine: 4 ms at most n, 36 ms at n = 2 and 3
     # (run 7's profile read 0-36 ms); charged per sequence, the spike priced k = 1-2 out

@@ -221,9 +221,7 @@ def simulate(
         outs = [r.kind.outcome(d, k) for (_, r), d, k in zip(dec, drafts, ks)]
         verified = sum(o.rows for o in outs)
         rows, decode_rows = pre_rows + verified, round(verified)  # the engine's next step_chunk reads them
-        gathering = sum(cost.gathers(d) for d in drafts)  # head steps the engine gathers (StepCost.share)
-        extra = sum(cost.draft(d, k, gathering) + cost.overhead(k, r.prompt + r.made)
-                    for (_, r), d, k in zip(dec, drafts, ks))
+        extra = sum(cost.draft(d, k) + cost.overhead(k, r.prompt + r.made) for (_, r), d, k in zip(dec, drafts, ks))
         made = [min(o.at(scenario), r.answer - r.made) for (_, r), o in zip(dec, outs)]
         dt = cost.seconds(len(live), max(rows, len(live)), context, extra, sum(made))
         t += dt

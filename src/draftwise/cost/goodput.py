@@ -99,7 +99,6 @@ from draftwise.cost.batch_profile import BatchProfile
 from draftwise.cost.formulas import expected_committed_by_position
 from draftwise.cost.profile import Profile
 from draftwise.cost.served import ServedProfile
-from draftwise.drafters.factory import gathers_head_steps
 from draftwise.errors import ConfigError
 
 NONE = "none"
@@ -147,48 +146,17 @@ class StepCost:
     #: the served step as measured (:mod:`draftwise.cost.served`): its price outside the pass;
     #: the batch profile is already scaled to served passes (:meth:`served_from`). None: passes alone
     served: ServedProfile | None = None
-    #: an EAGLE head step gathered across the batch (:meth:`share`): (seconds for one sequence,
-    #: seconds for ``n`` in one call, ``n``), as measured; None: each head draft pays its own D(k)
-    gather: tuple[float, float, int] | None = None
     _draft: dict[tuple[str, int], float] = field(default_factory=dict, repr=False)
-    _gathers: dict[str, bool] = field(default_factory=dict, repr=False)
     _overhead: tuple[float, float] | None = field(default=None, repr=False)  # (context, overhead) last asked
 
-    def draft(self, draft: str, k: int, gathering: int = 1) -> float:
-        """D(k) of ``draft`` (0 for k = 0, plain, or no profile); a draft whose head steps are
-        gathered (:func:`~draftwise.drafters.factory.gathers_head_steps`) with ``gathering`` such
-        drafts in the step pays its :meth:`share` of them."""
+    def draft(self, draft: str, k: int) -> float:
+        """D(k) of ``draft`` (0 for k = 0, plain, or no profile)."""
         if k == 0 or draft == NONE or self.profile is None:
             return 0.0
         key = (draft, k)
         if key not in self._draft:
             self._draft[key] = self.profile.draft_time(draft, k)
-        return self._draft[key] * (self.share(gathering) if self.gathers(draft) else 1.0)
-
-    def gathers(self, draft: str) -> bool:
-        """Whether ``draft``'s head steps are gathered (a greedy EAGLE chain or a hybrid's head)."""
-        if draft == NONE:
-            return False
-        if draft not in self._gathers:
-            self._gathers[draft] = gathers_head_steps(draft)
-        return self._gathers[draft]
-
-    def share(self, n: int) -> float:
-        """A sequence's share of a head step gathered over ``n`` sequences, relative to the
-        step alone: t(n) / (n t(1)), t linear through the two measured points (1 without
-        :attr:`gather`, or for n <= 1).
-
-        >>> cost = StepCost(batch=None, gather=(1e-3, 4e-3, 16))  # the batch profile is not read
-        >>> round(cost.share(1), 3), round(cost.share(16), 3)
-        (1.0, 0.25)
-        """
-        if self.gather is None or n <= 1:
-            return 1.0
-        one, many, at = self.gather
-        if at <= 1 or one <= 0:
-            return 1.0
-        t = one + (many - one) * (n - 1) / (at - 1)
-        return max(t, 0.0) / (n * one)
+        return self._draft[key]
 
     def overhead(self, k: int, context: float) -> float:
         """A sequence's verification overhead beyond the pass, for k proposals: one value per

@@ -108,21 +108,6 @@ def _share_learned(drafter: Any, source: Any) -> None:
         raise ConfigError(f"{drafter.name} learns across generations but cannot share what it learns")
 
 
-def gathers_head_steps(spec: DraftSpec | str) -> bool:
-    """Whether ``spec``'s greedy proposals are EAGLE head chains, whose steps a batched engine
-    gathers across its sequences (:meth:`draftwise.core.engine.Engine.gather`): an ``eagle:``
-    chain, or a hybrid's head. An EAGLE-2 tree (``topk=K > 1``) drafts on its own.
-
-    >>> gathers_head_steps("eagle:default"), gathers_head_steps("suffix+eagle:default")
-    (True, True)
-    >>> gathers_head_steps("eagle:default,topk=4"), gathers_head_steps("suffix")
-    (False, False)
-    """
-    spec = DraftSpec.parse(spec)
-    head = spec.then if spec.then is not None else spec
-    return head.kind == "eagle" and head.branches <= 1
-
-
 def capabilities_of(spec: DraftSpec | str) -> Capabilities:
     """What the drafter ``spec`` names declares (:class:`Capabilities`), without building it
     (the planner reads this before it loads any weights); ``make_drafter(spec, model)

@@ -326,9 +326,7 @@ def time_head_steps(drafter: EagleDrafter, sizes: Sequence[int], *, context: int
     """What one gathered head step costs: per n in ``sizes``, the median seconds of one
     :func:`head_steps` call over n sequences of one row each (each its own cache of ``context``
     positions, filled from random features first), and with ``alone`` the median of n calls of
-    one (else None), the two interleaved over ``rounds`` rounds. The server prices a gathered
-    chain's head steps by it (:class:`draftwise.cost.goodput.StepCost`); ``benchmarks/head_gather.py``
-    reports it."""
+    one (else None), the two interleaved over ``rounds`` rounds (``benchmarks/head_gather.py``)."""
     import statistics
     import time
 

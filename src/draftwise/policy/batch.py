@@ -93,7 +93,6 @@ class BatchGoodput:
         self.last: list[int] = []
         self._step: _Step | None = None
         self._drafts: list[str] = []
-        self._gathering = 0  # the last choice's sequences whose head steps are gathered
         #: set by :meth:`measure_outside`: a sequence's seconds outside the pass, as served
         self.outside: OutsidePass | None = None
         #: per draft, decayed (predicted, accepted) draft tokens of its batch steps; None: not calibrating
@@ -150,7 +149,7 @@ class BatchGoodput:
         ``speculating`` decoding sequences (a no-op unless :meth:`measure_outside` ran)."""
         if self.outside is None:
             return
-        known = sum(self.cost.draft(d, k, self._gathering) for d, k in zip(self._drafts, self.last))
+        known = sum(self.cost.draft(d, k) for d, k in zip(self._drafts, self.last))
         self.outside.observe(seconds, plain=plain, speculating=speculating, known=known)
         self.cost.per_sequence = self.outside.estimate()
 
@@ -167,8 +166,6 @@ class BatchGoodput:
                               f"{self.cost.batch.max_batch}; measure it with larger batches")
         context = sum(s.context for s in states) / n
         self.plain = self.speculate_up_to is not None and n + prefilling > self.speculate_up_to
-        # the sequences whose head steps the engine gathers share them (StepCost.share)
-        self._gathering = sum(self.cost.gathers(s.draft) for s in states)
         choices = []
         for s in states:
             outcomes = {0: PLAIN}
@@ -178,8 +175,7 @@ class BatchGoodput:
                 outcomes.update({k: Outcome(self.scaled(s.draft, o.tokens), o.rows, self.scaled(s.draft, o.low),
                                             self.scaled(s.draft, o.high))
                                  for k, o in rates_outcomes(s.rates, self.k_max).items()})
-            extra = {k: self.cost.draft(s.draft, k, self._gathering) + self.cost.overhead(k, s.context)
-                     for k in outcomes}
+            extra = {k: self.cost.draft(s.draft, k) + self.cost.overhead(k, s.context) for k in outcomes}
             choices.append(Choice(outcomes, extra))
         self._drafts = [s.draft for s in states]
         self.last = [0] * n if self.plain else choose_ks(choices, self.cost, context=context, fixed_rows=prefill_rows,
@@ -228,7 +224,7 @@ class BatchGoodput:
         step = self._step
         if step is not None and 0 <= index < len(step.tokens):
             step.tokens[index], step.rows[index] = tokens, n + 1.0
-            step.extra[index] = self.cost.draft(draft, n, self._gathering) + self.cost.overhead(n, context)
+            step.extra[index] = self.cost.draft(draft, n) + self.cost.overhead(n, context)
             self.last[index] = n
 
 

@@ -63,9 +63,8 @@ from draftwise.core.kpolicy import KPolicy
 from draftwise.cost.batch_profile import BatchProfile, default_batch_profile_path
 from draftwise.cost.goodput import StepCost
 from draftwise.cost.served import ServedProfile, default_served_profile_path
-from draftwise.drafters.factory import capabilities_of, gathers_head_steps, make_drafter
+from draftwise.drafters.factory import capabilities_of, make_drafter
 from draftwise.drafters.spec import DEFAULT_MAX_K, DraftSpec, KValue, clip
-from draftwise.eagle.drafter import EagleDrafter, time_head_steps
 from draftwise.errors import ConfigError
 from draftwise.planner.defaults import DEFAULT_DRAFTS
 from draftwise.planner.plan import Plan, make_plan
@@ -211,7 +210,6 @@ class Speculation:
             return
         goodput = BatchGoodput(batch, self._profile, k_max=min(AUTO_K_MAX, self.max_k),
                                cost=StepCost.served_from(batch, self._profile, self._served_profile(batch)))
-        goodput.cost.gather = self._gathered_head_step(engine.max_batch)
         goodput.measure_outside()  # the worker reports each step's seconds outside its pass
         goodput.calibrate()  # each draft's expected tokens at batch, by what its batch steps accepted
         if self.capacity is not None:
@@ -228,20 +226,6 @@ class Speculation:
         engine.scheduler = self.coordinator
         log.info("k=auto at batch: each step's k's from the goodput of the batch as it is (batch profile "
                  "measured %s, batches up to %d)", batch.created or "earlier", batch.max_batch)
-
-    def _gathered_head_step(self, max_batch: int) -> tuple[float, float, int] | None:
-        """What a head step gathered across the batch costs (:func:`time_head_steps`: one
-        sequence, ``max_batch`` in one call), measured now where an allowed draft's head chains
-        are gathered (the goodput policy prices them by it, :meth:`StepCost.share`); else None."""
-        heads = [d for key, d in self._drafters.items() if d is not None and gathers_head_steps(key)]
-        if not heads or max_batch <= 1:
-            return None
-        head = heads[0] if isinstance(heads[0], EagleDrafter) else heads[0].head  # a hybrid's head
-        timed = time_head_steps(head, [1, max_batch], rounds=5)
-        one, many = timed[1][0], timed[max_batch][0]
-        log.info("k=auto at batch: a head step takes %.2f ms alone and %.2f ms for %d sequences in one call "
-                 "(%s); head drafts are priced by their share", one * 1e3, many * 1e3, max_batch, heads[0].name)
-        return one, many, max_batch
 
     def _served_profile(self, batch: BatchProfile) -> ServedProfile | None:
         """The served step measured for this batch profile (``plan --concurrency`` measures it),
