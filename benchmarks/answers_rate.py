@@ -30,9 +30,9 @@ from typing import Any
 import torch
 
 from draftwise.cost.profile import cpu_flags, cpu_model
-from draftwise.distill import data as data_module
-from draftwise.training.data import ordered_prompts, split_questions
+from draftwise.training import data as data_module
 from draftwise.fsutil import write_json_atomic, write_text_atomic
+from draftwise.training.data import ordered_prompts, split_questions
 from draftwise.runtime.loaders import load_model
 from draftwise.questions import DEFAULT_QUESTIONS, read_questions
 

@@ -26,30 +26,36 @@ from draftwise.cost.goodput import StepCost
 from draftwise.cost.profile import Profile
 from draftwise.planner.plan_file import load_plan
 
-ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-ap.add_argument("dir", type=Path, help="a goodput_plan.py folder: profile.json, batch-profile.json, measured.json")
-ap.add_argument("plan", type=Path)
-ap.add_argument("--steady", type=int, default=12, help="units a client in the steady design")
-ap.add_argument("--concurrency", default="1,2,4,8,16")
-args = ap.parse_args()
 
-raw = json.loads((args.dir / "measured.json").read_text())
-cost = StepCost(BatchProfile.load(args.dir / "batch-profile.json"), Profile.load(args.dir / "profile.json"))
-workload = workload_from_plan(load_plan(args.plan), load_units(raw["workload"]))
-table = {name: pol for name, pol in policies(workload).items() if name != "plan"}
-designs = {
-    "load": dict(requests_per_client=int(raw["requests_per_client"]), per_phase=raw.get("units_per_phase")),
-    "steady": dict(requests_per_client=args.steady),
-}
-print(f"Simulated on `{args.dir}`'s profiles and requests ({len(workload.units)} units), plan `{args.plan}`.\n")
-print("| design | N | goodput / plain | best fixed k | its / plain | goodput / best fixed k | mean k (goodput) |")
-print("|---|---:|---:|---|---:|---:|---:|")
-for design, kw in designs.items():
-    for n in (int(x) for x in args.concurrency.split(",")):
-        sims = {name: simulate(workload, cost, n, pol, **kw) for name, pol in table.items()}
-        plain = sims["plain"].aggregate
-        fixed = {name: s.aggregate for name, s in sims.items() if table[name][0] == "fixed"}
-        best = max(fixed, key=fixed.get)
-        g = sims["goodput"]
-        print(f"| {design} | {n} | {g.aggregate / plain:.3f} | {best} | {fixed[best] / plain:.3f} | "
-              f"{g.aggregate / fixed[best]:.3f} | {g.mean_k:.2f} |")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir", type=Path, help="a goodput_plan.py folder: profile.json, batch-profile.json, measured.json")
+    ap.add_argument("plan", type=Path)
+    ap.add_argument("--steady", type=int, default=12, help="units a client in the steady design")
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    args = ap.parse_args()
+
+    raw = json.loads((args.dir / "measured.json").read_text())
+    cost = StepCost(BatchProfile.load(args.dir / "batch-profile.json"), Profile.load(args.dir / "profile.json"))
+    workload = workload_from_plan(load_plan(args.plan), load_units(raw["workload"]))
+    table = {name: pol for name, pol in policies(workload).items() if name != "plan"}
+    designs = {
+        "load": dict(requests_per_client=int(raw["requests_per_client"]), per_phase=raw.get("units_per_phase")),
+        "steady": dict(requests_per_client=args.steady),
+    }
+    print(f"Simulated on `{args.dir}`'s profiles and requests ({len(workload.units)} units), plan `{args.plan}`.\n")
+    print("| design | N | goodput / plain | best fixed k | its / plain | goodput / best fixed k | mean k (goodput) |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    for design, kw in designs.items():
+        for n in (int(x) for x in args.concurrency.split(",")):
+            sims = {name: simulate(workload, cost, n, pol, **kw) for name, pol in table.items()}
+            plain = sims["plain"].aggregate
+            fixed = {name: s.aggregate for name, s in sims.items() if table[name][0] == "fixed"}
+            best = max(fixed, key=fixed.get)
+            g = sims["goodput"]
+            print(f"| {design} | {n} | {g.aggregate / plain:.3f} | {best} | {fixed[best] / plain:.3f} | "
+                  f"{g.aggregate / fixed[best]:.3f} | {g.mean_k:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

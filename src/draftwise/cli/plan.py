@@ -364,7 +364,8 @@ def plan_cmd(
     temperature: Annotated[float, typer.Option(help="0 = greedy.")] = 0.0,
     samples: SamplesOpt = None,
     auto_k: Annotated[bool, typer.Option(
-        "--auto/--no-auto", help="Weigh the adaptive k (--k auto) against every fixed k.")] = True,
+        "--k-auto/--no-k-auto", "--auto/--no-auto",
+        help="Weigh the adaptive k (--k auto) against every fixed k (--auto: the older name).")] = True,
     profile_file: Annotated[Path | None, typer.Option("--profile", help="Profile JSON (default: cached, or measured now).")] = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="Write plan.json, plan.md and plan.png here.")] = None,
     validate: Annotated[bool, typer.Option("--validate", help="Run the recommendations for real and compare.")] = False,
