@@ -197,3 +197,24 @@ def test_the_policy_runs_summary_reads_the_goal_both_ways(tmp_path):
     assert again["goals"]["beats_single_105"] is True and again["goals"]["beats_fixed_105"] is False
     assert "One k for every N" in (tmp_path / "result.md").read_text()
     assert policy.single_k({"1": {"plain": 1.0, "goodput": 1.0}}) is None
+
+
+def test_the_validation_serves_with_serve_s_defaults(tiny, monkeypatch):
+    """The servers the validation measures run what `draftwise serve` runs by default: its prefill
+    chunk, context and prefix cache (a validation of a server users do not run predicts nothing)."""
+    import typer
+
+    from draftwise.cli import app
+
+    params = {p.name: p.default for p in typer.main.get_command(app).commands["serve"].params}
+    from draftwise.server.speculation import Speculation
+
+    speculation = Speculation(tiny, draft="lookup", k=2, plan=None)
+    served = validate.Served(tiny, None, 2, k="4", max_tokens=8, capacity=None, speculation=speculation)
+    try:
+        assert served.settings.prefix_cache_mb == params["prefix_cache_mb"] > 0
+        assert served.settings.prefill_chunk == params["prefill_chunk"]
+        assert served.worker.prefix_cache is not None
+    finally:
+        served.worker.stop(timeout=5.0)
+        served.thread.shutdown()

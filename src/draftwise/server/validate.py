@@ -79,6 +79,7 @@ from draftwise.questions import (
     spread_questions,
 )
 from draftwise.runtime.chat import encode_conversation
+from draftwise.runtime.prefix_cache import DEFAULT_PREFIX_CACHE_MB
 from draftwise.server.app import Intake, ServerSettings, create_app
 from draftwise.server.model_thread import ModelThread
 from draftwise.server.protocol import APIError, ChatCompletionRequest
@@ -273,11 +274,11 @@ class Served:
         if speculation is None:
             speculation = Speculation(model, draft=AUTO, k=AUTO if k == "auto" else SERVE_K, plan=plan,
                                       capacity=capacity)
-        # the settings load_test and this validation always started `serve` with
+        # `serve`'s defaults, as load_test starts it: the prefix cache on, as users run it
         self.settings = ServerSettings(
             model_name=model.name, max_queue=max(128, 2 * n), max_tokens_cap=max_tokens, request_timeout_s=3600.0,
             max_batch=n, prefill_chunk=DEFAULT_PREFILL_CHUNK,
-            context=min(DEFAULT_SERVE_CONTEXT, model.runtime.max_context))
+            context=min(DEFAULT_SERVE_CONTEXT, model.runtime.max_context), prefix_cache_mb=DEFAULT_PREFIX_CACHE_MB)
         app = create_app(model, speculation, self.settings, model_thread=self.thread)
         self.worker: Worker = app.state.worker
         self.worker.warm_up()  # on this thread: the engine, the drafters, the profile and batch profile
