@@ -9,8 +9,8 @@ proposals are accepted and some rejected) and a random EAGLE-3 head reading thre
   features a pass did not record, proposes other tokens and fails the statistics;
 - a batch mixing an EAGLE draft, lookup, plain decoding and the other head equals each alone;
 - the slots' drafters share one copy of the head and of the target's parts;
-- a slot whose generation ended stops recording, and an EAGLE sequence never reuses a cached
-  prefix (a copied prefix has no features), while a plain one in the same engine does;
+- a slot whose generation ended stops recording; an EAGLE sequence reuses a cached prefix and its
+  head starts at the copy's end (a copied prefix has no features), with plain decoding's answer;
 - the runtime's per-slot features match what a single-sequence pass records, bit for bit.
 """
 
@@ -25,6 +25,7 @@ from draftwise import load_model
 from draftwise.core import decode
 from draftwise.core.engine import Engine
 from draftwise.drafters.factory import make_drafter
+from draftwise.eagle.head import HeadCache
 from draftwise.runtime.base import Rows
 from draftwise.runtime.prefix_cache import PrefixCache
 
@@ -109,18 +110,36 @@ def test_the_slots_share_one_head_and_stop_recording_when_their_generation_ends(
     assert [engine.runtime.slot_feature_width(s) for s in range(2)] == [0, 0]
 
 
-def test_an_eagle_sequence_reuses_no_prefix_and_a_plain_one_does(model: Any, heads: dict[str, str]) -> None:
+def test_an_eagle_sequence_reuses_a_cached_prefix_and_its_head_starts_after_it(model: Any,
+                                                                              heads: dict[str, str]) -> None:
+    """A copied prefix has no target features: the slot records from the copy's end on, the head
+    starts there (it attends to no row before it), and the answer is plain decoding's."""
     prompts = _ids(model)[:2]
     engine = Engine(model, max_batch=2, context=256)
     cache = PrefixCache(max_bytes=32 << 20)
     long = [prompts[0] * 3, prompts[0] * 3 + prompts[1]]  # the second's first 30-odd tokens are the first's
     warm = engine.generate_all(long[:1], max_new_tokens=2, prefix_cache=cache)
     assert warm[0].cached_tokens == 0
-    engine = Engine(model, max_batch=2, context=256)  # slots free in order again (see _batched)
-    eagle, plain = _batched(engine, [long[1], long[1]], [heads["chain"], None], prefix_cache=cache)
-    assert (eagle.draft, plain.draft) == ("eagle:a", "none")
-    assert eagle.cached_tokens == 0 < plain.cached_tokens
+    seen: dict[str, int] = {}
+
+    def job(spec: str | None) -> Any:
+        def run(slot_model: Any) -> Any:
+            drafter = None if spec is None else make_drafter(spec, slot_model)
+            stream = decode.stream(slot_model, long[1], max_new_tokens=N, draft=drafter, k=K, prefix_cache=cache)
+            for _ in stream.by_step():
+                if spec is not None:
+                    seen.setdefault("feature_start", slot_model.runtime.feature_start)
+                    with pytest.raises(Exception, match="copied from a prefix cache"):
+                        slot_model.runtime.features(0, 1)
+            seen[str(spec)] = stream.result
+        return run
+
+    todo = [job(heads["chain"]), job(None)]
+    engine.run(lambda free, idle: [todo.pop(0) for _ in range(min(free, len(todo)))] if todo else None)
+    eagle, plain = seen[heads["chain"]], seen["None"]
+    assert eagle.cached_tokens == plain.cached_tokens == seen["feature_start"] > 0
     assert eagle.token_ids == plain.token_ids == _alone(model, long[1], None).token_ids
+    assert eagle.stats.proposed > 0 and eagle.stats.accepted > 0  # the head drafted from its first real row
 
 
 def test_per_slot_features_are_those_a_pass_of_its_own_records(model: Any) -> None:
@@ -186,3 +205,26 @@ def test_time_head_steps_times_one_call_for_all_and_one_each(model: Any, heads: 
     assert set(timed) == {1, 3} and all(t > 0 and a is not None and a > 0 for t, a in timed.values())
     assert all(a is None for _, a in time_head_steps(drafter, [2], context=8, rounds=1).values())
     assert drafter.cache.length == 0  # the timing used caches of its own
+
+
+def test_the_head_attends_to_no_row_before_its_cache_s_first(model: Any, heads: dict[str, str]) -> None:
+    """Rows before ``HeadCache.first`` hold nothing (NaN here): a chain's and a tree's steps are
+    finite and the same whatever those rows hold."""
+    drafter = make_drafter(heads["chain"], model)
+    head, parts, cfg = drafter.head, drafter.parts, drafter.head.cfg
+    d = cfg.hidden_size
+    gen = torch.Generator().manual_seed(3)
+    feats, tokens = torch.randn(6, d, generator=gen), [5, 6, 7, 8, 9, 10]
+    outs = []
+    for fill in (float("nan"), 0.0):
+        cache = HeadCache(cfg, 32)
+        cache.k[:, :, :4] = fill
+        cache.v[:, :, :4] = fill
+        cache.length = cache.first = 4  # positions 0..3 came from a prefix cache
+        with torch.inference_mode():
+            out = head(parts.embed(tokens)[None], feats[None], torch.arange(4, 10)[None], cache)[0]
+            mask = torch.ones(2, cache.length + 2, dtype=torch.bool)
+            tree = head(parts.embed([1, 2])[None], out[-2:][None], torch.full((1, 2), 10), cache, attn_mask=mask)[0]
+        assert torch.isfinite(out).all() and torch.isfinite(tree).all()
+        outs.append((out, tree))
+    assert torch.equal(outs[0][0], outs[1][0]) and torch.equal(outs[0][1], outs[1][1])

@@ -243,6 +243,10 @@ class SlotRuntime:
         return int(self._rt.slot_feature_width(self.slot))
 
     @property
+    def feature_start(self) -> int:
+        return int(self._rt.slot_feature_start(self.slot))
+
+    @property
     def shared_runtime(self) -> Any:
         """The batched runtime under every slot: what a draft head borrows the target's weights
         from (its embedding, final norm and LM head), one copy for all slots."""

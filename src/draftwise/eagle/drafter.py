@@ -169,10 +169,13 @@ class EagleDrafter:
 
     def propose(self, context: Sequence[int], k: int, *, scored: bool = False) -> Draft:
         known = int(self.rt.length)  # positions the target has features for: all but the last token
-        if k < 1 or known < 1 or known != len(context) - 1 or len(context) + k > self.cache.max_context:
+        # a prompt that began with a cached prefix has features from the copy's end on only
+        first = int(getattr(self.rt, "feature_start", 0))
+        if k < 1 or known <= first or known != len(context) - 1 or len(context) + k > self.cache.max_context:
             return Draft([])
-        start = min(self._fed, known - 1)  # always re-run the last real row: its output starts the draft
+        start = max(min(self._fed, known - 1), first)  # always re-run the last real row: it starts the draft
         with torch.inference_mode():
+            self.cache.first = first
             self.cache.rollback(start)
             real = self.head.lift(self.rt.features(start, known).float())  # EAGLE-3: fc fuses 3 layers
             self._fed = known

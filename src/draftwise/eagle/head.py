@@ -145,13 +145,16 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 class HeadCache:
-    """The head's own KV cache for one sequence: exact, free rollback (a length)."""
+    """The head's own KV cache for one sequence: exact, free rollback (a length). Rows from
+    ``first`` on are attended to: a sequence whose prompt began with a prefix copied from a prefix
+    cache has no target features there, so its head starts at the copy's end (``first``)."""
 
     def __init__(self, cfg: HeadConfig, max_context: int, dtype: torch.dtype = torch.float32) -> None:
         shape = (1, cfg.num_key_value_heads, max_context, cfg.head_dim)
         self.k = torch.empty(shape, dtype=dtype)
         self.v = torch.empty(shape, dtype=dtype)
         self.length = 0
+        self.first = 0
         self.max_context = max_context
 
     def rollback(self, length: int) -> None:
@@ -280,12 +283,15 @@ class EagleHead(nn.Module):
         cache.k[:, :, start:end] = k
         cache.v[:, :, start:end] = v
         cache.length = end
+        first = min(cache.first, start)  # rows before it hold nothing (see HeadCache)
         mask = attn_mask  # [n, end] bool: a tree's rows see the cache and their ancestors
         if mask is None and n > 1:
             pos = torch.arange(end)
             mask = pos[None, :] <= pos[start:, None]  # [n, end]
+        if mask is not None and first:
+            mask = mask[:, first:]
         gqa = self.cfg.num_attention_heads != self.cfg.num_key_value_heads
-        return F.scaled_dot_product_attention(q, cache.k[:, :, :end], cache.v[:, :, :end], attn_mask=mask,
+        return F.scaled_dot_product_attention(q, cache.k[:, :, first:end], cache.v[:, :, first:end], attn_mask=mask,
                                               enable_gqa=gqa)
 
     def forward_many(self, embeds: torch.Tensor, feats: torch.Tensor, positions: torch.Tensor,

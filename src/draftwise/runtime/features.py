@@ -11,7 +11,8 @@ position. A runtime records them on request (``capture_features``, see :mod:`.ba
 
 The buffer follows the cache: a pass writes its slots, a rollback moves nothing (positions below
 the length stay valid), ``keep`` copies the kept path's rows down as the K/V are copied.
-``valid`` counts the leading positions recorded; a pass that records nothing (a
+``first .. valid - 1`` are the positions recorded: ``first`` is 0 unless the sequence's first
+positions were copied from a prefix cache (``restart``: a copy has no features); a pass that records nothing (a
 ``forward(layers=...)`` self-speculation draft) or a capture turned on mid-sequence leaves a
 gap, and ``features`` refuses it rather than hand back stale rows. :class:`FeatureCapture` gives
 a runtime the three public members.
@@ -53,7 +54,8 @@ class FeatureBuffer:
         self.dim = dim
         self.width = len(taps) * dim
         self.limit = limit
-        self.valid = 0  # positions 0 .. valid - 1 hold recorded features
+        self.valid = 0  # positions first .. valid - 1 hold recorded features
+        self.first = 0  # the first recorded position (> 0 after a prefix copied without features)
         self._buf: torch.Tensor | None = None
 
     def write(self, start: int, layer: int, x: torch.Tensor) -> None:
@@ -69,6 +71,13 @@ class FeatureBuffer:
                 self._buf[start:end, k * self.dim : (k + 1) * self.dim] = x
         if layer == self.stops[-1] and start <= self.valid:
             self.valid = end
+            if start == 0:  # a sequence prefilled from its first position
+                self.first = 0
+
+    def restart(self, at: int) -> None:
+        """A sequence whose first ``at`` positions were copied in without features (a prefix
+        cache's): what is recorded starts at ``at``, from the next pass on."""
+        self.first = self.valid = at
 
     def forget(self, start: int) -> None:
         """A pass from ``start`` that was not recorded: slots ``>= start`` are stale now."""
@@ -112,6 +121,9 @@ class FeatureBuffer:
         outside it or was not recorded (see the module docstring)."""
         if not 0 <= start <= end <= length:
             raise ConfigError(f"features({start}, {end}) needs 0 <= start <= end <= length ({length})")
+        if start < self.first and end > start:
+            raise ConfigError(f"features of positions {start}..{self.first - 1} were not recorded: they were "
+                              "copied from a prefix cache; read from feature_start on")
         if end > self.valid and end > start:
             raise ConfigError(
                 f"features of positions {max(start, self.valid)}..{end - 1} were not recorded (capture was turned "
@@ -190,6 +202,11 @@ class FeatureCapture:
     def feature_width(self) -> int:
         """Columns of ``features``: ``len(layers) * d``; 0 while capture is off."""
         return 0 if self._feats is None else self._feats.width
+
+    @property
+    def feature_start(self) -> int:
+        """The first position ``features`` can read (0 unless a prefix was copied in without them)."""
+        return 0 if self._feats is None else self._feats.first
 
     def features(self: _Host, start: int, end: int) -> torch.Tensor:
         """``[end - start, width]`` float32 features of cache positions ``start .. end - 1``."""

@@ -211,6 +211,10 @@ class NativeRuntime(FeatureCapture):
         buf = self._slot_feats[slot]
         return 0 if buf is None else buf.width
 
+    def slot_feature_start(self, slot: int) -> int:
+        buf = self._slot_feats[slot]
+        return 0 if buf is None else buf.first
+
     def cache_bytes(self, slots: int, context: int) -> int:
         """Bytes of KV cache ``allocate_slots(slots, context)`` takes."""
         return slots * padded_keys(context) * self.position_bytes
@@ -373,10 +377,14 @@ class NativeRuntime(FeatureCapture):
 
     def reuse_prefix(self, ids: Sequence[int], cache: PrefixCache, slot: int = 0) -> int:
         """Empty slot ``slot`` and copy into it the longest prefix of ``ids`` that ``cache`` holds,
-        all but the last token at most; return its length (0: nothing reused, also while the slot
-        records features, since a copied prefix has none, and on a compiled runtime)."""
+        all but the last token at most; return its length (0: nothing reused, and on a compiled
+        runtime). A slot that records features records them from the copy's end on (a copied
+        prefix has none: ``feature_start``)."""
         self.rollback_slot(slot, 0)
-        if not self.reuses_prefixes or self._slot_feats[slot] is not None:
+        feats = self._slot_feats[slot]
+        if feats is not None:
+            feats.restart(0)
+        if not self.reuses_prefixes:
             return 0
         cache.bind(self)
         ids = list(ids)
@@ -389,6 +397,8 @@ class NativeRuntime(FeatureCapture):
                         cache_tensor[slot, :, start:end] = rows
         self._lengths[slot], self._tokens[slot] = n, ids[:n]
         self._pass_starts[slot], self._pass_parents[slot] = 0, None
+        if feats is not None:
+            feats.restart(n)
         return n
 
     def save_prefix(self, cache: PrefixCache, slot: int = 0) -> int:
