@@ -155,13 +155,14 @@ def text_of_tokens(url: str, text: str, tokens: int, context: int) -> str:
 
 def shared_system(url: str, system: str, questions: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     """One request with the system prompt alone (cold: nothing cached yet), then ``--clients``
-    requests at once, each with the same system prompt and a question of its own."""
+    requests at once, each with the same system prompt and a question of its own (``--cold-burst``:
+    no request alone first, so the burst finds nothing cached)."""
     def one(i: int) -> dict[str, Any]:
         rec = ask(url, [{"role": "system", "content": system}, {"role": "user", "content": questions[i]}],
                   args.max_tokens)
         return {"workload": "shared_system", "index": i, **rec}
 
-    out = [one(0)]
+    out = [] if args.cold_burst else [one(0)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(args.clients) as pool:
         batch = list(pool.map(one, range(1, args.clients + 1)))
@@ -336,6 +337,8 @@ def main() -> int:
     ap.add_argument("--distinct", type=int, default=500, help="prompts with prefixes of their own")
     ap.add_argument("--prefix-tokens", type=int, default=300, help="about how long each distinct prompt is")
     ap.add_argument("--distinct-tokens", type=int, default=4, help="new tokens of each distinct prompt")
+    ap.add_argument("--cold-burst", action="store_true", help="send the shared-system-prompt requests with none "
+                    "alone first: the burst arrives to an empty cache")
     ap.add_argument("--port", type=int, default=8766)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prefix-cache"))
     args = ap.parse_args()

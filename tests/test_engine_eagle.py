@@ -137,7 +137,8 @@ def test_an_eagle_sequence_reuses_a_cached_prefix_and_its_head_starts_after_it(m
     todo = [job(heads["chain"]), job(None)]
     engine.run(lambda free, idle: [todo.pop(0) for _ in range(min(free, len(todo)))] if todo else None)
     eagle, plain = seen[heads["chain"]], seen["None"]
-    assert eagle.cached_tokens == plain.cached_tokens == seen["feature_start"] > 0
+    # the second to start waited for the first's prefill (PrefixCache.in_flight): it reuses more
+    assert eagle.cached_tokens == seen["feature_start"] > 0 and plain.cached_tokens > 0
     assert eagle.token_ids == plain.token_ids == _alone(model, long[1], None).token_ids
     assert eagle.stats.proposed > 0 and eagle.stats.accepted > 0  # the head drafted from its first real row
 

@@ -127,15 +127,29 @@ def decode_steps(
             cast(PrefixRuntime, runtime).save_prefix(cache)
 
 
+#: the most steps a prompt waits for another request's prefill of its start (a safety net: a
+#: prefill ends far sooner, and one abandoned leaves the cache at once)
+MAX_PREFIX_WAIT = 4096
+
+
 def prefill_prompt(runtime: Runtime, prompt_ids: Sequence[int], cache: PrefixCache | None) -> tuple[torch.Tensor, int]:
     """The prompt's last logits (``[vocab]``) and how many of its tokens came from ``cache``
     (None: a plain prefill), which then holds the prompt's blocks (a later prompt reuses them)."""
     if cache is None:
         return runtime.prefill(prompt_ids), 0
     rt = cast(PrefixRuntime, runtime)
+    wait = getattr(runtime, "wait_step", None)  # a batched engine's slot: others prefill meanwhile
+    for _ in range(MAX_PREFIX_WAIT if wait is not None else 0):
+        if not cache.in_flight(prompt_ids):
+            break
+        wait()  # another request is prefilling this prompt's start: reuse it once it is cached
     reused = rt.reuse_prefix(prompt_ids, cache)
-    logits = rt.prefill(prompt_ids, start=reused)
-    rt.save_prefix(cache)
+    ticket = cache.prefilling(prompt_ids)
+    try:
+        logits = rt.prefill(prompt_ids, start=reused)
+        rt.save_prefix(cache)
+    finally:
+        cache.done(ticket)
     return logits, reused
 
 

@@ -230,6 +230,10 @@ class SlotRuntime:
     def capture_features(self, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
         self._rt.capture_slot_features(self.slot, layers, enabled=enabled)
 
+    def wait_step(self) -> None:
+        """Wait for the next step (:meth:`Engine.wait_step`)."""
+        self._engine.wait_step()
+
     def gather(self, key: Any, item: Any, run: Callable[[list[Any]], list[Any]]) -> Any:
         """``run([item, ...])[i]`` for this slot's ``item``, run once for every generation that
         asks with the same ``key`` before the next pass (see the module docstring)."""
@@ -266,6 +270,7 @@ class Sequence_:
     layers: tuple[int, ...] | None = None  # a layers= pass (self-speculation) it waits on
     member: Any = None  # what it waits to be scheduled as (its k policy), or None
     side: tuple[Any, Any, Callable[[list[Any]], list[Any]]] | None = None  # a gathered call (key, item, run)
+    sleeping: bool = False  # waits for the next step (:meth:`Engine.wait_step`)
     answer: Any = None  # the logits of its last pass, handed back when it resumes
     share: float = 0.0  # its share of the seconds of the pass it waited on
     error: BaseException | None = None
@@ -273,7 +278,7 @@ class Sequence_:
 
     @property
     def runnable(self) -> bool:
-        return self.waiting is None and self.member is None and self.side is None
+        return self.waiting is None and self.member is None and self.side is None and not self.sleeping
 
 
 @dataclass
@@ -384,6 +389,8 @@ class Engine:
         """Advance every generation to its next pass (scheduling those that wait on the batch
         policy), run the pass, and return how many generations it served (0: nothing runs)."""
         self._main = _greenlet().getcurrent()
+        for seq in self._live:  # those that waited for a step resume in this one
+            seq.sleeping = False
         prefilling = sum(s.prefilling for s in self._live)
         self.chunk = step_chunk(self.prefill_chunk, prefilling, len(self._live) - prefilling, self._decode_rows)
         self._advance([s for s in self._live if s.runnable])
@@ -538,6 +545,15 @@ class Engine:
         if isinstance(answer, BaseException):
             raise answer
         return answer
+
+    def wait_step(self) -> None:
+        """Called from a generation's greenlet: let the others run this step's pass, and resume
+        in the next step (a prompt waiting for another's prefill of its start: the prefix cache)."""
+        seq = self._current()
+        seq.sleeping = True
+        answer = self._park(seq)
+        if isinstance(answer, BaseException):
+            raise answer
 
     def wait_for_schedule(self, member: Any) -> None:
         """Called from a generation's greenlet (its k policy): wait until the scheduler has

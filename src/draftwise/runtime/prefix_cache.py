@@ -167,6 +167,10 @@ class PrefixCache:
         self._pool: torch.Tensor | None = None
         self._free: list[int] = []
         self._block_bytes = 0
+        #: prompts being prefilled now (by ticket): a prompt that shares more with one of them than
+        #: the cache holds waits for it (:meth:`in_flight`) instead of prefilling the same tokens
+        self._prefilling: dict[int, tuple[int, ...]] = {}
+        self._tickets = 0
 
     @classmethod
     def of_megabytes(cls, megabytes: int, **options: Any) -> PrefixCache | None:
@@ -196,6 +200,39 @@ class PrefixCache:
             self._drop(self._blocks[key])
         if not self._blocks:
             self._pool, self._free = None, []
+
+    def cached(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` whole cached blocks hold (no pin, nothing counted)."""
+        B, parent, start = self.block_tokens, -1, 0
+        while start + B <= len(ids):
+            block = self._blocks.get((parent, tuple(ids[start : start + B])))
+            if block is None:
+                break
+            parent, start = block.id, start + B
+        return start
+
+    def prefilling(self, ids: Sequence[int]) -> int:
+        """Register ``ids`` as a prompt being prefilled now; returns its ticket (:meth:`done`)."""
+        self._tickets += 1
+        self._prefilling[self._tickets] = tuple(ids)
+        return self._tickets
+
+    def done(self, ticket: int) -> None:
+        """The prompt of ``ticket`` is prefilled (its blocks are in the cache) or abandoned."""
+        self._prefilling.pop(ticket, None)
+
+    def in_flight(self, ids: Sequence[int]) -> bool:
+        """Whether a prompt being prefilled shares at least two whole blocks more of ``ids`` than the
+        cache holds: then waiting for it beats prefilling those tokens again."""
+        if not self._prefilling:
+            return False
+        have, key = self.cached(ids), tuple(ids)
+        for other in self._prefilling.values():
+            shared = next((i for i, (a, b) in enumerate(zip(other, key)) if a != b), min(len(other), len(key)))
+            shared = min(shared, len(key) - 1) // self.block_tokens * self.block_tokens  # whole blocks, one left
+            if shared - have >= 2 * self.block_tokens:
+                return True
+        return False
 
     def lookup(self, ids: Sequence[int], usable: int) -> Lease:
         """Pin the longest chain of cached blocks ``ids`` starts with, and after it the cached
