@@ -1,7 +1,7 @@
 """What gathering EAGLE head steps saves: one head step for N sequences in one call
 (:func:`draftwise.eagle.drafter.head_steps`, what the batched engine runs once every sequence
 waits) against N calls of one sequence each (what each slot's drafter would run on its own),
-timed by :func:`draftwise.eagle.drafter.time_head_steps`: each sequence's head cache holds
+timed by :func:`time_head_steps`: each sequence's head cache holds
 ``--context`` positions, one row each, the two ways interleaved ``--rounds`` times, medians.
 The head is the one that ships for the default model, drafting as serve drafts (int8 where the
 CPU's kernel works).
@@ -15,10 +15,54 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 import draftwise
-from draftwise.eagle.drafter import eagle_drafter, time_head_steps
+from draftwise.eagle.drafter import EagleDrafter, eagle_drafter, head_steps
+from draftwise.eagle.head import HeadCache
+
+
+def time_head_steps(drafter: EagleDrafter, sizes: Sequence[int], *, context: int = 256, rounds: int = 7,
+                    alone: bool = False) -> dict[int, tuple[float, float | None]]:
+    """What one gathered head step costs: per n in ``sizes``, the median seconds of one
+    :func:`head_steps` call over n sequences of one row each (each its own cache of ``context``
+    positions, filled from random features first), and with ``alone`` the median of n calls of
+    one (else None), the two interleaved over ``rounds`` rounds."""
+    head, parts = drafter.head, drafter.parts
+    d = head.cfg.hidden_size
+    width = len(head.cfg.feature_layers or (0,)) * d
+    gen = torch.Generator().manual_seed(0)
+    out: dict[int, tuple[float, float | None]] = {}
+    for n in sizes:
+        caches = [HeadCache(head.cfg, context + 2) for _ in range(n)]
+        with torch.inference_mode():
+            for cache in caches:  # a prompt's catch-up: the context's real rows
+                feats = head.lift(torch.randn(context, width, generator=gen))
+                tokens = torch.randint(0, parts.vocab_size, (context,), generator=gen).tolist()
+                head_steps(head, parts, [(tokens, feats, 0, cache)])
+        items = [([7], torch.randn(1, d, generator=gen), context, cache) for cache in caches]
+        together: list[float] = []
+        each: list[float] = []
+        for _ in range(rounds):
+            for cache in caches:
+                cache.rollback(context)
+            t0 = time.perf_counter()
+            head_steps(head, parts, items)
+            together.append(time.perf_counter() - t0)
+            if alone:
+                for cache in caches:
+                    cache.rollback(context)
+                t0 = time.perf_counter()
+                for item in items:
+                    head_steps(head, parts, [item])
+                each.append(time.perf_counter() - t0)
+        out[n] = (statistics.median(together), statistics.median(each) if alone else None)
+    return out
 
 
 def main() -> None:

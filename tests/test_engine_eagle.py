@@ -29,6 +29,7 @@ from draftwise.eagle.head import HeadCache
 from draftwise.runtime.base import Rows
 from draftwise.runtime.prefix_cache import PrefixCache
 
+from .benchmark_scripts import load_benchmark
 from .eagle_heads import head_folder
 
 N = 24
@@ -199,8 +200,7 @@ def test_gathered_calls_run_once_per_key_or_one_each(model: Any, batch: bool) ->
 
 def test_time_head_steps_times_one_call_for_all_and_one_each(model: Any, heads: dict[str, str]) -> None:
     """benchmarks/head_gather.py's timing: per size, one gathered call and (asked) n calls of one."""
-    from draftwise.eagle.drafter import time_head_steps
-
+    time_head_steps = load_benchmark("head_gather").time_head_steps
     drafter = make_drafter(heads["chain"], model)
     timed = time_head_steps(drafter, [1, 3], context=16, rounds=2, alone=True)
     assert set(timed) == {1, 3} and all(t > 0 and a is not None and a > 0 for t, a in timed.values())

@@ -170,25 +170,23 @@ class EagleDrafter:
     def propose(self, context: Sequence[int], k: int, *, scored: bool = False) -> Draft:
         known = int(self.rt.length)  # positions the target has features for: all but the last token
         # a prompt that began with a cached prefix has features from the copy's end on only
-        first = int(getattr(self.rt, "feature_start", 0))
-        if k < 1 or known <= first or known != len(context) - 1 or len(context) + k > self.cache.max_context:
+        recorded = int(getattr(self.rt, "feature_start", 0))
+        if k < 1 or known <= recorded or known != len(context) - 1 or len(context) + k > self.cache.max_context:
             return Draft([])
-        start = max(min(self._fed, known - 1), first)  # always re-run the last real row: it starts the draft
+        start = max(min(self._fed, known - 1), recorded)  # always re-run the last real row: it starts the draft
         with torch.inference_mode():
-            self.cache.first = first
+            self.cache.first = recorded
             self.cache.rollback(start)
             real = self.head.lift(self.rt.features(start, known).float())  # EAGLE-3: fc fuses 3 layers
             self._fed = known
         tokens = list(context[start + 1 : known + 1])
-        if self._gather is not None and self._sampling.greedy and (self.topk <= 1 or k <= 1 or scored):
-            # outside inference_mode: the engine runs other sequences while this one waits
-            return self._chain_gathered(tokens, real, start, known, k, scored)
+        if self._sampling.greedy and (self.topk <= 1 or k <= 1 or scored):
+            # outside inference_mode: on an engine's slot the engine runs other sequences meanwhile
+            return self._chain(tokens, real, start, known, k, scored)
         with torch.inference_mode():
             hidden = self._rows(tokens, real, start)[-1:]
-            if self.topk > 1 and self._sampling.greedy and k > 1 and not scored:
-                return self._tree(hidden, known, k)
             if self._sampling.greedy:
-                return self._chain(hidden, known, k, scored)
+                return self._tree(hidden, known, k)
             state = {"hidden": hidden, "pos": known}
 
             def step(token: int) -> torch.Tensor:
@@ -209,30 +207,20 @@ class EagleDrafter:
             top = torch.stack([torch.softmax(row, -1).max() for row in seen[: len(draft)]])
             return Draft(draft.tokens, draft.probs, None, tuple(torch.cumprod(top, 0).tolist()))
 
-    def _chain_gathered(self, tokens: list[int], feats: torch.Tensor, start: int, known: int, k: int,
-                        scored: bool) -> Draft:
-        """:meth:`_chain` on an engine's slot: each head step (rows, then the best next token) is
-        one :func:`head_steps` call gathered with the other sequences' (the same chain)."""
+    def _chain(self, tokens: list[int], feats: torch.Tensor, start: int, known: int, k: int, scored: bool) -> Draft:
+        """Greedy's chain, from the catch-up rows ``tokens`` / ``feats`` at ``start``: each step one
+        :func:`head_steps` call (the head's rows, then the argmax over its own draft rows: spreading
+        them over the whole vocabulary first cost more than scoring them), gathered with the other
+        sequences' on an engine's slot; scored as :meth:`propose_scored` says."""
         drafted, tops = [], []
         for i in range(k):
-            hidden, token, top = self._gather(self._key, (tokens, feats, start, self.cache), self._steps)
+            item = (tokens, feats, start, self.cache)
+            hidden, token, top = (self._gather(self._key, item, self._steps) if self._gather is not None
+                                  else self._steps([item])[0])
             drafted.append(token)
             tops.append(top)
             tokens, feats, start = [token], hidden, known + i
         return Draft(drafted, None, None, tuple(torch.cumprod(torch.tensor(tops), 0).tolist()) if scored else None)
-
-    def _chain(self, hidden: torch.Tensor, known: int, k: int, scored: bool) -> Draft:
-        """Greedy's chain: each token the argmax over the head's own rows (:meth:`TargetParts.best`;
-        spreading them over the whole vocabulary first cost more than scoring them), scored as
-        :meth:`propose_scored` says."""
-        tokens, tops = [], []
-        for i in range(k):
-            token, top = self.parts.best(hidden)
-            tokens.append(token)
-            tops.append(top)
-            if i < k - 1:
-                hidden = self._rows([token], hidden, known + i)
-        return Draft(tokens, None, None, tuple(torch.cumprod(torch.tensor(tops), 0).tolist()) if scored else None)
 
     def propose_scored(self, context: Sequence[int], k: int) -> Draft:
         """A chain as :meth:`propose` gives, with scores: the product of the head's top
@@ -312,7 +300,7 @@ def head_steps(head: EagleHead, parts: TargetParts,
     cache)`` runs the head's rows for ``tokens`` (each with its feature, ``feats`` ``[n, d]``)
     from position ``start``, appended to its own ``cache``, then the best next token after the
     last row. Returns, per item, that row's predicted feature ``[1, d]``, the token and the
-    head's probability of it (what :meth:`EagleDrafter._chain` takes one sequence at a time)."""
+    head's probability of it (a step of :meth:`EagleDrafter._chain`, one sequence or many)."""
     with torch.inference_mode():
         lengths = [len(tokens) for tokens, *_ in items]
         embeds = parts.embed([t for tokens, *_ in items for t in tokens])  # [R, d]
@@ -322,47 +310,6 @@ def head_steps(head: EagleHead, parts: TargetParts,
         last = out[torch.tensor(lengths).cumsum(0) - 1]  # [B, d]
         best = parts.best_many(last)
     return [(last[i : i + 1], token, top) for i, (token, top) in enumerate(best)]
-
-
-def time_head_steps(drafter: EagleDrafter, sizes: Sequence[int], *, context: int = 256, rounds: int = 7,
-                    alone: bool = False) -> dict[int, tuple[float, float | None]]:
-    """What one gathered head step costs: per n in ``sizes``, the median seconds of one
-    :func:`head_steps` call over n sequences of one row each (each its own cache of ``context``
-    positions, filled from random features first), and with ``alone`` the median of n calls of
-    one (else None), the two interleaved over ``rounds`` rounds (``benchmarks/head_gather.py``)."""
-    import statistics
-    import time
-
-    head, parts = drafter.head, drafter.parts
-    d = head.cfg.hidden_size
-    width = len(head.cfg.feature_layers or (0,)) * d
-    gen = torch.Generator().manual_seed(0)
-    out: dict[int, tuple[float, float | None]] = {}
-    for n in sizes:
-        caches = [HeadCache(head.cfg, context + 2) for _ in range(n)]
-        with torch.inference_mode():
-            for cache in caches:  # a prompt's catch-up: the context's real rows
-                feats = head.lift(torch.randn(context, width, generator=gen))
-                tokens = torch.randint(0, parts.vocab_size, (context,), generator=gen).tolist()
-                head_steps(head, parts, [(tokens, feats, 0, cache)])
-        items = [([7], torch.randn(1, d, generator=gen), context, cache) for cache in caches]
-        together: list[float] = []
-        each: list[float] = []
-        for _ in range(rounds):
-            for cache in caches:
-                cache.rollback(context)
-            t0 = time.perf_counter()
-            head_steps(head, parts, items)
-            together.append(time.perf_counter() - t0)
-            if alone:
-                for cache in caches:
-                    cache.rollback(context)
-                t0 = time.perf_counter()
-                for item in items:
-                    head_steps(head, parts, [item])
-                each.append(time.perf_counter() - t0)
-        out[n] = (statistics.median(together), statistics.median(each) if alone else None)
-    return out
 
 
 #: per target runtime: (head folder, its weights file's size and mtime, weights) -> the loaded

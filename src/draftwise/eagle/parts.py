@@ -109,9 +109,7 @@ class TargetParts:
         """Greedy's next token after one predicted feature ``[1, d]``, and the head's probability
         of it, from its own rows (ties go to the lowest id, as :meth:`logits`' argmax: the rows
         are ascending token ids)."""
-        scores = self.scores(hidden)[0]
-        j = int(scores.argmax())
-        return (j if self.rows is None else int(self.rows[j])), float(torch.softmax(scores, -1)[j])
+        return self.best_many(hidden[:1])[0]
 
     def best_many(self, hidden: torch.Tensor) -> list[tuple[int, float]]:
         """:meth:`best` for each row of ``hidden`` ``[B, d]``, in one pass over the head rows."""

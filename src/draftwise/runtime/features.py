@@ -111,10 +111,13 @@ class FeatureBuffer:
         recorded layers, recording ``x`` after each (a pass from slot ``start``)."""
         return run_recorded(run, x, [(self, 0, x.shape[-2], start)], self.num_layers)
 
-    def renewed(self, layers: Sequence[int] | None) -> FeatureBuffer:
-        """This buffer if it records ``layers`` already (what it holds stays), else a new empty one."""
-        new = FeatureBuffer(layers, num_layers=self.num_layers, dim=self.dim, limit=self.limit)
-        return self if new.taps == self.taps else new
+    @classmethod
+    def for_layers(cls, held: FeatureBuffer | None, layers: Sequence[int] | None, *, num_layers: int, dim: int,
+                   limit: int) -> FeatureBuffer:
+        """``held`` if it records ``layers`` already (what it holds stays), else a new empty buffer:
+        what ``capture_features`` (and a slot's, ``capture_slot_features``) asks for."""
+        new = cls(layers, num_layers=num_layers, dim=dim, limit=limit)
+        return held if held is not None and held.taps == new.taps else new
 
     def features(self, start: int, end: int, length: int) -> torch.Tensor:
         """``read(start, end)`` of a sequence of ``length`` positions, refused where the range is
@@ -182,13 +185,8 @@ class FeatureCapture:
     def capture_features(self: _Host, layers: Sequence[int] | None = None, *, enabled: bool = True) -> None:
         """Record hidden states per cache slot from the next pass on; ``enabled=False`` turns it
         off and frees the buffer. Asking again for the same layers keeps what is recorded."""
-        if not enabled:
-            self._feats = None
-        elif self._feats is None:
-            self._feats = FeatureBuffer(layers, num_layers=self.num_layers, dim=self._feature_dim,
-                                        limit=self.max_context)
-        else:
-            self._feats = self._feats.renewed(layers)
+        self._feats = None if not enabled else FeatureBuffer.for_layers(
+            self._feats, layers, num_layers=self.num_layers, dim=self._feature_dim, limit=self.max_context)
         try:
             self._capture_changed()
         except BaseException:

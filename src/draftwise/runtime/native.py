@@ -49,7 +49,12 @@ from draftwise.runtime import kernels
 from draftwise.runtime.attention import padded_keys
 from draftwise.runtime.base import Rows, check_keep, check_parents
 from draftwise.runtime.batch_plan import Plan, attend_groups, make_plan
-from draftwise.runtime.features import FeatureBuffer, FeatureCapture, Writer, run_recorded
+from draftwise.runtime.features import (
+    FeatureBuffer,
+    FeatureCapture,
+    Writer,
+    run_recorded,
+)
 from draftwise.runtime.llama import (
     DEFAULT_MAX_CONTEXT,
     SUPPORTED_MODEL_TYPES,
@@ -191,14 +196,8 @@ class NativeRuntime(FeatureCapture):
         if slot == 0:
             self.capture_features(layers, enabled=enabled)
             return
-        buf = self._slot_feats[slot]
-        if not enabled:
-            self._slot_feats[slot] = None
-        elif buf is None:
-            self._slot_feats[slot] = FeatureBuffer(layers, num_layers=self.num_layers, dim=self._feature_dim,
-                                                   limit=self._context)
-        else:
-            self._slot_feats[slot] = buf.renewed(layers)
+        self._slot_feats[slot] = None if not enabled else FeatureBuffer.for_layers(
+            self._slot_feats[slot], layers, num_layers=self.num_layers, dim=self._feature_dim, limit=self._context)
 
     def slot_features(self, slot: int, start: int, end: int) -> torch.Tensor:
         """``features`` of slot ``slot``: ``[end - start, width]`` float32."""

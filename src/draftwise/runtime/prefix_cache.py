@@ -201,15 +201,21 @@ class PrefixCache:
         if not self._blocks:
             self._pool, self._free = None, []
 
-    def cached(self, ids: Sequence[int]) -> int:
-        """How many leading tokens of ``ids`` whole cached blocks hold (no pin, nothing counted)."""
-        B, parent, start = self.block_tokens, -1, 0
-        while start + B <= len(ids):
+    def _chain(self, ids: Sequence[int], usable: int) -> tuple[list[_Block], int, int]:
+        """The cached blocks ``ids`` starts with, whole blocks below ``usable`` tokens: the chain,
+        the last block's id (-1: none) and the tokens they hold."""
+        B, chain, parent, start = self.block_tokens, [], -1, 0
+        while start < usable and start + B <= len(ids):
             block = self._blocks.get((parent, tuple(ids[start : start + B])))
             if block is None:
                 break
+            chain.append(block)
             parent, start = block.id, start + B
-        return start
+        return chain, parent, start
+
+    def cached(self, ids: Sequence[int]) -> int:
+        """How many leading tokens of ``ids`` whole cached blocks hold (no pin, nothing counted)."""
+        return self._chain(ids, len(ids))[2]
 
     def prefilling(self, ids: Sequence[int]) -> int:
         """Register ``ids`` as a prompt being prefilled now; returns its ticket (:meth:`done`)."""
@@ -239,14 +245,9 @@ class PrefixCache:
         block that shares most of the next tokens (a prompt that ends inside a block, or leaves
         it); its lease reuses at most ``usable`` positions. Counts ``len(ids)`` tokens queried
         and the lease's as hits."""
-        B, chain, parent, start = self.block_tokens, [], -1, 0
+        B = self.block_tokens
         usable = max(0, min(usable, len(ids)))
-        while start < usable and start + B <= len(ids):
-            block = self._blocks.get((parent, tuple(ids[start : start + B])))
-            if block is None:
-                break
-            chain.append(block)
-            parent, start = block.id, start + B
+        chain, parent, start = self._chain(ids, usable)
         tokens = min(start, usable)
         if tokens == start:  # the tokens after the chain may begin one of its cached children
             rest = list(ids[start : min(usable, start + B)])
