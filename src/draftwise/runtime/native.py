@@ -113,7 +113,7 @@ class NativeRuntime(FeatureCapture):
         self._allocate(dtype)
         self._all_layers = tuple(range(self.num_layers))
         self.compiled = False
-        self._layers = self._layers_impl
+        self._compiled_layers: Any = None  # torch.compile's _layers_impl (see enable_compile)
         self.head_rows: torch.Tensor | None = None  # see restrict_head
         self._head_sub: torch.Tensor | None = None
         self._feature_dim = int(self.embed.shape[1])  # see capture_features
@@ -463,6 +463,37 @@ class NativeRuntime(FeatureCapture):
             x.add_(self._down[i](F.silu(gate).mul_(up)))
         return x
 
+    def _layers(self, x: torch.Tensor, plan: Plan, layers: tuple[int, ...]) -> torch.Tensor:
+        """The decoder layers ``layers`` over ``x``: compiled by torch (enable_compile), else with the
+        compiled kernels between the matmuls where attention runs the kernel (the same library),
+        else in torch."""
+        if self._compiled_layers is not None:
+            return self._compiled_layers(x, plan, layers)
+        if self.kernel_attention:
+            return self._layers_fused(x, plan, layers)
+        return self._layers_impl(x, plan, layers)
+
+    def _layers_fused(self, x: torch.Tensor, plan: Plan, layers: tuple[int, ...]) -> torch.Tensor:
+        """:meth:`_layers_impl` with the compiled kernels between the matmuls: one call for the
+        rotation, the cache writes and attention's queries, one for attention, one for each residual
+        add with the norm after it, one for SwiGLU (``kernels/layer.c`` says why). Row-invariant as
+        the torch path is, and different from it in the last bits (its own norm and exp)."""
+        threads, eps, H = plan.threads, self.eps, self.n_heads
+        assert plan.seq is not None and plan.trees is not None
+        h = kernels.add_norm(x, None, self.ln_attn[layers[0]], eps, threads) if layers else None
+        for n, i in enumerate(layers):
+            assert h is not None
+            k_cache, v_cache = self._k[i], self._v[i]
+            q = kernels.rope_store(self._qkv[i](h), self.cos, self.sin_signed, plan.positions, plan.slot_of, plan.at,
+                                   k_cache, v_cache, H, threads)
+            att = kernels.attend(q, k_cache, v_cache, plan.seq, plan.trees, self.scale, threads)
+            h = kernels.add_norm(x, self._o[i](att if x.dtype == torch.float32 else att.to(x.dtype)),
+                                 self.ln_mlp[i], eps, threads)
+            up = kernels.silu_mul(self._gate_up[i](h), threads)
+            following = self.ln_attn[layers[n + 1]] if n + 1 < len(layers) else None
+            h = kernels.add_norm(x, self._down[i](up), following, eps, threads)
+        return x
+
     def enable_compile(self) -> str | None:
         """Run the decoder layers through ``torch.compile`` (inductor: it fuses the norms, rope,
         reshapes and SwiGLU between the matmuls). Returns why not, in a few words, where this
@@ -473,15 +504,14 @@ class NativeRuntime(FeatureCapture):
         if self.device.type == "cpu" and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
             return "no C++ compiler on PATH"
         try:
-            compiled = torch.compile(self._layers_impl, dynamic=True)
-            self._layers = compiled
+            self._compiled_layers = torch.compile(self._layers_impl, dynamic=True)
             with torch.no_grad():  # warm up the shapes a decode uses: n = 1 and n > 1
                 saved = list(self._lengths), list(self._pass_starts), list(self._pass_parents), list(self._tokens[0])
                 self._run([Rows(0, [0, 0], None)], self._all_layers)
                 self._run([Rows(0, [0], None)], self._all_layers)
                 self._lengths, self._pass_starts, self._pass_parents, self._tokens[0] = saved
         except Exception as exc:  # inductor raises many kinds; any of them means eager
-            self._layers = self._layers_impl
+            self._compiled_layers = None
             return f"torch.compile failed ({type(exc).__name__}: {str(exc).splitlines()[0][:120]})"
         self.compiled = True
         return None
@@ -533,7 +563,10 @@ class NativeRuntime(FeatureCapture):
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         """The final norm and the head: ``[n, vocab]`` float32."""
-        x = self._norm(x, self.final_norm)
+        if self.kernel_attention and not self.compiled:  # the layers' own norm (see _layers_fused)
+            x = kernels.add_norm(x.contiguous(), None, self.final_norm, self.eps, torch.get_num_threads())
+        else:
+            x = self._norm(x, self.final_norm)
         if self.head_rows is None:
             return self._head(x).float()
         assert self._head_sub is not None

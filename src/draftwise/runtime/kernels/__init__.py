@@ -1,16 +1,19 @@
-"""The runtime's one compiled kernel: row-invariant attention (``attention.c``), built at first use.
+"""The runtime's compiled kernels (``attention.c``, ``layer.c``, ``simd.h``), built at first use.
 
 Torch has no attention whose summation order ignores the rest of the batch, so
 :mod:`..attention` builds one from fixed-shape matmuls, about ten operations a layer that at one
 sequence cost twice ``F.scaled_dot_product_attention``. ``attention.c`` does the same job in one
 call per layer for every sequence of a pass, each row's arithmetic fixed by the code alone (its
-header says how). It is compiled once per machine with the system's C compiler
-(``cc -O3 -march=native -fopenmp -ffp-contract=off``, about two seconds) into the draftwise cache
-folder, under a name that covers the source, the compiler and the CPU, and loaded with
-:mod:`ctypes`; its OpenMP threads are torch's own (the same ``libgomp``).
+header says how). ``layer.c`` does the rest of the work between a layer's matmuls, one call per
+gap (rotation and cache writes; residual add and norm; SwiGLU): after a matmul has streamed its
+weights through the caches, each small torch operation cost 40-90 us, and a layer ran about 25 of
+them (its header has the measurements). Both are compiled once per machine, into one library,
+with the system's C compiler (``cc -O3 -march=native -fopenmp -ffp-contract=off``, about two
+seconds) into the draftwise cache folder, under a name that covers the sources, the compiler and
+the CPU, and loaded with :mod:`ctypes`; their OpenMP threads are torch's own (the same ``libgomp``).
 
 Where it cannot be built or loaded, for a head size it does not cover, or with
-``DRAFTWISE_KERNELS=off``, the runtime runs :mod:`..attention` instead. Both are row-invariant;
+``DRAFTWISE_KERNELS=off``, the runtime runs :mod:`..attention` and torch's operations instead. Both are row-invariant;
 they differ from each other in the last bits, so one process uses one of them throughout
 (:func:`available` decides once). The kernel fails safe: whatever goes wrong on the way to it (no
 compiler, a compiler that fails, such as Apple's clang without ``-fopenmp``, Windows, anything
@@ -56,6 +59,10 @@ from draftwise.errors import ConfigError
 from draftwise.fsutil import cache_root
 
 SOURCE = Path(__file__).with_name("attention.c")
+#: everything the library is built from: attention, the element-wise work between the matmuls, and
+#: the vector helpers both include
+SOURCES = (SOURCE, SOURCE.with_name("layer.c"))
+HEADERS = (SOURCE.with_name("simd.h"),)
 HEAD_DIMS = (16, 32, 64, 128)  # what attention.c covers
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off", "-shared", "-fPIC"]
 
@@ -102,17 +109,22 @@ def _target(cc: str) -> Path:
     """Where the cache keeps the library ``cc`` builds for this CPU from this source."""
     cpu = _cpu_key()
     version = subprocess.run([cc, "--version"], check=False, capture_output=True, text=True, timeout=60).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), version, cpu, *FLAGS]).encode()).hexdigest()[:16]
+    key = hashlib.sha256("\0".join([_source_text(), version, cpu, *FLAGS]).encode()).hexdigest()[:16]
     return cache_root() / "kernels" / f"attention-{key}.so"
 
 
+def _source_text() -> str:
+    """Every file the library is built from, in one string (what its cache key and signature hash)."""
+    return "\0".join(path.read_text() for path in (*SOURCES, *HEADERS))
+
+
 def _compile(cc: str, target: Path) -> Path:
-    """Build ``attention.c`` into ``target`` (through a temporary file beside it and a rename, so
+    """Build ``attention.c`` and ``layer.c`` into ``target`` (through a temporary file beside it and a rename, so
     no reader sees half a library and a rebuild replaces a bad one at once)."""
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, str(SOURCE), "-o", tmp], check=False, capture_output=True, text=True,
+        done = subprocess.run([cc, *FLAGS, *map(str, SOURCES), "-o", tmp], check=False, capture_output=True, text=True,
                               timeout=300)
         if done.returncode != 0:
             said = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
@@ -192,11 +204,19 @@ def _fallback(why: str) -> tuple[None, str, str]:
 
 
 def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
-    """``lib`` (a build of ``attention.c``) with ``dw_attend``'s argument and result types set."""
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, ctypes.c_int, i64, i64, i64, ptr, i64, ctypes.c_int, ptr,
-                              ptr, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int]
-    lib.dw_attend.restype = ctypes.c_int
+    """``lib`` (a build of the sources) with its functions' argument and result types set
+    (AttributeError: a function is missing)."""
+    i64, ptr, cint, cfloat = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, i64, cint, ptr,
+                              ptr, cint, cint, cint, cfloat, cint]
+    lib.dw_attend.restype = cint
+    lib.dw_add_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, cfloat, cint, cint]
+    lib.dw_add_norm.restype = cint
+    lib.dw_silu_mul.argtypes = [ptr, ptr, i64, i64, cint, cint]
+    lib.dw_silu_mul.restype = None
+    lib.dw_rope_store.argtypes = [ptr, i64, ptr, ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, cint, cint,
+                                  cint, cint, cint]
+    lib.dw_rope_store.restype = None
     return lib
 
 
@@ -220,11 +240,11 @@ def why_not() -> str | None:
 
 
 def signature() -> str:
-    """Which attention this process runs, for fingerprints of what a pass costs: ``kernel-`` and a
-    hash of the kernel's source, or ``torch``."""
+    """Which kernels this process runs, for fingerprints of what a pass costs: ``kernel-`` and a
+    hash of their sources, or ``torch``."""
     if library() is None:
         return "torch"
-    return "kernel-" + hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return "kernel-" + hashlib.sha256(_source_text().encode()).hexdigest()[:12]
 
 
 CACHE_DTYPES = (torch.float32, torch.bfloat16)  # the KV cache's element types attention.c reads
@@ -264,3 +284,61 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: t
     if failed:
         raise MemoryError("the attention kernel could not allocate its scratch memory")
     return out
+
+
+# -- the work between a layer's matmuls (layer.c); the runtime calls these only where available() --
+
+def _lib() -> ctypes.CDLL:
+    lib = _state.get("lib")
+    assert isinstance(lib, ctypes.CDLL), "the kernel library is not loaded: ask available() first"
+    return lib
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with rows one after the other (a view where it already is)."""
+    return t if t.is_contiguous() else t.contiguous()
+
+
+def add_norm(x: torch.Tensor, y: torch.Tensor | None, weight: torch.Tensor | None, eps: float,
+             threads: int) -> torch.Tensor | None:
+    """``x += y`` in place (``x`` ``[R, d]`` contiguous, float32 or bfloat16; skipped where ``y`` is
+    None), then ``rms_norm(x) * weight`` (``[R, d]``; None where ``weight`` is None)."""
+    assert x.is_contiguous() and x.dtype in CACHE_DTYPES
+    out = torch.empty_like(x) if weight is not None else None
+    failed = _lib().dw_add_norm(
+        x.data_ptr(), None if y is None else _flat(y).data_ptr(), None if weight is None else weight.data_ptr(),
+        None if out is None else out.data_ptr(), x.shape[0], x.shape[1], eps, int(x.dtype == torch.bfloat16),
+        threads)
+    if failed:
+        raise MemoryError("the layer kernel could not allocate its scratch memory")
+    return out
+
+
+def silu_mul(gate_up: torch.Tensor, threads: int) -> torch.Tensor:
+    """``silu(gate) * up`` of a ``[R, 2 f]`` gate/up matmul's output (gate first): ``[R, f]``."""
+    gate_up = _flat(gate_up)
+    R, f = gate_up.shape[0], gate_up.shape[1] // 2
+    out = torch.empty(R, f, dtype=gate_up.dtype, device=gate_up.device)
+    _lib().dw_silu_mul(gate_up.data_ptr(), out.data_ptr(), R, f, int(gate_up.dtype == torch.bfloat16), threads)
+    return out
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor, positions: torch.Tensor,
+               slot_of: torch.Tensor, at: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+               heads: int, threads: int) -> torch.Tensor:
+    """Rotate a pass's queries and keys (``qkv`` ``[R, (H + 2 KV) hd]``; tables ``[ctx, hd]`` in the
+    cache's type), store its keys and values at each row's ``slot_of`` and ``at`` in the caches
+    (``[slots, KV, ctx, hd]``, one layout), and return the queries as :func:`attend` takes them:
+    ``[R, H, hd]`` float32."""
+    qkv = _flat(qkv)
+    _, KV, _, hd = k_cache.shape
+    if qkv.dtype != k_cache.dtype or cos.dtype != k_cache.dtype or k_cache.stride() != v_cache.stride():
+        raise ConfigError("rope_store needs q/k/v, the rotary tables and the caches in one type and layout")
+    R = qkv.shape[0]
+    q = torch.empty(R, heads, hd, dtype=torch.float32, device=qkv.device)
+    sk = k_cache.stride()
+    _lib().dw_rope_store(
+        qkv.data_ptr(), qkv.stride(0), cos.data_ptr(), sin_signed.data_ptr(), positions.data_ptr(),
+        slot_of.data_ptr(), at.data_ptr(), q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), sk[0], sk[1],
+        sk[2], R, heads, KV, hd, int(qkv.dtype == torch.bfloat16), threads)
+    return q

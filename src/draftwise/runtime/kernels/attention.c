@@ -32,30 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef float v8 __attribute__((vector_size(32)));
-typedef int32_t i8 __attribute__((vector_size(32)));
-typedef uint32_t u8x32 __attribute__((vector_size(32)));
-typedef uint16_t h8 __attribute__((vector_size(16)));
+#include "simd.h"
 
 #define QB 4         /* query rows per register block */
 #define ITEM_ROWS 32 /* query rows per unit of work handed to a thread */
 #define MAX_NC 8     /* head_dim up to 128: 16-lane groups of d */
-
-static inline v8 load8(const float *p) { v8 r; memcpy(&r, p, sizeof r); return r; }
-static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
-static inline v8 load_bf8(const uint16_t *p) {
-    h8 h; memcpy(&h, p, sizeof h);
-    u8x32 w = __builtin_convertvector(h, u8x32) << 16;
-    v8 r; memcpy(&r, &w, sizeof r); return r;
-}
-static inline v8 load_kv8(const void *base, int64_t off, int bf16) {
-    return bf16 ? load_bf8((const uint16_t *)base + off) : load8((const float *)base + off);
-}
-static inline v8 splat8(float x) { return (v8){x, x, x, x, x, x, x, x}; }
-static inline v8 vmax8(v8 a, v8 b) {
-    i8 m = a > b;
-    return (v8)(((i8)a & m) | ((i8)b & ~m));
-}
 
 /* The sums of four 16-lane vectors, one fixed tree for all four: lane l + 8 onto lane l (the
  * caller adds the two halves: x[l] + x[l + 8] in lane l of its argument), then l + 4, then
@@ -65,26 +46,6 @@ static inline v8 sum4h(v8 a, v8 b, v8 c, v8 d) {
     v8 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 8, 9, 10, 11) + __builtin_shufflevector(c, d, 4, 5, 6, 7, 12, 13, 14, 15);
     v8 s = __builtin_shufflevector(ab, cd, 0, 1, 4, 5, 8, 9, 12, 13) + __builtin_shufflevector(ab, cd, 2, 3, 6, 7, 10, 11, 14, 15);
     return s + __builtin_shufflevector(s, s, 1, 0, 3, 2, 5, 4, 7, 6);
-}
-
-/* exp(x) for x <= 0 (Cephes' expf: x = n ln2 + r, a degree-7 polynomial in r); exactly 0 below -87. */
-static inline v8 vexp8(v8 x) {
-    v8 lo = splat8(-87.0f);
-    i8 under = x < lo;
-    x = vmax8(x, lo);
-    v8 t = x * splat8(1.44269504088896341f) + splat8(12582912.0f);
-    v8 n = t - splat8(12582912.0f); /* round to nearest */
-    v8 r = x - n * splat8(0.693359375f) - n * splat8(-2.12194440e-4f);
-    v8 p = splat8(1.9875691500e-4f);
-    p = p * r + splat8(1.3981999507e-3f);
-    p = p * r + splat8(8.3334519073e-3f);
-    p = p * r + splat8(4.1665795894e-2f);
-    p = p * r + splat8(1.6666665459e-1f);
-    p = p * r + splat8(5.0000001201e-1f);
-    p = p * (r * r) + r + splat8(1.0f);
-    i8 bits = (__builtin_convertvector(n, i8) + 127) << 23;
-    v8 scale; memcpy(&scale, &bits, sizeof scale);
-    return (v8)((i8)(p * scale) & ~under);
 }
 
 typedef struct {
