@@ -7,6 +7,7 @@ a truncated ``.so``, a world-writable or foreign-owned cache folder."""
 from __future__ import annotations
 
 import ctypes
+import fnmatch
 import os
 import platform
 import stat
@@ -228,3 +229,19 @@ def test_a_cache_that_cannot_be_made_builds_privately(fresh: Path) -> None:
     assert lib is not None and kernels.why_not() is None
     assert len(said) == 1 and "cannot use" in said[0] and "private temporary folder" in said[0], said
     assert not Path(lib._name).parent.exists()
+
+
+def test_every_file_the_library_is_built_from_ships_in_the_wheel() -> None:
+    """A source or header the package data leaves out would build nowhere but a clone: every
+    installed copy would fall back to the torch path (with its one warning)."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    root = Path(__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["draftwise"]
+    package = root / "src" / "draftwise"
+    for path in (*kernels.SOURCES, *kernels.HEADERS):
+        assert path.exists(), path
+        relative = path.resolve().relative_to(package.resolve()).as_posix()
+        assert any(fnmatch.fnmatch(relative, p) for p in patterns), f"{relative} is not in the package data"
+    included = {p.name for p in (*kernels.SOURCES, *kernels.HEADERS)}
+    on_disk = {p.name for p in kernels.SOURCE.parent.iterdir() if p.suffix in (".c", ".h")}
+    assert on_disk == included, f"kernel files the build does not name: {on_disk - included}"
