@@ -8,8 +8,10 @@ a 2-core CPU, most of it torch.compile on the first start of each configuration)
         --engines draftwise:plain,draftwise:suffix,vllm:plain,vllm:eagle3,vllm:ngram,vllm:draft_model \
         --dtype float32,bfloat16 --clients 1,2,4,8,16 --requests 2 --max-tokens 128 --out out/peer-bench
 
-1. Engine configurations (``--engines``, each run at every ``--dtype``), started one at a time,
-   each stopped (and waited for) before the next starts:
+1. Engine configurations (``--engines``, each run at every ``--dtype``), started one at a time in
+   the order given (``--reverse``: the other way round), each stopped (and waited for) before the
+   next starts. This host's speed drifts by 20% or more over minutes, so a ratio between engines
+   is sound from two runs, one each way (``--reverse`` on the second):
 
    - ``draftwise:plain`` / ``draftwise:suffix`` / ``draftwise:lookup``: ``.venv/bin/draftwise serve
      --draft none`` / ``--draft suffix --k auto`` / ``--draft lookup --k auto``, with ``--max-batch 16``
@@ -698,6 +700,9 @@ def main() -> int:
     ap.add_argument("--out", default="out/peer-bench")
     ap.add_argument("--port", type=int, default=8011)
     ap.add_argument("--start-timeout", type=float, default=900.0, help="seconds a server may take to be ready")
+    ap.add_argument("--reverse", action="store_true",
+                    help="start the engines in the reverse of --engines' order (run the sweep once each way: on a "
+                         "host whose speed drifts, the two runs together time each engine before and after the other)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up requests before the sweep (not counted)")
     ap.add_argument("--draftwise-model", default="default", help="draftwise serve --model (and the model for vLLM's folder)")
     ap.add_argument("--max-batch", type=int, default=16, help="draftwise serve --max-batch")
@@ -754,7 +759,7 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     servers: list[dict[str, Any]] = []
     for dtype in dtypes:
-        for engine, name in configs:
+        for engine, name in (configs[::-1] if args.reverse else configs):
             config = label(engine, name)
             if engine == "draftwise":
                 cmd, env_set = draftwise_command(args, name, dtype), {}
