@@ -9,6 +9,7 @@ import random
 import pytest
 import torch
 
+from draftwise.errors import ConfigError
 from draftwise.runtime import kernels
 from draftwise.runtime.base import Rows
 from draftwise.runtime.batch_plan import attend_groups, make_plan
@@ -193,3 +194,23 @@ def test_a_failed_build_says_why_and_warns(monkeypatch: pytest.MonkeyPatch, tmp_
     with pytest.warns(RuntimeWarning, match="slower torch path"):
         assert kernels.library() is None
     assert kernels.why_not() is not None
+
+
+@needs_kernel
+def test_the_kernel_writes_bfloat16_as_to_would() -> None:
+    """``out_dtype=torch.bfloat16`` rounds in the kernel, to the bits ``.to(torch.bfloat16)`` gives
+    the float32 output (the runtime's bfloat16 layers take it without a conversion)."""
+    gen = torch.Generator().manual_seed(4)
+    slots, kv, group, hd, ctx = 4, 2, 3, 64, 256
+    k = torch.randn(slots, kv, ctx, hd, generator=gen).to(torch.bfloat16)
+    v = torch.randn(slots, kv, ctx, hd, generator=gen).to(torch.bfloat16)
+    passes, lengths = ragged_pass(2, slots, ctx)
+    plan = make_plan(passes, lengths, ctx, kv_heads=kv, group=group, head_dim=hd, device=torch.device("cpu"),
+                     compiled=True)
+    assert plan.seq is not None and plan.trees is not None
+    q = torch.randn(sum(len(p.ids) for p in passes), kv * group, hd, generator=gen)
+    f32 = kernels.attend(q, k, v, plan.seq, plan.trees, 0.125, 2)
+    bf16 = kernels.attend(q, k, v, plan.seq, plan.trees, 0.125, 2, torch.bfloat16)
+    assert bf16.dtype == torch.bfloat16 and torch.equal(bf16, f32.to(torch.bfloat16))
+    with pytest.raises(ConfigError, match="writes float32 or bfloat16"):
+        kernels.attend(q, k, v, plan.seq, plan.trees, 0.125, 2, torch.float16)

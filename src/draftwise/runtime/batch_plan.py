@@ -284,9 +284,8 @@ def attend_groups(plan: Plan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     cache (``[slots, KV, ctx, hd]``): ``[R, H * hd]`` in ``dtype``."""
     if plan.seq is not None:  # the compiled kernel: every sequence in one call
         assert plan.trees is not None
-        out = kernels.attend(q if q.dtype == torch.float32 else q.float(), k_cache, v_cache, plan.seq, plan.trees,
-                             scale, plan.threads)
-        return out if dtype == torch.float32 else out.to(dtype)
+        return kernels.attend(q if q.dtype == torch.float32 else q.float(), k_cache, v_cache, plan.seq, plan.trees,
+                              scale, plan.threads, dtype)
     att = None
     for g in plan.groups:
         keys, values = g.cached(k_cache), g.cached(v_cache)  # [B, KV, L, hd]

@@ -486,9 +486,8 @@ class NativeRuntime(FeatureCapture):
             k_cache, v_cache = self._k[i], self._v[i]
             q = kernels.rope_store(self._qkv[i](h), self.cos, self.sin_signed, plan.positions, plan.slot_of, plan.at,
                                    k_cache, v_cache, H, threads)
-            att = kernels.attend(q, k_cache, v_cache, plan.seq, plan.trees, self.scale, threads)
-            h = kernels.add_norm(x, self._o[i](att if x.dtype == torch.float32 else att.to(x.dtype)),
-                                 self.ln_mlp[i], eps, threads)
+            att = kernels.attend(q, k_cache, v_cache, plan.seq, plan.trees, self.scale, threads, x.dtype)
+            h = kernels.add_norm(x, self._o[i](att), self.ln_mlp[i], eps, threads)
             up = kernels.silu_mul(self._gate_up[i](h), threads)
             following = self.ln_attn[layers[n + 1]] if n + 1 < len(layers) else None
             h = kernels.add_norm(x, self._down[i](up), following, eps, threads)

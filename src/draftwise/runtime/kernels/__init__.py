@@ -207,7 +207,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     """``lib`` (a build of the sources) with its functions' argument and result types set
     (AttributeError: a function is missing)."""
     i64, ptr, cint, cfloat = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_float
-    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, i64, cint, ptr,
+    lib.dw_attend.argtypes = [ptr, i64, i64, ptr, ptr, cint, i64, i64, i64, ptr, i64, cint, cint, ptr,
                               ptr, cint, cint, cint, cfloat, cint]
     lib.dw_attend.restype = cint
     lib.dw_add_norm.argtypes = [ptr, ptr, ptr, ptr, i64, i64, cfloat, cint, cint]
@@ -257,10 +257,10 @@ def available(head_dim: int, cache_dtype: torch.dtype = torch.float32) -> bool:
 
 
 def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: torch.Tensor, trees: torch.Tensor,
-           scale: float, threads: int) -> torch.Tensor:
+           scale: float, threads: int, out_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Every sequence's rows of ``q`` (``[R, H, hd]``, float32, last axis contiguous) over its own
     slot of one layer's cache (``[slots, KV, ctx, hd]``, float32 or bfloat16, contiguous):
-    ``[R, H * hd]`` float32. ``seq`` is ``[n, 5]`` int64 (per sequence: slot, start, rows, first
+    ``[R, H * hd]`` in ``out_dtype`` (float32, or bfloat16: rounded to nearest, as ``.to`` would). ``seq`` is ``[n, 5]`` int64 (per sequence: slot, start, rows, first
     row, offset of its ancestor mask in ``trees`` or -1 for a chain), ``trees`` uint8."""
     lib = library()
     assert lib is not None
@@ -273,12 +273,14 @@ def attend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, seq: t
         q = q.contiguous()
     R, H, hd = q.shape
     KV = k_cache.shape[1]
-    out = torch.empty(R, H * hd, dtype=torch.float32)
+    if out_dtype not in CACHE_DTYPES:
+        raise ConfigError(f"the attention kernel writes float32 or bfloat16, not {out_dtype}")
+    out = torch.empty(R, H * hd, dtype=out_dtype)
     sk = k_cache.stride()
     failed = lib.dw_attend(
         q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(),
         int(k_cache.dtype == torch.bfloat16), sk[0], sk[1], sk[2], out.data_ptr(), out.stride(0),
-        seq.shape[0], seq.data_ptr(), trees.data_ptr(), H, KV, hd, scale, threads)
+        int(out_dtype == torch.bfloat16), seq.shape[0], seq.data_ptr(), trees.data_ptr(), H, KV, hd, scale, threads)
     if failed == 2:
         raise ConfigError(f"the attention kernel does not cover heads of {hd} (it does {HEAD_DIMS})")
     if failed:

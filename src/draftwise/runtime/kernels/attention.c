@@ -51,7 +51,7 @@ static inline v8 sum4h(v8 a, v8 b, v8 c, v8 d) {
 typedef struct {
     const float *q; int64_t q_row, q_head;
     const void *k, *v; int bf16; int64_t c_slot, c_head, c_pos;
-    float *out; int64_t out_row;
+    void *out; int64_t out_row; int out_bf16;
     const int64_t *seq; /* per sequence: slot, start, count, first row, tree offset (-1: a chain) */
     const uint8_t *trees;
     int H, KV, hd; float scale;
@@ -170,8 +170,14 @@ static int run_item(const Args *a, const Item *it, int nc) {
             }
             for (int i = 0; i < QB && b + i < nq; i++) {
                 int qi = it->q0 + b + i;
-                float *dst = a->out + (row0 + qi / G) * a->out_row + (int64_t)(h * G + qi % G) * a->hd;
-                store8(dst + 8 * c, acc[i] * splat8(inv[i]));
+                const int64_t at = (row0 + qi / G) * a->out_row + (int64_t)(h * G + qi % G) * a->hd + 8 * c;
+                const v8 r = acc[i] * splat8(inv[i]);
+                if (a->out_bf16) {
+                    h8 hb = __builtin_convertvector(bf_bits8(r) >> 16, h8);
+                    memcpy((uint16_t *)a->out + at, &hb, sizeof hb);
+                } else {
+                    store8((float *)a->out + at, r);
+                }
             }
         }
     }
@@ -184,11 +190,11 @@ static int run_item_32(const Args *a, const Item *it) { return run_item(a, it, 2
 static int run_item_64(const Args *a, const Item *it) { return run_item(a, it, 4); }
 static int run_item_128(const Args *a, const Item *it) { return run_item(a, it, 8); }
 
-int dw_attend_version(void) { return 1; }
+int dw_attend_version(void) { return 2; }
 
 /* Returns 0, or 1 when memory ran out, 2 for a head size it does not cover. */
 int dw_attend(const float *q, int64_t q_row, int64_t q_head, const void *k, const void *v, int bf16,
-              int64_t c_slot, int64_t c_head, int64_t c_pos, float *out, int64_t out_row, int n_seq,
+              int64_t c_slot, int64_t c_head, int64_t c_pos, void *out, int64_t out_row, int out_bf16, int n_seq,
               const int64_t *seq, const uint8_t *trees, int H, int KV, int hd, float scale, int threads) {
     int (*fn)(const Args *, const Item *);
     switch (hd) {
@@ -198,7 +204,7 @@ int dw_attend(const float *q, int64_t q_row, int64_t q_head, const void *k, cons
         case 128: fn = run_item_128; break;
         default: return 2;
     }
-    Args a = {q, q_row, q_head, k, v, bf16, c_slot, c_head, c_pos, out, out_row, seq, trees, H, KV, hd, scale};
+    Args a = {q, q_row, q_head, k, v, bf16, c_slot, c_head, c_pos, out, out_row, out_bf16, seq, trees, H, KV, hd, scale};
     const int G = H / KV;
     int n = 0;
     for (int s = 0; s < n_seq; s++) n += KV * (int)((seq[5 * s + 2] * G + ITEM_ROWS - 1) / ITEM_ROWS);

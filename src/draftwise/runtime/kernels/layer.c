@@ -30,15 +30,6 @@
 
 #include "simd.h"
 
-/* Eight floats rounded to bfloat16 (to nearest, ties to even; a NaN stays a quiet NaN), as
- * their 32-bit patterns with the low 16 bits zero. */
-static inline u8x32 bf_bits8(v8 f) {
-    u8x32 u;
-    memcpy(&u, &f, sizeof u);
-    const u8x32 nan = (u & 0x7fffffffu) > 0x7f800000u;
-    const u8x32 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
-    return (r & ~nan) | ((u | 0x00400000u) & 0xffff0000u & nan);
-}
 /* f rounded to the element type (bfloat16: the nearest bfloat16, kept as floats) */
 static inline v8 rnd8(v8 f, int bf16) {
     if (!bf16) return f;
@@ -146,7 +137,7 @@ static inline v8 silu_mul8(v8 g, v8 u, int bf16) {
     const i8 neg = g < splat8(0.0f);
     const v8 e = vexp8((v8)((i8)g | (i8)splat8(-0.0f))); /* exp(-|g|): the sign bit set */
     const v8 one = splat8(1.0f), den = one + e;
-    const v8 sig = (v8)(((i8)(e / den) & neg) | ((i8)(one / den) & ~neg));
+    const v8 sig = (v8)(((i8)e & neg) | ((i8)one & ~neg)) / den; /* e / (1 + e) or 1 / (1 + e) */
     return rnd8(rnd8(g * sig, bf16) * u, bf16);
 }
 

@@ -46,4 +46,14 @@ static inline v8 vexp8(v8 x) {
     return (v8)((i8)(p * scale) & ~under);
 }
 
+/* Eight floats rounded to bfloat16 (to nearest, ties to even; a NaN stays a quiet NaN), as
+ * their 32-bit patterns with the low 16 bits zero. */
+static inline u8x32 bf_bits8(v8 f) {
+    u8x32 u;
+    memcpy(&u, &f, sizeof u);
+    const u8x32 nan = (u & 0x7fffffffu) > 0x7f800000u;
+    const u8x32 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    return (r & ~nan) | ((u | 0x00400000u) & 0xffff0000u & nan);
+}
+
 #endif
