@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from draftwise.errors import ModelLoadError, UnsupportedArchitectureError
@@ -31,7 +32,9 @@ def check_supported(config: Any) -> str | None:
 
 
 def rope_tables(config: Any, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables ``[positions, head_dim]`` in float32, computed exactly as transformers does."""
+    """cos/sin tables ``[positions, head_dim]`` in float32: transformers' angles (the same float32
+    ``position * inv_freq``), their cos and sin from float64 rounded once to float32 (transformers takes
+    torch's float32 ``cos``, within an ulp of these where it is accurate)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -49,8 +52,15 @@ def rope_tables(config: Any, positions: int) -> tuple[torch.Tensor, torch.Tensor
             "load the model with runtime='hf' (the Hugging Face adapter)"
         )
     freqs = torch.arange(positions, dtype=torch.float)[:, None] * inv_freq[None, :].float()
-    emb = torch.cat((freqs, freqs), dim=-1)  # [positions, head_dim]
-    return emb.cos() * scale, emb.sin() * scale
+    emb = torch.cat((freqs, freqs), dim=-1).double().numpy()  # [positions, head_dim], float32 angles
+    # cos and sin in numpy's float64, rounded once to float32, not torch's float32 cos: on a 2-core
+    # Xeon, 1 process in about 8 got one OpenMP thread's half of torch's table from a routine
+    # accurate only to 1.5e-4 (every other process: 4e-8), so that process's logits differed from
+    # every other's (the float32 cache on/off mismatch of issue 72 had this shape). numpy's do not
+    # depend on the thread.
+    cos = torch.from_numpy(np.cos(emb)).float()
+    sin = torch.from_numpy(np.sin(emb)).float()
+    return cos * scale, sin * scale
 
 
 def rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
