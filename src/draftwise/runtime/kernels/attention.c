@@ -59,19 +59,6 @@ typedef struct {
 
 typedef struct { int s, h, q0, q1; } Item;
 
-static __thread float *buffer;
-static __thread size_t capacity;
-
-static float *scratch(size_t n) {
-    if (n > capacity) {
-        free(buffer);
-        capacity = n + n / 2;
-        buffer = (float *)malloc(capacity * sizeof(float));
-        if (!buffer) capacity = 0;
-    }
-    return buffer;
-}
-
 /* Query rows q0 .. q1 - 1 (row j = q / G, head h * G + q % G) of sequence s against KV head h. */
 static int run_item(const Args *a, const Item *it, int nc) {
     const int64_t *sq = a->seq + 5 * it->s;

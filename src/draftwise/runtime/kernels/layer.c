@@ -77,19 +77,6 @@ static float sum_squares(const float *x, int64_t d) {
     return lane[0];
 }
 
-static __thread float *buffer;
-static __thread size_t capacity;
-
-static float *scratch(size_t n) {
-    if (n > capacity) {
-        free(buffer);
-        capacity = n + n / 2;
-        buffer = (float *)malloc(capacity * sizeof(float));
-        if (!buffer) capacity = 0;
-    }
-    return buffer;
-}
-
 /* Rows of x ([rows, d], row stride d): x += y where y is given (the sum rounded to the element
  * type); then, where w is given, out = rms_norm(x) * w ([rows, d]): x / sqrt(mean(x^2) + eps)
  * rounded, times w rounded. Returns 1 when memory ran out. */

@@ -3,6 +3,7 @@
 #ifndef DW_SIMD_H
 #define DW_SIMD_H
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -54,6 +55,21 @@ static inline u8x32 bf_bits8(v8 f) {
     const u8x32 nan = (u & 0x7fffffffu) > 0x7f800000u;
     const u8x32 r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
     return (r & ~nan) | ((u | 0x00400000u) & 0xffff0000u & nan);
+}
+
+/* This thread's scratch floats, at least n of them (grown, never shrunk; NULL when memory ran
+ * out). One buffer per thread and per file that includes this header. */
+static __thread float *buffer;
+static __thread size_t capacity;
+
+static inline float *scratch(size_t n) {
+    if (n > capacity) {
+        free(buffer);
+        capacity = n + n / 2;
+        buffer = (float *)malloc(capacity * sizeof(float));
+        if (!buffer) capacity = 0;
+    }
+    return buffer;
 }
 
 #endif
