@@ -36,7 +36,6 @@ from draftwise.runtime.chat import encode_conversation
 from draftwise.runtime.loaders import load_model
 from draftwise.runtime.prefix_cache import BLOCK_TOKENS, PrefixCache
 
-NO_KV = torch.empty(0)
 
 
 def requests(tokenizer: Any, conversations: list[list[tuple[str, str]]], users: int,
@@ -74,13 +73,19 @@ def requests(tokenizer: Any, conversations: list[list[tuple[str, str]]], users: 
             live[u] = (turns, answers, t + 1) if t + 1 < len(turns) else None
 
 
+def no_kv(start: int, end: int) -> torch.Tensor:
+    """No K/V (a replay counts tokens and bytes only): an empty tensor of the positions' shape."""
+    return torch.empty(0, 0, end - start, 0)
+
+
 def replay(reqs: list[tuple[list[int], list[int]]], megabytes: int, block_bytes: int) -> dict[str, Any]:
     cache = PrefixCache(megabytes << 20)
     peak = 0
     for prompt, whole in reqs:
         cache.lookup(prompt, usable=len(prompt) - 1).release()
-        cache.insert(prompt, lambda a, b: NO_KV, block_bytes=block_bytes)
-        cache.insert(whole[:-1], lambda a, b: NO_KV, block_bytes=block_bytes)  # the last token's K/V is never computed
+        # as the server saves them (tails included); the last token's K/V is never computed
+        cache.insert(prompt, no_kv, block_bytes=block_bytes, tail=True)
+        cache.insert(whole[:-1], no_kv, block_bytes=block_bytes, tail=True)
         peak = max(peak, cache.bytes)
     return {"mb": megabytes, "queries": cache.queries, "hits": cache.hits,
             "hit_rate": cache.hits / cache.queries if cache.queries else 0.0, "peak_mib": peak / 2**20,

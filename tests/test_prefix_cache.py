@@ -68,6 +68,34 @@ def test_a_lookup_takes_the_longest_chain_then_what_the_next_block_shares() -> N
     assert cache.queries == sum(len(c[0]) for c in cases) and cache.hits == sum(c[2] for c in cases)
 
 
+def test_a_tail_keeps_the_positions_after_the_last_full_block() -> None:
+    """What a chat's next turn needs: the whole of the answer before it, not its full blocks only."""
+    cache = PrefixCache(1 << 20)
+    seq = list(range(3, 3 + 3 * B + 5))  # three full blocks and a tail of 5
+    assert cache.insert(seq, fake_read, block_bytes=BLOCK_BYTES, tail=True) == 4
+    assert cache.insert(seq, fake_read, block_bytes=BLOCK_BYTES, tail=True) == 0  # cached once
+    assert cache.insert(seq[:-2], fake_read, block_bytes=BLOCK_BYTES, tail=True) == 0  # a tail holds it
+    assert cache.bytes == 4 * BLOCK_BYTES and cache.cached(seq) == 3 * B  # whole blocks only for in_flight
+    for ids, usable, want in [
+        (seq + [1, 2], len(seq) + 1, len(seq)),  # the next turn: all of it
+        (seq + [1, 2], len(seq) - 2, len(seq) - 2),  # no more than usable
+        (seq[:-1] + [1], len(seq), len(seq) - 1),  # leaves the tail inside it
+        (seq[: 3 * B + 2], 3 * B + 1, 3 * B + 1),  # exactly inside the tail: one token left to prefill
+    ]:
+        with cache.lookup(ids, usable=usable) as lease:
+            assert lease.tokens == want
+            assert lease.kv()[0, 0, :, 0].tolist() == [float(p // B * B) for p in range(want)]
+    longer = seq + [1, 2, 3]  # the tail grows (8 tokens): it replaces the tail of 5
+    assert cache.insert(longer, fake_read, block_bytes=BLOCK_BYTES, tail=True) == 1 and len(cache) == 4
+    whole = longer + list(range(100, 108))  # a full block replaces the tail
+    with cache.lookup(longer + [9], usable=len(longer)) as lease:  # ... unless it is pinned: then both stay
+        assert lease.tokens == len(longer)
+        assert cache.insert(whole, fake_read, block_bytes=BLOCK_BYTES, tail=True) == 1 and len(cache) == 5
+        assert lease.kv()[0, 0, -1, 0].item() == 3 * B
+    assert cache.insert(whole + [7], fake_read, block_bytes=BLOCK_BYTES, tail=True) == 1  # the old tail goes
+    assert len(cache) == 5 and cache.lookup(whole + [7, 7], usable=len(whole) + 1).tokens == len(whole) + 1
+
+
 def test_a_full_cache_evicts_the_least_recently_used_leaf_and_stays_under_its_bound() -> None:
     cache = PrefixCache(4 * BLOCK_BYTES)
     a, b = [5] * (2 * B), [6] * (2 * B)
@@ -109,14 +137,17 @@ def test_random_use_keeps_the_bound_and_every_chain_whole() -> None:
     for _ in range(300):
         ids = [rng.randrange(3, 6) for _ in range(rng.randrange(1, 5 * B))]
         if rng.random() < 0.5:
-            cache.insert(ids, fake_read, block_bytes=BLOCK_BYTES)
+            cache.insert(ids, fake_read, block_bytes=BLOCK_BYTES, tail=rng.random() < 0.5)
         else:
             held.append(cache.lookup(ids, usable=len(ids) - 1))
+            if held[-1].tokens:  # every position's K/V is its own
+                assert held[-1].kv()[0, 0, :, 0].tolist() == [float(p // B * B) for p in range(held[-1].tokens)]
             if len(held) > 3:
                 held.pop(0).release()
         assert cache.bytes == BLOCK_BYTES * len(cache) <= cache.max_bytes
         ids_held = {b.id for b in cache._blocks.values()}
         assert all(key[0] == -1 or key[0] in ids_held for key in cache._blocks)
+        assert not any(cache._kids.get(b.id) for b in cache._blocks.values() if len(b.key[1]) < B)  # a tail ends a chain
         assert all(b in cache._blocks.values() for lease in held for b in lease.blocks)
 
 
@@ -178,20 +209,41 @@ def test_a_reused_prefix_gives_the_logits_of_its_prefill(state: dict[str, torch.
             assert torch.equal(g, w), f"{len(query)} tokens: logits differ by {(g - w).abs().max().item()}"
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_reused_tail_gives_the_logits_of_its_prefill(state: dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """A next turn reuses the positions after the last full block (its tail) too, bit for bit."""
+    rt = native(state, dtype, "kernel")
+    rng = random.Random(4)
+    seq = [rng.randrange(3, 96) for _ in range(2 * B + 13)]
+    rt.prefill(seq)
+    cache = PrefixCache(1 << 20)
+    assert rt.save_prefix(cache) == 3  # two blocks and a tail of 13
+    query = seq + [7, 8, 9]
+    want = [rt.prefill(query), rt.forward([10, 11])]
+    assert rt.reuse_prefix(query, cache) == len(seq)
+    got = [rt.prefill(query, start=len(seq)), rt.forward([10, 11])]
+    for g, w in zip(got, want):
+        assert torch.equal(g, w), f"logits differ by {(g - w).abs().max().item()}"
+
+
 def test_only_positions_that_hold_a_chain_of_full_passes_are_cached(state: dict[str, torch.Tensor]) -> None:
     rt = native(state, torch.float32, "torch")
     prompt = list(range(3, 3 + 40))
     rt.prefill(prompt)
     rt.forward([5, 6, 7], parents=[-1, 0, 0])  # a tree not kept yet: its rows are not a chain
     cache = PrefixCache(1 << 20)
-    assert rt.save_prefix(cache) == 2  # 40 positions: two blocks
+    assert rt.save_prefix(cache) == 3  # 40 positions: two blocks and a tail of 8
     rt.keep(40, [0, 2])
     rt.forward([8] * 10, layers=[0])  # a draft pass on one layer: stale in the others
-    assert rt.save_prefix(cache) == 0  # 42 known: still two blocks
+    assert rt.save_prefix(cache) == 1  # 42 known: a tail of 10 (it replaces the tail of 8)
+    later = prompt + [5, 7] + [8] * 10 + [1]
+    with cache.lookup(later, usable=52) as lease:
+        assert lease.tokens == 42 and len(cache) == 3
     rt.rollback(42)
     rt.forward([8] * 10)
-    assert rt.save_prefix(cache) == 1  # 52
-    assert cache.lookup(prompt + [5, 7] + [8] * 10 + [1], usable=52).tokens == 48
+    assert rt.save_prefix(cache) == 2  # 52: a third block (it replaces the tail of 10) and a tail of 4
+    with cache.lookup(later, usable=52) as lease:
+        assert lease.tokens == 52 and len(cache) == 4
 
 
 def test_a_bad_start_is_refused_and_a_compiled_runtime_reuses_nothing(state: dict[str, torch.Tensor]) -> None:
@@ -204,7 +256,7 @@ def test_a_bad_start_is_refused_and_a_compiled_runtime_reuses_nothing(state: dic
         rt.prefill([1] * 40)
         with pytest.raises(ConfigError, match=f"prefill\\(start={start}\\)"):
             rt.prefill(ids, start=start)
-    assert rt.reuse_prefix(ids, cache) == 32
+    assert rt.reuse_prefix(ids, cache) == 39  # two blocks and 7 of the tail's 8 (one token to prefill)
     rt.compiled = True  # (not compiled: only what the runtime says about it)
     assert not rt.reuses_prefixes and rt.reuse_prefix(ids, cache) == 0 and rt.save_prefix(cache) == 0
 
@@ -290,6 +342,17 @@ def greedy(ids: list[int], cache: PrefixCache, tokens: int = 20) -> Any:
     return job
 
 
+def full_blocks(cache: PrefixCache) -> list[tuple[int, ...]]:
+    """The token ids from position 0 through each full block the cache holds, sorted (a block
+    cached twice is in it twice; the tails, which depend on the order sequences ended, are not)."""
+    by_id = {b.id: b for b in cache._blocks.values()}
+
+    def path(b: Any) -> tuple[int, ...]:
+        return b.key[1] if b.key[0] == -1 else path(by_id[b.key[0]]) + b.key[1]
+
+    return sorted(path(b) for b in cache._blocks.values() if len(b.key[1]) == cache.block_tokens)
+
+
 def test_two_requests_racing_for_one_new_prefix(models: dict[str, Any]) -> None:
     model, eng_model = models["float32"], models["float32-engine"]
     shared = model.encode_prompt(SYSTEM * 2 + "Name three colours.")
@@ -303,7 +366,7 @@ def test_two_requests_racing_for_one_new_prefix(models: dict[str, Any]) -> None:
     alone = PrefixCache(1 << 20)
     for p in prompts:
         generate(model, p, max_new_tokens=20, prefix_cache=alone)
-    assert {k: b.id for k, b in cache._blocks.items()}.keys() == alone._blocks.keys()  # each block once
+    assert full_blocks(cache) == full_blocks(alone)  # each block once
     third = run_jobs(eng, [greedy(shared + [303], cache)])[0]
     assert third.token_ids == generate(model, shared + [303], max_new_tokens=20).token_ids
     assert third.cached_tokens == len(shared)

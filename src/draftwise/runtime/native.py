@@ -401,7 +401,8 @@ class NativeRuntime(FeatureCapture):
         return n
 
     def save_prefix(self, cache: PrefixCache, slot: int = 0) -> int:
-        """Put slot ``slot``'s full blocks of known tokens into ``cache``; return how many were new."""
+        """Put slot ``slot``'s blocks of known tokens into ``cache``, the positions after the last
+        full one as a tail block; return how many were new."""
         if not self.reuses_prefixes:
             return 0
         cache.bind(self)
@@ -414,7 +415,7 @@ class NativeRuntime(FeatureCapture):
             with torch.inference_mode():
                 return torch.stack([c[slot, :, start:end] for c in layers])
 
-        return cache.insert(held, read, block_bytes=cache.block_tokens * self.position_bytes)
+        return cache.insert(held, read, block_bytes=cache.block_tokens * self.position_bytes, tail=True)
 
     def restrict_head(self, rows: Sequence[int] | torch.Tensor | None) -> None:
         """Score only the token ids ``rows`` (a reduced-vocabulary draft head, as in FR-Spec);

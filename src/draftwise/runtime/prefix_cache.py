@@ -28,7 +28,10 @@ Rules: a lookup matches the longest chain of cached blocks that the prompt start
 first positions of a cached block after it that the prompt's next tokens begin (a prompt that
 ends, or leaves an earlier one, inside a block: a repeated prompt, the next turn of a chat), but
 reuses at most ``len(prompt) - 1`` positions, so the first token's logits always come from a pass
-(a prompt that is exactly a cached prefix copies all but its last position). A :class:`Lease` pins
+(a prompt that is exactly a cached prefix copies all but its last position). A sequence's positions
+after its last full block are kept too, as a *tail* block of fewer tokens (``insert(tail=True)``,
+what a runtime's ``save_prefix`` does): a chat's next turn starts with the whole answer before it,
+and without its tail would prefill up to a block's tokens of it again. A :class:`Lease` pins
 its blocks (a reference count) until the copy is done; eviction takes the least recently used
 block that is unpinned and has no cached child, so a chain is cut from its end, never orphaned
 (a lookup or insert touches the chain leaf first, so a parent is always more recent than its
@@ -132,7 +135,8 @@ class PrefixRuntime(Protocol):
     """A runtime that reuses prefixes (the native one and its engine slots, where
     ``reuses_prefixes``): ``reuse_prefix`` empties the sequence's cache and copies the longest
     cached prefix of ``ids`` into it (all but the last token at most), returning its length;
-    ``prefill(ids, start=n)`` then runs ``ids[n:]``; ``save_prefix`` puts its full blocks in ``cache``."""
+    ``prefill(ids, start=n)`` then runs ``ids[n:]``; ``save_prefix`` puts its blocks (and its tail)
+    in ``cache``."""
 
     reuses_prefixes: bool
 
@@ -253,7 +257,8 @@ class PrefixCache:
             rest = list(ids[start : min(usable, start + B)])
             best, most = None, 0
             for kid in self._kids.get(parent, ()) if rest else ():
-                shared = next((i for i, (a, b) in enumerate(zip(kid.key[1], rest)) if a != b), min(B, len(rest)))
+                shared = next((i for i, (a, b) in enumerate(zip(kid.key[1], rest)) if a != b),
+                             min(len(kid.key[1]), len(rest)))
                 if shared > most:
                     best, most = kid, shared
             if best is not None:
@@ -266,28 +271,29 @@ class PrefixCache:
         self.hits += tokens
         return Lease(chain, tokens)
 
-    def insert(self, ids: Sequence[int], read: Reader, *, block_bytes: int) -> int:
+    def insert(self, ids: Sequence[int], read: Reader, *, block_bytes: int, tail: bool = False) -> int:
         """Cache every full block of ``ids`` (the tokens at positions ``0 ..`` of a sequence whose
         K/V ``read`` gives; each block takes ``block_bytes``) that is not cached yet; return how
-        many were added. Stops at the first block it cannot make room for."""
+        many were added. Stops at the first block it cannot make room for.
+
+        ``tail``: the positions after the last full block too, as a *tail* block of fewer tokens
+        (a whole block's place): the end of a chat's answer, which its next turn starts with. A tail
+        is only ever the block after a chain (nothing is cached after it), and one that another
+        block of the same parent starts with is dropped (unpinned) or not added."""
         B, path, added = self.block_tokens, [], 0
         parent: _Block | None = None
         try:
-            for start in range(0, len(ids) - B + 1, B):
+            for start in range(0, len(ids), B):
+                if start + B > len(ids) and not tail:
+                    break
                 key = (parent.id if parent is not None else -1, tuple(ids[start : start + B]))
-                block = self._blocks.get(key)
+                block = self._blocks.get(key) or self._covering(key)
                 if block is None:
                     if not self._make_room(block_bytes):
                         break
-                    kv = read(start, start + B)
-                    slot = self._place(kv, block_bytes)
-                    self._pool[slot].copy_(kv)  # type: ignore[index]  # _place made it
-                    block = _Block(key, self._next_id, self._pool[slot], block_bytes, slot)  # type: ignore[index]
-                    self._next_id += 1
-                    self._blocks[key] = block
-                    self._kids.setdefault(key[0], []).append(block)
-                    self.bytes += block_bytes
+                    block = self._add(key, read(start, start + len(key[1])), block_bytes)
                     added += 1
+                self._drop_covered(block)
                 block.refs += 1  # pinned while the chain grows: making room never takes its own parent
                 path.append(block)
                 parent = block
@@ -297,17 +303,42 @@ class PrefixCache:
             self._touch(path)
         return added
 
+    def _covering(self, key: tuple[int, tuple[int, ...]]) -> _Block | None:
+        """For a tail's key (fewer than a block's tokens): a cached block of the same parent that
+        starts with its tokens, which then holds its K/V already."""
+        tokens = key[1]
+        if len(tokens) == self.block_tokens:
+            return None
+        return next((b for b in self._kids.get(key[0], ()) if b.key[1][: len(tokens)] == tokens), None)
+
+    def _add(self, key: tuple[int, tuple[int, ...]], kv: torch.Tensor, block_bytes: int) -> _Block:
+        """A new block ``key`` holding ``kv`` (a tail's fills the start of its place)."""
+        slot = self._place(kv, block_bytes)
+        self._pool[slot][:, :, : kv.shape[2]].copy_(kv)  # type: ignore[index]  # _place made it
+        block = _Block(key, self._next_id, self._pool[slot], block_bytes, slot)  # type: ignore[index]
+        self._next_id += 1
+        self._blocks[key] = block
+        self._kids.setdefault(key[0], []).append(block)
+        self.bytes += block_bytes
+        return block
+
+    def _drop_covered(self, block: _Block) -> None:
+        """Drop the unpinned tails beside ``block`` (same parent) that it starts with: it holds their K/V."""
+        tokens, kids = block.key[1], self._kids.get(block.key[0], ())
+        for old in [b for b in kids if b.refs == 0 and len(b.key[1]) < len(tokens) and tokens[: len(b.key[1])] == b.key[1]]:
+            self._drop(old)
+
     def _place(self, kv: torch.Tensor, block_bytes: int) -> int:
-        """A free place in the pool for a block like ``kv`` (the pool is made on first use, and
-        made again for another block layout once the cache is empty)."""
-        pool = self._pool
-        if pool is None or pool.shape[1:] != kv.shape or pool.dtype != kv.dtype or pool.device != kv.device \
+        """A free place in the pool for a block like ``kv`` (a tail's: of fewer positions; the pool
+        is made on first use, and made again for another block layout once the cache is empty)."""
+        pool, shape = self._pool, torch.Size((*kv.shape[:2], self.block_tokens, *kv.shape[3:]))
+        if pool is None or pool.shape[1:] != shape or pool.dtype != kv.dtype or pool.device != kv.device \
                 or block_bytes != self._block_bytes:
             if self._blocks:
                 raise ConfigError(f"a block of shape {tuple(kv.shape)} ({kv.dtype}) does not fit this prefix cache's "
                                   "blocks; give each runtime its own PrefixCache")
             places = self.max_bytes // block_bytes  # _make_room keeps the blocks' bytes within max_bytes
-            self._pool = torch.empty((places, *kv.shape), dtype=kv.dtype, device=kv.device)
+            self._pool = torch.empty((places, *shape), dtype=kv.dtype, device=kv.device)
             self._free, self._block_bytes = list(range(places - 1, -1, -1)), block_bytes
         return self._free.pop()
 
