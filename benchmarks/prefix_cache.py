@@ -18,7 +18,8 @@ with the workloads, then sent three workloads, streamed and greedy, each request
 2. ``multi_turn``: ``--conversations`` two-turn conversations (the dev set's mt_bench questions),
    one request at a time, each conversation's second turn right after its first, with the
    server's own first answer (``--turn-tokens`` tokens at most) in its history. Goal: the second
-   turns' TTFT p50 >= 3x lower with the cache.
+   turns' TTFT p50 >= 3x lower with the cache. ``--second-turn-tokens`` caps the second answers
+   alone (their TTFT does not depend on it): first answers in full, at less run time.
 3. ``distinct``: ``--distinct`` prompts of about ``--prefix-tokens`` tokens, each with text of its
    own from the chat template's opening on (more K/V than the cache holds, to fill it past its
    bound), one at a time; after each, the server's resident memory (``VmRSS``) and
@@ -71,7 +72,7 @@ def start_server(args: argparse.Namespace, cache_mb: int, label: str) -> tuple[s
     exe = shutil.which("draftwise", path=str(Path(sys.executable).parent)) or "draftwise"
     cmd = [exe, "serve", "--model", args.model, "--port", str(args.port), "--draft", args.draft,
            "--max-batch", str(args.max_batch), "--prefix-cache-mb", str(cache_mb), "--dtype", args.dtype,
-           "--max-tokens-cap", str(max(args.max_tokens, args.turn_tokens)), "--request-timeout", "3600", "--context", str(args.context)]
+           "--max-tokens-cap", str(max(args.max_tokens, args.turn_tokens, args.second_turn_tokens or 0)), "--request-timeout", "3600", "--context", str(args.context)]
     cmd += ["--plan", args.plan] if args.plan else []
     url = f"http://127.0.0.1:{args.port}"
     return launch(cmd, Path(args.out) / f"server-{label}.log", url), url
@@ -189,7 +190,7 @@ def multi_turn(url: str, conversations: list[list[str]], args: argparse.Namespac
         history: list[dict[str, str]] = []
         for t, user in enumerate(turns[:2]):
             history.append({"role": "user", "content": user})
-            rec = ask(url, history, args.turn_tokens)
+            rec = ask(url, history, args.turn_tokens if t == 0 else args.second_turn_tokens or args.turn_tokens)
             history.append({"role": "assistant", "content": rec.get("text", "")})
             out.append({"workload": "multi_turn", "conversation": c, "turn": t + 1, **rec})
     return out
@@ -343,6 +344,8 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64, help="new tokens of each shared-system-prompt request")
     ap.add_argument("--conversations", type=int, default=40, help="two-turn conversations (the dev mt_bench ones)")
     ap.add_argument("--turn-tokens", type=int, default=128, help="new tokens of each conversation turn")
+    ap.add_argument("--second-turn-tokens", type=int, default=None,
+                    help="new tokens of each second turn (default: --turn-tokens)")
     ap.add_argument("--distinct", type=int, default=500, help="prompts with prefixes of their own")
     ap.add_argument("--prefix-tokens", type=int, default=300, help="about how long each distinct prompt is")
     ap.add_argument("--distinct-tokens", type=int, default=4, help="new tokens of each distinct prompt")
@@ -352,7 +355,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "prefix-cache"))
     args = ap.parse_args()
     if min(args.prefix_cache_mb, args.rounds, args.clients, args.conversations, args.distinct, args.max_tokens,
-           args.turn_tokens, args.distinct_tokens, args.system_tokens, args.prefix_tokens) < 1:
+           args.turn_tokens, args.distinct_tokens, args.system_tokens, args.prefix_tokens,
+           args.second_turn_tokens or 1) < 1:
         ap.error("every count and --prefix-cache-mb must be >= 1 (the other server runs with 0)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -96,6 +96,20 @@ def test_a_tail_keeps_the_positions_after_the_last_full_block() -> None:
     assert len(cache) == 5 and cache.lookup(whole + [7, 7], usable=len(whole) + 1).tokens == len(whole) + 1
 
 
+@pytest.mark.parametrize("positions", [1, B, B + 3, 2 * B, 1000])
+def test_runs_join_a_leases_blocks_into_copies_of_a_bounded_size(positions: int) -> None:
+    cache = PrefixCache(1 << 20)
+    seq = list(range(3, 3 + 5 * B + 7))
+    cache.insert(seq, fake_read, block_bytes=BLOCK_BYTES, tail=True)
+    with cache.lookup(seq + [1], usable=len(seq)) as lease:
+        runs = list(lease.runs(positions))
+        starts = [0] + [int(sum(kv.shape[2] for _, kv in runs[: i + 1])) for i in range(len(runs) - 1)]
+        assert [start for start, _ in runs] == starts  # each run where the last ended
+        assert all(kv.shape[2] <= max(positions, B) for _, kv in runs)  # a block is never split
+        assert len(runs) == (len(list(lease.pieces())) if positions < 2 * B else -(-len(seq) // (positions // B * B)))
+        assert torch.equal(torch.cat([kv for _, kv in runs], dim=2), lease.kv())
+
+
 def test_a_full_cache_evicts_the_least_recently_used_leaf_and_stays_under_its_bound() -> None:
     cache = PrefixCache(4 * BLOCK_BYTES)
     a, b = [5] * (2 * B), [6] * (2 * B)

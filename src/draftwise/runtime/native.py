@@ -69,6 +69,10 @@ from draftwise.runtime.quant import Q4Weight
 
 __all__ = ["DEFAULT_MAX_CONTEXT", "SUPPORTED_MODEL_TYPES", "NativeRuntime", "check_supported", "load_state_dict"]
 
+#: positions of K/V copied between a slot and the prefix cache at a time: one copy per layer's K and
+#: V per run instead of per 16-position block (a second turn's 146 positions: 4.6 -> 2.2 ms to reuse)
+REUSE_RUN = 256
+
 
 class NativeRuntime(FeatureCapture):
     """A Llama-family decoder with a position-indexed KV cache (see the module docstring)."""
@@ -390,7 +394,7 @@ class NativeRuntime(FeatureCapture):
         with cache.lookup(ids, usable=len(ids) - 1) as lease:
             n = lease.tokens
             with torch.inference_mode():
-                for start, kv in lease.pieces() if n else ():  # block by block: no copy of the whole prefix
+                for start, kv in lease.runs(REUSE_RUN) if n else ():  # a few blocks a copy: few ops, a small temporary
                     end = start + kv.shape[2]
                     for cache_tensor, rows in zip((*self._k, *self._v), kv):  # rows: [KV, end - start, hd]
                         cache_tensor[slot, :, start:end] = rows
@@ -411,9 +415,15 @@ class NativeRuntime(FeatureCapture):
             held = held[: self._pass_starts[slot]]
         layers = (*self._k, *self._v)
 
-        def read(start: int, end: int) -> torch.Tensor:  # [2 * layers, KV, end - start, hd], a copy
-            with torch.inference_mode():
-                return torch.stack([c[slot, :, start:end] for c in layers])
+        run: list[Any] = [0, None]  # (its first position, its K/V): up to REUSE_RUN positions read at once
+
+        def read(start: int, end: int) -> torch.Tensor:  # [2 * layers, KV, end - start, hd]
+            first, kv = run
+            if kv is None or start < first or end > first + kv.shape[2]:
+                with torch.inference_mode():
+                    kv = torch.stack([c[slot, :, start : max(end, min(start + REUSE_RUN, len(held)))] for c in layers])
+                run[:] = first, kv = start, kv
+            return kv[:, :, start - first : end - first]
 
         return cache.insert(held, read, block_bytes=cache.block_tokens * self.position_bytes, tail=True)
 

@@ -112,6 +112,23 @@ class Lease:
             yield start, b.kv[:, :, :n]
             start += n
 
+    def runs(self, positions: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """:meth:`pieces` joined into runs of at most ``positions`` positions (a block is never
+        split): fewer, larger copies for a caller that writes each run to its own tensors, with
+        a temporary of ``positions`` positions at most."""
+        parts: list[torch.Tensor] = []
+        start = held = 0
+        for at, kv in self.pieces():
+            if parts and held + kv.shape[2] > positions:
+                yield start, parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+                parts, held = [], 0
+            if not parts:
+                start = at
+            parts.append(kv)
+            held += kv.shape[2]
+        if parts:
+            yield start, parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
     def kv(self) -> torch.Tensor:
         """The K/V of positions ``0 .. tokens - 1`` as one tensor (a copy where it spans blocks):
         ``[2 * layers, kv_heads, tokens, hd]``."""
