@@ -69,10 +69,10 @@ import torch
 
 from draftwise.errors import ConfigError
 
-BLOCK_TOKENS = 16  # positions per block: vLLM's default; a match ends on a block boundary
+BLOCK_TOKENS = 16  # positions per block (vLLM's default); a sequence's last, shorter block is its tail
 #: ``serve --prefix-cache-mb`` by default: ~23,000 positions of the default model in float32 (45 KiB
 #: each), ~46,000 in bfloat16. Chosen by measurement (ShareGPT chat replayed by 16 users at once at
-#: a 4,096-position context): hit rate 0.04 at 256 MiB, 0.10 at 512, 0.86 at 1,024 and 0.87 beyond;
+#: a 4,096-position context): hit rate 0.04 at 256 MiB, 0.09 at 512, 0.87 at 1,024 and beyond (tails cached);
 #: docs/serving.md has the table and how it was measured
 DEFAULT_PREFIX_CACHE_MB = 1024
 
