@@ -190,7 +190,7 @@ def multi_turn(url: str, conversations: list[list[str]], args: argparse.Namespac
         history: list[dict[str, str]] = []
         for t, user in enumerate(turns[:2]):
             history.append({"role": "user", "content": user})
-            rec = ask(url, history, args.turn_tokens if t == 0 else args.second_turn_tokens or args.turn_tokens)
+            rec = ask(url, history, args.turn_tokens if t == 0 or args.second_turn_tokens is None else args.second_turn_tokens)
             history.append({"role": "assistant", "content": rec.get("text", "")})
             out.append({"workload": "multi_turn", "conversation": c, "turn": t + 1, **rec})
     return out
@@ -356,7 +356,7 @@ def main() -> int:
     args = ap.parse_args()
     if min(args.prefix_cache_mb, args.rounds, args.clients, args.conversations, args.distinct, args.max_tokens,
            args.turn_tokens, args.distinct_tokens, args.system_tokens, args.prefix_tokens,
-           args.second_turn_tokens or 1) < 1:
+           1 if args.second_turn_tokens is None else args.second_turn_tokens) < 1:
         ap.error("every count and --prefix-cache-mb must be >= 1 (the other server runs with 0)")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -415,15 +415,16 @@ class NativeRuntime(FeatureCapture):
             held = held[: self._pass_starts[slot]]
         layers = (*self._k, *self._v)
 
-        run: list[Any] = [0, None]  # (its first position, its K/V): up to REUSE_RUN positions read at once
+        first, run = 0, None  # the K/V of positions first.., read up to REUSE_RUN positions at once
 
         def read(start: int, end: int) -> torch.Tensor:  # [2 * layers, KV, end - start, hd]
-            first, kv = run
-            if kv is None or start < first or end > first + kv.shape[2]:
+            nonlocal first, run
+            if run is None or start < first or end > first + run.shape[2]:
+                stop = max(end, min(start + REUSE_RUN, len(held)))
                 with torch.inference_mode():
-                    kv = torch.stack([c[slot, :, start : max(end, min(start + REUSE_RUN, len(held)))] for c in layers])
-                run[:] = first, kv = start, kv
-            return kv[:, :, start - first : end - first]
+                    run = torch.stack([c[slot, :, start:stop] for c in layers])
+                first = start
+            return run[:, :, start - first : end - first]
 
         return cache.insert(held, read, block_bytes=cache.block_tokens * self.position_bytes, tail=True)
 
