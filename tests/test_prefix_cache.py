@@ -217,6 +217,7 @@ def test_a_reused_prefix_gives_the_logits_of_its_prefill(state: dict[str, torch.
     assert rt.save_prefix(cache) == 9
     for query, reused in [(seq + [7, 8, 9], 144), (seq[:150 - 13] + [1, 2], 137), (seq[:144], 143)]:
         want = [rt.prefill(query), rt.forward([10, 11])]
+        rt.rollback(0)  # an empty slot: all of it from the cache (what the slot holds is not copied)
         assert rt.reuse_prefix(query, cache) == reused
         got = [rt.prefill(query, start=reused), rt.forward([10, 11])]
         for g, w in zip(got, want):
@@ -234,10 +235,57 @@ def test_a_reused_tail_gives_the_logits_of_its_prefill(state: dict[str, torch.Te
     assert rt.save_prefix(cache) == 3  # two blocks and a tail of 13
     query = seq + [7, 8, 9]
     want = [rt.prefill(query), rt.forward([10, 11])]
+    rt.rollback(0)
     assert rt.reuse_prefix(query, cache) == len(seq)
     got = [rt.prefill(query, start=len(seq)), rt.forward([10, 11])]
     for g, w in zip(got, want):
         assert torch.equal(g, w), f"logits differ by {(g - w).abs().max().item()}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_slot_keeps_the_prefix_it_holds_and_copies_only_what_follows(state: dict[str, torch.Tensor],
+                                                                       dtype: torch.dtype) -> None:
+    """A prompt that starts as the slot's last sequence did keeps those positions (no copy) and
+    takes from the cache only the positions after them; either way the logits of its prefill."""
+    rt, ref = native(state, dtype, "kernel"), native(state, dtype, "kernel")
+    rng = random.Random(5)
+    seq = [rng.randrange(3, 96) for _ in range(3 * B + 5)]
+
+    def check(query: list[int], reused: int, cache: PrefixCache) -> None:
+        assert rt.reuse_prefix(query, cache) == reused
+        got = [rt.prefill(query, start=reused), rt.forward([10, 11])]
+        want = [ref.prefill(query), ref.forward([10, 11])]
+        for g, w in zip(got, want):
+            assert torch.equal(g, w), f"logits differ by {(g - w).abs().max().item()}"
+
+    rt.prefill(seq)
+    empty = PrefixCache(1 << 20)
+    check(seq[:40] + [7, 8, 9], 40, empty)  # the slot's own 40, with nothing cached
+    assert empty.hits == 40 and empty.queries == 43
+    rt.rollback(0)
+    rt.prefill(seq)
+    cache = PrefixCache(1 << 20)
+    assert rt.save_prefix(cache) == 4  # three blocks and a tail of 5
+    rt.rollback(20)  # the slot holds 20, the cache all of seq
+    with torch.inference_mode():  # the cache's K/V of the positions the slot holds, spoilt: not copied
+        blocks = sorted(cache._blocks.values(), key=lambda b: b.id)
+        blocks[0].kv.fill_(1e4)
+        blocks[1].kv[:, :, : 20 - B].fill_(1e4)
+    check(seq + [7, 8], len(seq), cache)
+
+
+def test_a_slot_holds_no_pending_tree_nor_a_draft_pass_on_some_layers(state: dict[str, torch.Tensor]) -> None:
+    rt = native(state, torch.float32, "torch")
+    prompt = list(range(3, 3 + 40))
+    rt.prefill(prompt)
+    rt.forward([5, 6, 7], parents=[-1, 0, 0])  # a tree not kept yet: its rows are not a chain
+    assert rt.held_prefix(0, prompt + [5, 6, 7, 1]) == 40
+    rt.keep(40, [0, 2])  # the path 5, 7
+    assert rt.held_prefix(0, prompt + [5, 7, 1]) == 42 and rt.held_prefix(0, prompt + [5, 6, 1]) == 41
+    rt.forward([8] * 3, layers=[0])  # a draft pass on one layer: stale in the others
+    assert rt.held_prefix(0, prompt + [5, 7, 8, 8, 8, 1]) == 42
+    assert rt.held_prefix(0, prompt[:10]) == 9  # all but the last token
+    assert rt.held_prefix(0, [1] + prompt) == 0
 
 
 def test_only_positions_that_hold_a_chain_of_full_passes_are_cached(state: dict[str, torch.Tensor]) -> None:
@@ -365,6 +413,25 @@ def full_blocks(cache: PrefixCache) -> list[tuple[int, ...]]:
         return b.key[1] if b.key[0] == -1 else path(by_id[b.key[0]]) + b.key[1]
 
     return sorted(path(b) for b in cache._blocks.values() if len(b.key[1]) == cache.block_tokens)
+
+
+def test_the_engine_starts_a_prompt_in_the_slot_that_holds_most_of_it(models: dict[str, Any]) -> None:
+    """A chat's next turn goes to the slot its last turn ran in (not the one free the longest), and
+    reuses what it holds with an empty cache, to the tokens decoding it alone gives."""
+    model, eng_model = models["float32"], models["float32-engine"]
+    prompts = [model.encode_prompt(SYSTEM + q) for q in QUESTIONS[:3]]
+    eng = Engine(eng_model, max_batch=3, context=256, prefill_chunk=8)
+    first = eng.generate_all(prompts, max_new_tokens=8, prefix_cache=PrefixCache(1 << 20))
+    rt = eng.runtime
+    last = eng._free[-1]  # the slot free the shortest: the default pick takes another
+    i = next(i for i, p in enumerate(prompts) if rt.held_prefix(last, p) == len(p) - 1)
+    follow = prompts[i] + first[i].token_ids + [2, 198, 1]
+    held = rt.held_prefix(last, follow)
+    assert held >= len(prompts[i]) + len(first[i].token_ids) - 1
+    assert all(rt.held_prefix(s, follow) < held for s in eng._free if s != last)
+    got = eng.generate_all([follow], max_new_tokens=20, prefix_cache=PrefixCache(1 << 20))[0]
+    assert got.cached_tokens == held
+    assert got.token_ids == generate(model, follow, max_new_tokens=20).token_ids
 
 
 def test_two_requests_racing_for_one_new_prefix(models: dict[str, Any]) -> None:

@@ -96,6 +96,11 @@ class Scheduler(Protocol):
         ...
 
 
+#: what an admission gives :meth:`Engine.run`: the function to run on a slot's model, alone or with
+#: the prompt ids it will prefill (the engine then picks the free slot that holds most of them)
+Job = Callable[[Model], Any] | tuple[Callable[[Model], Any], Sequence[int]]
+
+
 def _greenlet() -> Any:
     try:
         import greenlet
@@ -353,22 +358,30 @@ class Engine:
     def free(self) -> int:
         return len(self._free)
 
-    def start(self, fn: Callable[[Model], Any]) -> Sequence_:
-        """Run ``fn(slot_model)`` in a free slot from the next step on; ConfigError when full."""
+    def start(self, fn: Callable[[Model], Any], prompt: Sequence[int] | None = None) -> Sequence_:
+        """Run ``fn(slot_model)`` in a free slot from the next step on; ConfigError when full.
+        ``prompt``: the ids ``fn`` will prefill, to start it in the free slot that holds most of
+        them already (its prefix cache copies the rest: :meth:`SlotRuntime.reuse_prefix`); else,
+        and on a tie, the slot free the longest."""
         if not self._free:
             raise ConfigError(f"all {self.max_batch} slots are busy; wait for a step to free one")
-        slot = self._free.popleft()
+        slot = self._free[0]
+        if prompt is not None and len(self._free) > 1 and getattr(self.runtime, "reuses_prefixes", False):
+            prompt = list(prompt)
+            held = [self.runtime.held_prefix(s, prompt) for s in self._free]
+            slot = self._free[held.index(max(held))]
+        self._free.remove(slot)
         seq = Sequence_(slot)
         seq.glet = _greenlet().greenlet(lambda: fn(self._slot_models[slot]))
         self.parked[slot] = 0.0
         self._live.append(seq)
         return seq
 
-    def run(self, admit: Callable[[int, bool], Sequence[Callable[[Model], Any]] | None],
+    def run(self, admit: Callable[[int, bool], Sequence[Job] | None],
             after_step: Callable[[int, float], None] | None = None) -> None:
         """The admission loop: between steps, ``admit(free, idle)`` gives the jobs to start (at most
-        ``free``; ``idle``: nothing runs, so it may block until work comes), or None once no more
-        will come; then one step while any generation runs, and ``after_step(served, seconds)``
+        ``free``; ``idle``: nothing runs, so it may block until work comes), each a function of
+        the slot's model or ``(fn, prompt ids)`` (:meth:`start`), or None once no more will come; then one step while any generation runs, and ``after_step(served, seconds)``
         (what :meth:`step` returned, 0 when no pass ran, and the step's wall seconds)."""
         closing = False
         while not (closing and not self._live):
@@ -377,8 +390,11 @@ class Engine:
                 if jobs is None:
                     closing = True
                 else:
-                    for fn in jobs:
-                        self.start(fn)
+                    for job in jobs:
+                        if isinstance(job, tuple):  # (fn, the prompt it will prefill)
+                            self.start(job[0], job[1])
+                        else:
+                            self.start(job)
             if self._live:
                 t0 = time.perf_counter()
                 served = self.step()
@@ -510,7 +526,10 @@ class Engine:
         if seq.glet.dead:
             self._live.remove(seq)
             self._free.append(seq.slot)
-            self.runtime.rollback_slot(seq.slot, 0)
+            if seq.error is not None:  # what a failed pass left is not known to be sound: forget it
+                self.runtime.rollback_slot(seq.slot, 0)
+            # else the slot keeps its positions until the next generation in it starts: one whose
+            # prompt starts the same way keeps them (start, NativeRuntime.reuse_prefix)
             # the next generation in the slot turns capture on again if its draft reads features
             self.runtime.capture_slot_features(seq.slot, enabled=False)
 
@@ -621,10 +640,11 @@ class Engine:
 
             return run
 
-        def admit(free: int, idle: bool) -> list[Callable[[Model], None]] | None:
+        def admit(free: int, idle: bool) -> list[Job] | None:
             if not todo:
                 return None
-            return [job(todo.popleft()) for _ in range(min(free, len(todo)))]
+            starts = [todo.popleft() for _ in range(min(free, len(todo)))]
+            return [(job(i), prompts[i]) for i in starts]
 
         after = None if progress is None else (lambda served, seconds: progress(sum(r is not None for r in results)))
         self.run(admit, after)

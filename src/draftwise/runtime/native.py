@@ -378,23 +378,49 @@ class NativeRuntime(FeatureCapture):
                               "with one left to run; reuse_prefix says how many it copied")
         self.rollback_slot(slot, start)
 
+    def held_prefix(self, slot: int, ids: Sequence[int]) -> int:
+        """How many of ``ids``' first positions slot ``slot`` holds already (its last sequence
+        started the same way), all but the last token at most: K/V at a position depend only on
+        the tokens up to it, so they are the ones a prefill of ``ids`` would write. 0 on a
+        compiled runtime (``reuses_prefixes``)."""
+        if not self.reuses_prefixes:
+            return 0
+        held, ids = self._tokens[slot], ids if isinstance(ids, list) else list(ids)
+        end = min(len(held), self._lengths[slot], len(ids) - 1)
+        if self._pass_parents[slot] is not None:  # a tree pass not kept yet: its rows are not a chain
+            end = min(end, self._pass_starts[slot])
+        end = max(end, 0)
+        if held[:end] == ids[:end]:
+            return end
+        lo, hi = 0, end - 1  # the longest common prefix, by slices (compared in C), in log steps
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if held[:mid] == ids[:mid]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
     def reuse_prefix(self, ids: Sequence[int], cache: PrefixCache, slot: int = 0) -> int:
-        """Empty slot ``slot`` and copy into it the longest prefix of ``ids`` that ``cache`` holds,
-        all but the last token at most; return its length (0: nothing reused, and on a compiled
-        runtime). A slot that records features records them from the copy's end on (a copied
-        prefix has none: ``feature_start``)."""
-        self.rollback_slot(slot, 0)
+        """Keep the longest prefix of ``ids`` that slot ``slot`` holds already (``held_prefix``),
+        forget the rest, and copy into it what ``cache`` holds beyond that, all but the last
+        token at most; return the positions reused (0: none, and on a compiled runtime). A slot
+        that records features records them from the reused prefix's end on (a reused prefix
+        has none: ``feature_start``)."""
+        ids = list(ids)
+        held = self.held_prefix(slot, ids)
+        self.rollback_slot(slot, held)
         feats = self._slot_feats[slot]
         if feats is not None:
             feats.restart(0)
         if not self.reuses_prefixes:
             return 0
         cache.bind(self)
-        ids = list(ids)
-        with cache.lookup(ids, usable=len(ids) - 1) as lease:
-            n = lease.tokens
+        with cache.lookup(ids, usable=len(ids) - 1, held=held) as lease:
+            n = max(lease.tokens, held)
             with torch.inference_mode():
-                for start, kv in lease.runs(REUSE_RUN) if n else ():  # a few blocks a copy: few ops, a small temporary
+                # a few blocks a copy (few ops, a small temporary), from the first position not held
+                for start, kv in lease.runs(REUSE_RUN, skip=held) if lease.tokens > held else ():
                     end = start + kv.shape[2]
                     for cache_tensor, rows in zip((*self._k, *self._v), kv):  # rows: [KV, end - start, hd]
                         cache_tensor[slot, :, start:end] = rows

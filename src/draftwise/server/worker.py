@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from draftwise.api import stream
-from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine
+from draftwise.core.engine import DEFAULT_PREFILL_CHUNK, Engine, Job
 from draftwise.core.generation import GenerationResult
 from draftwise.core.sampling import SamplingConfig
 from draftwise.core.stats import SpecStats
@@ -233,11 +233,11 @@ class Worker:
         """The engine's admission loop (:meth:`Engine.run`) over this worker's queue."""
         stopping = False
 
-        def admit(free: int, idle: bool) -> list[Callable[[Any], None]] | None:
+        def admit(free: int, idle: bool) -> list[Job] | None:
             nonlocal stopping
             if stopping:
                 return None
-            jobs: list[Callable[[Any], None]] = []
+            jobs: list[Job] = []
             while len(jobs) < free:
                 try:  # wait for work only when nothing runs
                     handle = self._queue.get(block=idle and not jobs)
@@ -247,7 +247,7 @@ class Worker:
                     stopping = True
                     break
                 self._handles.append(handle)
-                jobs.append(self._batched_job(handle))
+                jobs.append((self._batched_job(handle), handle.job.prompt_ids))
             return None if stopping and not jobs else jobs
 
         def after_step(served: int, took: float) -> None:
