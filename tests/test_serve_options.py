@@ -80,3 +80,18 @@ def test_the_context_holds_at_every_batch_size(tiny_chat_folder: Any, one_thread
         assert c.completions.create(model=served.id, prompt=[5] * 40, max_tokens=24).usage.completion_tokens <= 24
     default = invoke(["--model", str(tiny_chat_folder), "--max-batch", max_batch], monkeypatch, load=True)
     assert default.exit_code == 0 and default.app.state.worker.context == 512  # the tiny model's, under 4096
+
+
+def test_what_start_up_built_is_frozen_before_serving(tiny_chat_folder: Any, one_thread: None,
+                                                      monkeypatch: Any) -> None:
+    """The model, the engine and the drafters live as long as the server: the collector stops
+    walking them (``gc.freeze``) once they are built and before the first request is served."""
+    order: list[str] = []
+    monkeypatch.setattr("gc.freeze", lambda: order.append("freeze"))  # the test process stays as it is
+    monkeypatch.setattr("draftwise.server.worker.Worker.warm_up", lambda self: order.append("warm_up"))
+    captured: dict[str, Any] = {}
+    monkeypatch.setattr("uvicorn.run", lambda app, **kw: (order.append("serve"), captured.update(app=app)))
+    monkeypatch.setattr("draftwise.cli.serve._setup_logging", lambda level: None)
+    res = CliRunner().invoke(cli, ["serve", "--model", str(tiny_chat_folder)])
+    assert res.exit_code == 0, res.output
+    assert order == ["warm_up", "freeze", "serve"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 import math
@@ -152,11 +153,19 @@ def serve(
         app = create_app(loaded, speculation, settings, model_thread=model_thread)
         # the engine and every allowed drafter are built now: what cannot run fails here, in one line
         app.state.worker.warm_up()
-    cache = _caches(app.state.worker, max_batch)
+    _freeze_start_up()
     err.print(f"serving {settings.model_name} on http://{host}:{port}/v1 (draft {spec}, k={k_value}, max k {max_k}, "
-              f"context {app.state.worker.context}, max batch {max_batch}{why}{cache}; "
+              f"context {app.state.worker.context}, max batch {max_batch}{why}{_caches(app.state.worker, max_batch)}; "
               f"requests may name: {', '.join(speculation.allowed)})", highlight=False, markup=False)
     uvicorn.run(app, host=host, port=port, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+
+
+def _freeze_start_up() -> None:
+    """What start-up built (torch, the model, the engine, the drafters: ~330,000 objects the
+    collector tracks) lives as long as the server: frozen, no full collection walks it again.
+    After loading the default model one took 154 ms, a pause for every request running (0 ms
+    frozen; 3.8 ms with a full suffix cache of 64 answers); start-up ran three of 80-150 ms."""
+    gc.freeze()
 
 
 def _caches(worker: Any, max_batch: int) -> str:
