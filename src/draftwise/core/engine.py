@@ -25,8 +25,9 @@ when it needs its k. Once every generation waits (on a pass, or on the schedule)
 asks its :class:`Scheduler` once for the k of every sequence that waits on it, with the rows the
 others bring to the pass (:class:`PassRows`), then resumes them: they draft and join the pass.
 
-Prefix caching (:mod:`draftwise.runtime.prefix_cache`): a generation given a cache copies the
-longest cached prefix of its prompt into its slot (:meth:`SlotRuntime.reuse_prefix`, no pass),
+Prefix caching (:mod:`draftwise.runtime.prefix_cache`): a generation starts in the free slot
+that holds most of its prompt (a slot keeps its last generation's K/V: :meth:`Engine.start`),
+keeps that, copies the longest cached prefix beyond it (:meth:`SlotRuntime.reuse_prefix`, no pass),
 feeds only the rest in chunks, and leaves its prompt's blocks in the cache once they are
 prefilled and its answer's when it ends (:func:`draftwise.core.decode.decode_steps`), so a request
 admitted later reuses what a running or finished one computed. A copy is bit for bit the
