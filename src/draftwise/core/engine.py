@@ -382,8 +382,9 @@ class Engine:
             after_step: Callable[[int, float], None] | None = None) -> None:
         """The admission loop: between steps, ``admit(free, idle)`` gives the jobs to start (at most
         ``free``; ``idle``: nothing runs, so it may block until work comes), each a function of
-        the slot's model or ``(fn, prompt ids)`` (:meth:`start`), or None once no more will come; then one step while any generation runs, and ``after_step(served, seconds)``
-        (what :meth:`step` returned, 0 when no pass ran, and the step's wall seconds)."""
+        the slot's model or ``(fn, prompt ids)`` (:meth:`start`), or None once no more will come;
+        then one step while any generation runs, and ``after_step(served, seconds)`` (what
+        :meth:`step` returned, 0 when no pass ran, and the step's wall seconds)."""
         closing = False
         while not (closing and not self._live):
             if not closing and self._free:
@@ -391,11 +392,9 @@ class Engine:
                 if jobs is None:
                     closing = True
                 else:
-                    for job in jobs:
-                        if isinstance(job, tuple):  # (fn, the prompt it will prefill)
-                            self.start(job[0], job[1])
-                        else:
-                            self.start(job)
+                    for job in jobs:  # fn, or (fn, the prompt it will prefill)
+                        fn, prompt = job if isinstance(job, tuple) else (job, None)
+                        self.start(fn, prompt)
             if self._live:
                 t0 = time.perf_counter()
                 served = self.step()

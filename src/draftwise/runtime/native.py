@@ -378,6 +378,12 @@ class NativeRuntime(FeatureCapture):
                               "with one left to run; reuse_prefix says how many it copied")
         self.rollback_slot(slot, start)
 
+    def _chain_tokens(self, slot: int) -> list[int]:
+        """The ids of slot ``slot``'s first positions whose K/V are a chain's on every layer (a draft
+        pass on some layers leaves its rows out already): not a tree pass's rows not kept yet."""
+        held = self._tokens[slot]
+        return held[: self._pass_starts[slot]] if self._pass_parents[slot] is not None else held
+
     def held_prefix(self, slot: int, ids: Sequence[int]) -> int:
         """How many of ``ids``' first positions slot ``slot`` holds already (its last sequence
         started the same way), all but the last token at most: K/V at a position depend only on
@@ -385,11 +391,8 @@ class NativeRuntime(FeatureCapture):
         compiled runtime (``reuses_prefixes``)."""
         if not self.reuses_prefixes:
             return 0
-        held, ids = self._tokens[slot], ids if isinstance(ids, list) else list(ids)
-        end = min(len(held), self._lengths[slot], len(ids) - 1)
-        if self._pass_parents[slot] is not None:  # a tree pass not kept yet: its rows are not a chain
-            end = min(end, self._pass_starts[slot])
-        end = max(end, 0)
+        held, ids = self._chain_tokens(slot), ids if isinstance(ids, list) else list(ids)
+        end = max(min(len(held), len(ids) - 1), 0)
         if held[:end] == ids[:end]:
             return end
         lo, hi = 0, end - 1  # the longest common prefix, by slices (compared in C), in log steps
@@ -436,9 +439,7 @@ class NativeRuntime(FeatureCapture):
         if not self.reuses_prefixes:
             return 0
         cache.bind(self)
-        held = self._tokens[slot]
-        if self._pass_parents[slot] is not None:  # a tree pass not kept yet: its rows are not a chain
-            held = held[: self._pass_starts[slot]]
+        held = self._chain_tokens(slot)
         layers = (*self._k, *self._v)
 
         first, run = 0, None  # the K/V of positions first.., read up to REUSE_RUN positions at once

@@ -21,7 +21,7 @@ until it is reused, a runtime's ``reuse_prefix`` keeps the positions a new promp
 (``held_prefix``) and copies only the cached ones after those, and the batched engine starts a
 prompt in the free slot that holds most of it (llama.cpp's slot reuse): a chat's next turn, or a
 prompt after another with its system prompt, copies nothing it shares (at 1,100 float32 positions,
-about 50 MB and 20-35 ms). For a store of copies, fixed-size blocks are the simpler index: every entry has
+about 50 MB and 18-36 ms). For a store of copies, fixed-size blocks are the simpler index: every entry has
 the same size, so the byte bound is a block count and LRU evicts whole entries (a radix tree's
 edges have any length, are split on insert and cut on eviction); a prompt's match is one dict
 probe per block; and the token granularity a radix tree gives is kept where it matters, since
