@@ -22,7 +22,7 @@ import torch
 
 from draftwise import Conversation, PrefixCache, generate, load_model
 from draftwise.core import engine as engine_mod
-from draftwise.core.decode import Stream
+from draftwise.core.decode import Stream, decode_steps
 from draftwise.core.engine import Engine
 from draftwise.core.sampling import SamplingConfig
 from draftwise.drafters.factory import make_drafter
@@ -515,6 +515,29 @@ def test_a_request_that_ends_during_a_shared_prefill(models: dict[str, Any], mon
     later = run_jobs(eng, [greedy(shared + [5], cache)])[0]
     assert later.cached_tokens == len(shared)
     assert later.token_ids == generate(model, shared + [5], max_new_tokens=20).token_ids
+
+
+@pytest.mark.parametrize("close_after_first", [False, True])
+def test_the_prompts_blocks_are_saved_after_its_first_token(models: dict[str, Any], monkeypatch: Any,
+                                                             close_after_first: bool) -> None:
+    """The copy into the cache is not part of the time to first token: the first step comes out
+    with the prompt still registered as being prefilled and nothing saved; the next step (or
+    closing the loop there) saves its blocks and ends the registration."""
+    model = models["float32"]
+    rt, cache, saves = model.runtime, PrefixCache(1 << 20), []
+    real = rt.save_prefix
+    monkeypatch.setattr(rt, "save_prefix", lambda c, *a: saves.append(len(c)) or real(c, *a))
+    ids = model.encode_prompt(SYSTEM + "Count to five.")
+    loop = decode_steps(rt, ids, SamplingConfig(), torch.Generator(), max_new_tokens=8, prefix_cache=cache)
+    first = next(loop)
+    assert first.verdict.tokens and saves == [] and len(cache) == 0 and cache._prefilling
+    if close_after_first:
+        loop.close()
+    else:
+        next(loop)
+    assert saves[0] == 0 and len(cache) >= len(ids) // B and not cache._prefilling
+    assert cache.cached(ids) == len(ids) // B * B
+    loop.close()
 
 
 def test_many_distinct_prefixes_keep_the_bound(models: dict[str, Any]) -> None:

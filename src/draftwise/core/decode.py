@@ -109,13 +109,16 @@ def decode_steps(
         stats.draft_seconds += clock() - t0
         t0 = clock()
     cache = prefix_cache if prefix_cache is not None and getattr(runtime, "reuses_prefixes", False) else None
-    logits, generation.cached_tokens = prefill_prompt(runtime, prompt_ids, cache)  # [vocab]
+    logits, generation.cached_tokens, ticket = prefill_prompt(runtime, prompt_ids, cache)  # [vocab]
     first = next_token(logits, cfg, generator)
     stats.verify_seconds += clock() - t0
     context = list(prompt_ids) + [first]
     sound = True  # whether the slot's positions may be kept: not after a pass that failed midway
     try:
         yield Step(0, Verdict(accepted=0, tokens=[first], bonus=False))
+        if ticket is not None:  # once the first token is out
+            _save_prompt(runtime, cast(PrefixCache, cache), ticket)
+            ticket = None
         yield from _steps(runtime, context, cfg, generator, drafter, policy, max_new_tokens, stats, clock)
     except GeneratorExit:  # the caller stopped (finished, cancelled): every recorded position is exact
         raise
@@ -125,6 +128,15 @@ def decode_steps(
     finally:
         if cache is not None and sound:
             cast(PrefixRuntime, runtime).save_prefix(cache)
+        if ticket is not None:
+            cast(PrefixCache, cache).done(ticket)
+
+
+def _save_prompt(runtime: Runtime, cache: PrefixCache, ticket: int) -> None:
+    """Put the prompt's blocks in ``cache`` and end its ``ticket`` (:func:`prefill_prompt`): prompts
+    that start the same way and wait for them go on."""
+    cast(PrefixRuntime, runtime).save_prefix(cache)
+    cache.done(ticket)
 
 
 #: the most steps a prompt waits for another request's prefill of its start (a safety net: a
@@ -132,11 +144,15 @@ def decode_steps(
 MAX_PREFIX_WAIT = 4096
 
 
-def prefill_prompt(runtime: Runtime, prompt_ids: Sequence[int], cache: PrefixCache | None) -> tuple[torch.Tensor, int]:
-    """The prompt's last logits (``[vocab]``) and how many of its tokens came from ``cache``
-    (None: a plain prefill), which then holds the prompt's blocks (a later prompt reuses them)."""
+def prefill_prompt(runtime: Runtime, prompt_ids: Sequence[int],
+                   cache: PrefixCache | None) -> tuple[torch.Tensor, int, int | None]:
+    """The prompt's last logits (``[vocab]``), how many of its tokens came from ``cache`` (None: a
+    plain prefill) and the prompt's ticket there (``PrefixCache.prefilling``; None without a
+    cache): the caller saves the prompt's blocks (``save_prefix``), then ends the ticket
+    (``PrefixCache.done``), which lets prompts that wait for them go on. :func:`decode_steps`
+    does that once the first token is out: the copy is not part of the time to first token."""
     if cache is None:
-        return runtime.prefill(prompt_ids), 0
+        return runtime.prefill(prompt_ids), 0, None
     rt = cast(PrefixRuntime, runtime)
     wait = getattr(runtime, "wait_step", None)  # a batched engine's slot: others prefill meanwhile
     for _ in range(MAX_PREFIX_WAIT if wait is not None else 0):
@@ -147,10 +163,10 @@ def prefill_prompt(runtime: Runtime, prompt_ids: Sequence[int], cache: PrefixCac
     ticket = cache.prefilling(prompt_ids)
     try:
         logits = rt.prefill(prompt_ids, start=reused)
-        rt.save_prefix(cache)
-    finally:
+    except BaseException:
         cache.done(ticket)
-    return logits, reused
+        raise
+    return logits, reused, ticket
 
 
 def _steps(runtime: Runtime, context: list[int], cfg: SamplingConfig, generator: torch.Generator,

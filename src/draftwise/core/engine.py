@@ -28,9 +28,10 @@ others bring to the pass (:class:`PassRows`), then resumes them: they draft and 
 Prefix caching (:mod:`draftwise.runtime.prefix_cache`): a generation starts in the free slot
 that holds most of its prompt (a slot keeps its last generation's K/V: :meth:`Engine.start`),
 keeps that, copies the longest cached prefix beyond it (:meth:`SlotRuntime.reuse_prefix`, no pass),
-feeds only the rest in chunks, and leaves its prompt's blocks in the cache once they are
-prefilled and its answer's when it ends (:func:`draftwise.core.decode.decode_steps`), so a request
-admitted later reuses what a running or finished one computed. A copy is bit for bit the
+feeds only the rest in chunks, and leaves its prompt's blocks in the cache once its first token is
+out (the copy is not part of the time to first token) and its answer's when it ends
+(:func:`draftwise.core.decode.decode_steps`), so a request admitted later reuses what a running or
+finished one computed. A copy is bit for bit the
 prefill it replaces (the passes are row-invariant), so a result does not depend on the cache.
 
 Batched drafting: a drafter on a slot may hand a piece of its work to :meth:`SlotRuntime.gather`
