@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftwise.errors import ConfigError
-from draftwise.core.sampling import SamplingConfig, greedy, logits_to_probs, next_token, sample
+from draftwise.core.sampling import SamplingConfig, argmax_ids, greedy, logits_to_probs, next_token, sample
 
 # logits whose softmax at temperature 1 is exactly [1, 2, 4] / 7
 LOGITS = torch.tensor([0.0, math.log(2), math.log(4)])
@@ -116,3 +116,25 @@ def test_non_numbers_are_not_called_negative(kw, match):
     with pytest.raises(ConfigError, match=match) as info:
         SamplingConfig(**kw)
     assert "negative" not in str(info.value)
+
+
+@pytest.mark.parametrize("case", ["rows", "one row", "all -inf", "ties", "nan", "strided", "transposed", "bfloat16"])
+def test_argmax_ids_gives_torchs_argmax(case: str) -> None:
+    """The numpy path picks what torch.argmax picks: the lowest id among ties, a NaN as the
+    largest, whatever the strides; other dtypes go through torch."""
+    gen = torch.Generator().manual_seed(0)
+    logits = {
+        "rows": lambda: torch.randn(5, 49152, generator=gen),
+        "one row": lambda: torch.randn(49152, generator=gen),
+        "all -inf": lambda: torch.full((3, 10), float("-inf")),
+        "ties": lambda: torch.tensor([[1.0, 3.0, 3.0, 2.0], [0.0, 0.0, 0.0, 0.0]]),
+        "nan": lambda: torch.tensor([[1.0, float("nan"), 3.0, float("nan")]]),
+        "strided": lambda: torch.randn(8, 100, generator=gen)[:, ::2],
+        "transposed": lambda: torch.randn(4, 7, generator=gen).t(),
+        "bfloat16": lambda: torch.randn(3, 50, generator=gen).bfloat16(),
+    }[case]()
+    got = argmax_ids(logits)
+    assert got == logits.reshape(-1, logits.shape[-1]).argmax(dim=-1).tolist()
+    assert all(type(i) is int for i in got)
+    with torch.inference_mode():
+        assert argmax_ids(logits.clone()) == got

@@ -20,7 +20,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-from draftwise.core.sampling import SamplingConfig, greedy, logits_to_probs, sample
+from draftwise.core.sampling import SamplingConfig, argmax_ids, logits_to_probs, sample
 from draftwise.core.tree import TokenTree
 
 
@@ -177,7 +177,7 @@ def draft_autoregressive(
     probs: list[torch.Tensor] = []
     for i in range(k):
         if sampling.greedy:
-            token = int(greedy(logits).item())
+            token = argmax_ids(logits)[0]
         else:
             q = logits_to_probs(logits, sampling)  # [vocab]
             token = sample(q, generator)

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 
 import torch
 
+from draftwise.core.sampling import argmax_ids
 from draftwise.core.tree import TokenTree
 from draftwise.errors import ConfigError
 
@@ -134,7 +135,7 @@ def verify_tree_greedy(tree: TokenTree, target_logits: torch.Tensor) -> Verdict:
     target_logits:  [m + 1, vocab]; row j scores the token after node j's path (row 0: the root).
     """
     _check_rows(tree, target_logits, "target_logits")
-    best = target_logits.argmax(dim=-1).tolist()  # [m + 1], the one host read
+    best = argmax_ids(target_logits)  # [m + 1], the one host read
     accept = [tree.token(j) == best[tree.parent(j)] for j in range(1, len(tree) + 1)]
     return follow(tree, accept, best)
 
