@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from draftwise.errors import ConfigError
-from draftwise.core.sampling import SamplingConfig, argmax_ids, greedy, logits_to_probs, next_token, sample
+from draftwise.core.sampling import SamplingConfig, argmax_ids, logits_to_probs, next_token, sample
 
 # logits whose softmax at temperature 1 is exactly [1, 2, 4] / 7
 LOGITS = torch.tensor([0.0, math.log(2), math.log(4)])
@@ -49,7 +49,7 @@ def test_batched_rows_are_transformed_independently():
 
 
 def test_greedy_is_argmax_with_lowest_id_on_ties():
-    assert greedy(torch.tensor([1.0, 3.0, 3.0, 2.0])).item() == 1
+    assert argmax_ids(torch.tensor([1.0, 3.0, 3.0, 2.0])) == [1]
     assert next_token(LOGITS, SamplingConfig(), torch.Generator()) == 2
     with pytest.raises(ConfigError, match="greedy"):
         logits_to_probs(LOGITS, SamplingConfig(temperature=0))

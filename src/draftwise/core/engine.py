@@ -31,8 +31,8 @@ keeps that, copies the longest cached prefix beyond it (:meth:`SlotRuntime.reuse
 feeds only the rest in chunks, and leaves its prompt's blocks in the cache once its first token is
 out (the copy is not part of the time to first token) and its answer's when it ends
 (:func:`draftwise.core.decode.decode_steps`), so a request admitted later reuses what a running or
-finished one computed. A copy is bit for bit the
-prefill it replaces (the passes are row-invariant), so a result does not depend on the cache.
+finished one computed. A copy is bit for bit the prefill it replaces (the passes are row-invariant),
+so a result does not depend on the cache.
 
 Batched drafting: a drafter on a slot may hand a piece of its work to :meth:`SlotRuntime.gather`
 (an EAGLE head's step, :mod:`draftwise.eagle.drafter`). Like a pass, the engine runs it once

@@ -2,7 +2,7 @@
 
 Speculative decoding is lossless only if the draft's q and the target's p are shaped by the very
 same temperature, top-k and top-p. So both go through :func:`logits_to_probs`, and greedy
-decoding (``temperature == 0``) is its own explicit path, :func:`greedy`.
+decoding (``temperature == 0``) is its own explicit path, :func:`argmax_ids`.
 
 Order, as in Hugging Face ``generate``: temperature, then top-k, then top-p.
 
@@ -81,13 +81,8 @@ class SamplingConfig:
         return gen
 
 
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Argmax over the last axis: ``[..., vocab] -> [...]`` (ties go to the lowest id)."""
-    return logits.argmax(dim=-1)
-
-
 def argmax_ids(logits: torch.Tensor) -> list[int]:
-    """:func:`greedy` of each row of ``logits`` (``[rows, vocab]``, or one ``[vocab]`` row) as ints,
+    """The argmax of each row of ``logits`` (``[rows, vocab]``, or one ``[vocab]`` row) as ints,
     ties to the lowest id and a NaN counted as the largest, as ``torch.argmax`` does. Float32 logits
     on the CPU go through numpy, without a copy: on a 2-core Xeon torch's argmax over one row of the
     default model's 49,152 took 73 us and numpy's 8 us, and a batched step takes one a sequence."""
